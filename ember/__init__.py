@@ -1,0 +1,28 @@
+"""ember: a deep-learning compiler for PyTorch.
+
+    model = ember.compile(model)
+
+Stages (one package each, data flows one way): capture → backends → aot → decomp → lower →
+schedule → codegen → runtime. See docs/design/ and the README.
+"""
+from __future__ import annotations
+
+from .api import allow_in_graph, compile, disable, explain, reset
+from .backends import get_backend, list_backends, register_backend
+from .errors import EmberError, InternalError, Unsupported
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "compile", "explain", "reset", "disable", "allow_in_graph",
+    "get_backend", "list_backends", "register_backend",
+    "Unsupported", "EmberError", "InternalError", "backend", "__version__",
+]
+
+
+def __getattr__(name: str):
+    # `ember.backend` is the default backend as a torch.compile-protocol callable, resolved lazily
+    # so `import ember` does not import the whole pipeline.
+    if name == "backend":
+        return get_backend("ember")
+    raise AttributeError(f"module 'ember' has no attribute {name!r}")

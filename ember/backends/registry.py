@@ -1,0 +1,104 @@
+"""Backend registry.
+
+A backend follows torch.compile's protocol: `backend(gm: torch.fx.GraphModule,
+example_inputs: list[Tensor]) -> callable`. Built-in backends are registered by import path so
+`import ember` stays cheap; user backends are registered with `register_backend(name, fn)`.
+
+Every backend handed out is wrapped by `_with_fallback`: if compiling a graph raises anything but
+`Unsupported`, the graph runs as captured (eager) with one warning naming the backend and reason,
+unless EMBER_STRICT=1, in which case the error propagates.
+"""
+from __future__ import annotations
+
+import functools
+import importlib
+import threading
+from typing import Any, Callable
+
+from .. import config
+from ..errors import BackendCompilerFailed
+from ..logging import get_logger, warn_once
+
+_BUILTIN: dict[str, str] = {
+    "eager": "ember.backends.eager:eager",
+    "aot_eager": "ember.backends.aot_eager:aot_eager",
+    "ember": "ember.backends.ember:ember_backend",
+}
+_USER: dict[str, Callable] = {}
+_RESOLVED: dict[str, Callable] = {}
+_lock = threading.Lock()
+
+
+def register_backend(name: str, fn: Callable | None = None):
+    """Register `fn` under `name`; usable as a decorator `@register_backend("mine")`."""
+    if not isinstance(name, str) or not name:
+        raise ValueError("backend name must be a non-empty string")
+
+    def deco(f: Callable) -> Callable:
+        if not callable(f):
+            raise TypeError(f"backend {name!r} must be callable, got {type(f).__name__}")
+        with _lock:
+            _USER[name] = f
+            _RESOLVED.pop(name, None)
+        return f
+
+    return deco(fn) if fn is not None else deco
+
+
+def list_backends() -> list[str]:
+    return sorted(set(_BUILTIN) | set(_USER))
+
+
+def _raw_backend(name: str) -> Callable:
+    if name in _USER:
+        return _USER[name]
+    if name in _BUILTIN:
+        module, attr = _BUILTIN[name].split(":")
+        return getattr(importlib.import_module(module), attr)
+    raise ValueError(f"unknown backend {name!r}; valid backends: {', '.join(list_backends())}")
+
+
+def get_backend(name: str) -> Callable:
+    """The registered backend `name` as a torch.compile-protocol callable (with the fallback policy).
+
+    `torch.compile(model, backend=ember.get_backend("aot_eager"))` runs Dynamo's capture with ours.
+    """
+    with _lock:
+        cached = _RESOLVED.get(name)
+    if cached is not None:
+        return cached
+    wrapped = _with_fallback(name, _raw_backend(name))
+    with _lock:
+        _RESOLVED[name] = wrapped
+    return wrapped
+
+
+def lookup_backend(backend: str | Callable) -> tuple[str, Callable]:
+    """(name, callable) for a backend given by name or as a callable."""
+    if isinstance(backend, str):
+        return backend, get_backend(backend)
+    if callable(backend):
+        return getattr(backend, "__name__", type(backend).__name__), backend
+    raise ValueError(f"backend must be a name or a callable; valid names: {', '.join(list_backends())}")
+
+
+def _with_fallback(name: str, fn: Callable) -> Callable:
+    log = get_logger("fallbacks")
+
+    @functools.wraps(fn)
+    def compile_graph(gm, example_inputs, **kwargs: Any):
+        try:
+            return fn(gm, example_inputs, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - the fallback policy is exactly this
+            from ..errors import Unsupported
+            if config.strict() or isinstance(exc, Unsupported):
+                raise
+            err = BackendCompilerFailed(name, getattr(exc, "ember_stage", "compile"), exc)
+            warn_once(f"backend-fallback:{name}:{err}",
+                      f"{err}; running this graph eagerly (EMBER_STRICT=1 raises, "
+                      f"EMBER_LOGS=fallbacks shows the trace)")
+            log.info("fallback in backend %s", name, exc_info=True)
+            return gm.forward
+
+    compile_graph.ember_backend_name = name
+    return compile_graph

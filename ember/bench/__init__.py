@@ -1,0 +1,1 @@
+"""ember bench: model suites and the seed experiments."""

@@ -1,0 +1,1 @@
+"""Stage package codegen (see docs/design/001-stage-contracts.md)."""

@@ -1,0 +1,63 @@
+"""The one place that reads ember's environment variables, and the per-compile settings.
+
+Environment (read when asked, so tests can set them with monkeypatch):
+  EMBER_LOGS       comma list of log areas (see ember.logging.AREAS), or "all"
+  EMBER_DEBUG_DIR  directory where each compile writes every stage's IR as readable files
+  EMBER_CACHE_DIR  on-disk cache for built kernels (default: ~/.cache/ember)
+  EMBER_STRICT     "1": internal errors raise instead of falling back to eager
+  EMBER_PROGRESS   "0": no live progress line on a TTY
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+MODES = ("default", "reduce-overhead", "max-autotune")
+
+
+def _flag(name: str, default: bool = False) -> bool:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    return value.strip().lower() not in ("0", "false", "no", "off")
+
+
+def log_areas() -> set[str]:
+    raw = os.environ.get("EMBER_LOGS", "")
+    return {a.strip() for a in raw.split(",") if a.strip()}
+
+
+def debug_dir() -> Path | None:
+    raw = os.environ.get("EMBER_DEBUG_DIR")
+    return Path(raw) if raw else None
+
+
+def cache_dir() -> Path:
+    raw = os.environ.get("EMBER_CACHE_DIR")
+    if raw:
+        return Path(raw)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "ember"
+
+
+def strict() -> bool:
+    return _flag("EMBER_STRICT")
+
+
+def progress() -> bool:
+    return _flag("EMBER_PROGRESS", default=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class CompileSettings:
+    """Everything one `ember.compile(...)` call fixed. Passed down to capture as `ctx`."""
+
+    backend: Callable[..., Any]          # torch.compile protocol: (gm, example_inputs) -> callable
+    backend_name: str
+    mode: str = "default"
+    fullgraph: bool = False
+    dynamic: bool | None = None
+    options: dict = dataclasses.field(default_factory=dict)
+    recompile_limit: int = 8

@@ -1,0 +1,1 @@
+"""Stage package runtime (see docs/design/001-stage-contracts.md)."""

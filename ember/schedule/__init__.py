@@ -1,0 +1,1 @@
+"""Stage package schedule (see docs/design/001-stage-contracts.md)."""
