@@ -1,0 +1,27 @@
+"""Shared test setup: bugs must not hide behind the eager fallback, so EMBER_STRICT=1."""
+import os
+
+import pytest
+
+os.environ.setdefault("EMBER_STRICT", "1")
+
+
+def pytest_collection_modifyitems(config, items):
+    try:
+        import torch
+        has_cuda = torch.cuda.is_available()
+    except Exception:  # pragma: no cover
+        has_cuda = False
+    if has_cuda:
+        return
+    skip = pytest.mark.skip(reason="needs CUDA")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_ember():
+    import ember
+    ember.reset()
+    yield
