@@ -25,8 +25,9 @@ venv: $(VENV)/.stamp-test
 demo: $(VENV)/.stamp-bench
 	$(PY) -m ember.bench seed-resnet18
 
+# pytest exits 5 when it collected no test; that is not a failure of the project.
 test: $(VENV)/.stamp-test
-	$(PY) -m pytest -q -n 2
+	$(PY) -m pytest -q -n 2 $(PYTEST_ARGS); rc=$$?; if [ $$rc -eq 5 ]; then exit 0; fi; exit $$rc
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,151 @@
+"""Public API: decorator forms, validation errors, in-place module compilation, pickling."""
+from __future__ import annotations
+
+import copy
+import io
+import pickle
+
+import pytest
+import torch
+
+import ember
+
+
+def _net():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.ReLU(),
+                               torch.nn.Linear(8, 2))
+
+
+def test_public_names():
+    for name in ["compile", "explain", "reset", "disable", "allow_in_graph", "list_backends",
+                 "register_backend", "get_backend", "Unsupported", "backend"]:
+        assert hasattr(ember, name), name
+    assert {"eager", "aot_eager", "ember"} <= set(ember.list_backends())
+    assert callable(ember.backend)
+
+
+@pytest.mark.parametrize("form", ["call", "bare_decorator", "decorator_with_args"])
+def test_function_forms(form):
+    def f(x):
+        """doc"""
+        return x * 2 + 1
+
+    if form == "call":
+        g = ember.compile(f, backend="eager")
+    elif form == "bare_decorator":
+        g = ember.compile(f)
+    else:
+        g = ember.compile(backend="eager", fullgraph=False)(f)
+    x = torch.randn(5)
+    torch.testing.assert_close(g(x), f(x))
+    assert g.__name__ == "f" and g.__doc__ == "doc" and g.__wrapped__ is f
+
+
+def test_bad_backend_lists_valid_names():
+    with pytest.raises(ValueError, match="valid backends: .*aot_eager.*eager.*ember"):
+        ember.compile(lambda x: x, backend="no-such-backend")
+    with pytest.raises(ValueError, match="valid backends"):
+        ember.get_backend("nope")
+
+
+def test_bad_mode_and_options():
+    with pytest.raises(ValueError, match="valid modes: default, reduce-overhead, max-autotune"):
+        ember.compile(lambda x: x, mode="fastest")
+    with pytest.raises(ValueError, match="dynamic"):
+        ember.compile(lambda x: x, dynamic="yes")
+    with pytest.raises(TypeError, match="options must be a dict"):
+        ember.compile(lambda x: x, options=[1])
+    with pytest.raises(TypeError, match="nn.Module or a callable"):
+        ember.compile(42)
+
+
+def test_scripted_module_rejected():
+    scripted = torch.jit.script(torch.nn.Linear(2, 2))
+    with pytest.raises(TypeError, match="TorchScript"):
+        ember.compile(scripted)
+
+
+def test_module_compiled_in_place():
+    m = _net()
+    keys = list(m.state_dict().keys())
+    out = ember.compile(m, backend="eager")
+    assert out is m and type(m) is torch.nn.Sequential
+    assert list(m.state_dict().keys()) == keys
+    assert m._compiled_call_impl is not None
+    with pytest.raises(ValueError, match="already compiled"):
+        ember.compile(m)
+
+
+def test_module_values_hooks_and_modes_match_eager():
+    ref, m = _net(), ember.compile(_net(), backend="eager")
+    seen = []
+    m.register_forward_hook(lambda mod, inp, out: seen.append(out.shape))
+    x = torch.randn(6, 4)
+    torch.testing.assert_close(m(x), ref(x))
+    assert seen == [torch.Size([6, 2])]
+    m.eval(), ref.eval()
+    torch.testing.assert_close(m(x), ref(x))
+    torch.testing.assert_close(m[1].running_mean, ref[1].running_mean)
+
+
+def test_torch_save_and_pickle_roundtrip(tmp_path):
+    m = ember.compile(_net(), backend="eager")
+    m.eval()
+    x = torch.randn(3, 4)
+    expected = m(x)
+    torch.save(m.state_dict(), tmp_path / "sd.pt")
+    fresh = _net()
+    fresh.load_state_dict(torch.load(tmp_path / "sd.pt"))
+    fresh.eval()
+    torch.testing.assert_close(fresh(x), expected)
+
+    buf = io.BytesIO()
+    torch.save(m, buf)
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=False)
+    assert type(loaded) is torch.nn.Sequential
+    torch.testing.assert_close(loaded(x), expected)
+    torch.testing.assert_close(pickle.loads(pickle.dumps(m))(x), expected)
+    torch.testing.assert_close(copy.deepcopy(m)(x), expected)
+
+
+def test_register_backend_and_get_backend_protocol():
+    calls = []
+
+    def mine(gm, example_inputs):
+        calls.append(len(example_inputs))
+        return gm.forward
+
+    ember.register_backend("test-mine", mine)
+    assert "test-mine" in ember.list_backends()
+    gm = torch.fx.symbolic_trace(lambda x: x.relu() + 1)
+    fn = ember.get_backend("test-mine")(gm, [torch.randn(3)])
+    x = torch.randn(3)
+    torch.testing.assert_close(fn(x), x.relu() + 1)
+    assert calls == [1]
+
+
+def test_backend_compile_error_falls_back_loudly(monkeypatch):
+    def broken(gm, example_inputs):
+        raise RuntimeError("boom in codegen")
+
+    ember.register_backend("test-broken", broken)
+    gm = torch.fx.symbolic_trace(lambda x: x * 3)
+    monkeypatch.setenv("EMBER_STRICT", "0")
+    with pytest.warns(UserWarning, match="test-broken.*boom in codegen.*eagerly"):
+        fn = ember.get_backend("test-broken")(gm, [torch.randn(2)])
+    x = torch.randn(2)
+    torch.testing.assert_close(fn(x), x * 3)
+    monkeypatch.setenv("EMBER_STRICT", "1")
+    with pytest.raises(RuntimeError, match="boom"):
+        ember.get_backend("test-broken")(gm, [torch.randn(2)])
+
+
+def test_disable_marks_function():
+    def f(x):
+        return x + 1
+
+    g = ember.disable(f)
+    assert ember.compile(g) is g
+    torch.testing.assert_close(g(torch.ones(2)), torch.full((2,), 2.0))
