@@ -112,10 +112,18 @@ def allow_in_graph(fn: Callable):
 
 
 def reset() -> None:
-    """Drop every cache: captured frames, compiled graphs, warn-once memory."""
+    """Drop every cache: captured frames, compiled graphs, warn-once memory, counters."""
+    from . import counters
     from .logging import reset_warnings
     capture.reset()
     reset_warnings()
+    counters.clear()
+
+
+def stats() -> dict:
+    """Counters since the last reset: {"counts": {...}, "compile_seconds": {stage: s}}."""
+    from . import counters
+    return counters.snapshot()
 
 
 def explain(fn: Callable, *args, **kwargs):

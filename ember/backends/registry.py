@@ -15,7 +15,7 @@ import importlib
 import threading
 from typing import Any, Callable
 
-from .. import config
+from .. import config, counters, progress
 from ..errors import BackendCompilerFailed
 from ..logging import get_logger, warn_once
 
@@ -88,11 +88,13 @@ def _with_fallback(name: str, fn: Callable) -> Callable:
     @functools.wraps(fn)
     def compile_graph(gm, example_inputs, **kwargs: Any):
         try:
-            return fn(gm, example_inputs, **kwargs)
+            with progress.compiling(), counters.timed(f"backend:{name}"):
+                return fn(gm, example_inputs, **kwargs)
         except Exception as exc:  # noqa: BLE001 - the fallback policy is exactly this
             from ..errors import Unsupported
             if config.strict() or isinstance(exc, Unsupported):
                 raise
+            counters.bump("fallbacks")
             err = BackendCompilerFailed(name, getattr(exc, "ember_stage", "compile"), exc)
             warn_once(f"backend-fallback:{name}:{err}",
                       f"{err}; running this graph eagerly (EMBER_STRICT=1 raises, "
