@@ -1,6 +1,84 @@
-"""Stage 2, aot: torch-level FX graph → functional aten forward/backward graphs (placeholder)."""
+"""Stage 2, aot: torch-level FX graph → functional aten forward/backward graphs.
+
+Consumes a torch-level fx.GraphModule (capture/Dynamo) and example inputs (real or FakeTensors;
+only shape/stride/dtype/device/requires_grad are read). Produces a callable running the graphs a
+kernel compiler built from the aten graphs this stage traced (docs/design/001-stage-contracts.md):
+  tracer.py       dispatch-mode tracer over meta tensors, functionalizing as it records
+  functionalize.py  per-op tables: functional forms of mutating ops, view scatter rules
+  joint.py        forward / joint forward+backward tracing, output aliasing plan
+  partition.py    default and min-cut partitioners
+  runtime.py      autograd.Function runtime, input mutations, alias rebuilding
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.fx as fx
+
+from ..logging import get_logger
+from .joint import Traced, trace_program
+from .partition import partition
+from .runtime import InferenceRuntime, TrainingRuntime
+from .tracer import graph_device, specs_of
+
+log = get_logger("aot")
+
+
+def _module(graph: fx.Graph, device: torch.device, name: str) -> fx.GraphModule:
+    gm = fx.GraphModule(torch.nn.Module(), graph, class_name=name)
+    gm.meta["device"] = device
+    return gm
+
+
+def trace_aten(fn, args, decompositions=None) -> fx.GraphModule:
+    """Trace `fn(*args)` to a functional aten graph (inference, no grad).
+
+    Placeholders are `args` (then lifted constants, listed in gm.meta["constants"]); the output
+    tuple is fn's flattened tensor outputs followed by the new values of mutated inputs
+    (gm.meta["mutated_inputs"] lists their positions).
+    """
+    traced = trace_program(fn, specs_of(args), decompositions=decompositions,
+                           device=graph_device(args), joint=False, plan_aliases=False)
+    gm = _module(traced.graph, traced.device, "EmberAten")
+    gm.meta["constants"] = traced.constants
+    gm.meta["mutated_inputs"] = traced.mutated
+    return gm
 
 
 def aot_compile(gm, example_inputs, *, fw_compiler, bw_compiler=None, decompositions=None,
                 partitioner="min_cut"):
-    raise NotImplementedError("ember.aot is not implemented yet")
+    """See docs/design/001-stage-contracts.md (backends → aot)."""
+    start = time.perf_counter()
+    specs = specs_of(example_inputs)
+    device = graph_device(example_inputs)
+    joint = torch.is_grad_enabled() and any(
+        isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs)
+    traced = trace_program(gm, specs, decompositions=decompositions, device=device, joint=joint)
+    if joint and not traced.grad_inputs:
+        traced = trace_program(gm, specs, decompositions=decompositions, device=device, joint=False)
+        joint = False
+    if not joint:
+        fw_gm = _module(traced.graph, device, "EmberForward")
+        _log_graph("forward (inference)", fw_gm, start)
+        fw = fw_compiler(fw_gm, list(example_inputs) + list(traced.constants))
+        return InferenceRuntime(traced, fw, traced.treespec)
+    part = partition(traced.graph, n_primals=traced.n_inputs + len(traced.constants),
+                     n_fw_outputs=traced.n_fw_outputs, policy=partitioner,
+                     mutated=frozenset(traced.mutated))
+    fw_gm = _module(part.fw, device, "EmberForward")
+    bw_gm = _module(part.bw, device, "EmberBackward")
+    _log_graph("forward", fw_gm, start)
+    _log_graph("backward", bw_gm, start)
+    fw = fw_compiler(fw_gm, list(example_inputs) + list(traced.constants))
+    return TrainingRuntime(traced, part, fw, bw_compiler or fw_compiler, bw_gm, traced.treespec)
+
+
+def _log_graph(what: str, gm: fx.GraphModule, start: float) -> None:
+    if log.isEnabledFor(20):
+        n = sum(1 for x in gm.graph.nodes if x.op == "call_function")
+        log.info("# after aot: %s graph, %d ops, took %.1f ms", what, n,
+                 (time.perf_counter() - start) * 1e3)
+
+
+__all__ = ["aot_compile", "trace_aten", "Traced", "partition"]

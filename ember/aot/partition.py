@@ -1,0 +1,186 @@
+"""Stage aot, partitioner: split a joint forward+backward aten graph into a forward graph and a
+backward graph, choosing which values the forward saves.
+
+Consumes: the joint fx.Graph from joint.py (placeholders: inputs, constants, tangents; output
+tuple: forward outputs then grads) and its counts.
+Produces: `Partition` — forward GraphModule (inputs+constants → forward outputs + saved
+activations), backward GraphModule (saved inputs + saved activations + tangents → grads), and the
+saved set.
+
+Two policies (`PARTITIONERS`):
+  - "default": the backward recomputes nothing the forward computed; it saves every forward value
+    the backward reads.
+  - "min_cut" (default): a minimum s-t cut (networkx) over the tangent-independent nodes the
+    backward needs, weighted by bytes. Cheap pointwise/view/cast ops may be recomputed in the
+    backward; matmul/conv/sdpa/reductions/random ops never are. Graph inputs are free to save, and
+    a bool mask costs a quarter of a float, so masks are saved rather than the floats made from them.
+"""
+from __future__ import annotations
+
+import dataclasses
+import operator
+
+import networkx as nx
+import torch
+import torch.fx as fx
+
+from ..errors import InternalError
+from ..logging import get_logger
+
+aten = torch.ops.aten
+log = get_logger("aot")
+
+
+@dataclasses.dataclass
+class Partition:
+    fw: fx.Graph
+    bw: fx.Graph
+    saved_inputs: list[int]       # positions in (inputs + constants) the backward reads
+    saved_values: list[fx.Node]   # joint nodes the forward returns for the backward
+    saved_nodes: list[fx.Node]    # every saved joint node (inputs first, then activations)
+
+
+# ops cheap enough to recompute in the backward besides pointwise and view ops
+CHEAP = frozenset({
+    aten._to_copy.default, aten.clone.default, aten.full.default, aten.zeros.default,
+    aten.ones.default, aten.scalar_tensor.default, aten.arange.default, aten.arange.start,
+    aten.arange.start_step, aten.full_like.default, aten.zeros_like.default, aten.ones_like.default,
+    aten.empty_like.default, aten.expand.default, aten.copy.default, aten.where.self,
+    aten.empty.memory_format, aten.new_zeros.default, aten.new_ones.default, aten.new_full.default,
+})
+# never recomputed even when tagged pointwise
+NEVER = frozenset({aten.bernoulli.p, aten.bernoulli.default, aten.bernoulli.Tensor,
+                   aten.native_dropout.default, aten.rand_like.default, aten.randn_like.default})
+
+
+def recomputable(node: fx.Node) -> bool:
+    if node.op != "call_function":
+        return False
+    target = node.target
+    if target is operator.getitem:
+        return True
+    if not isinstance(target, torch._ops.OpOverload):
+        return False
+    if target in NEVER or torch.Tag.nondeterministic_seeded in target.tags:
+        return False
+    return torch.Tag.pointwise in target.tags or target.is_view or target in CHEAP
+
+
+def nbytes(node: fx.Node) -> int:
+    val = node.meta.get("val")
+    if isinstance(val, torch.Tensor):
+        return val.numel() * val.element_size()
+    return 1 << 40          # tuples and numbers cannot be saved as tensors
+
+
+def _ancestors(outputs, stop=frozenset()) -> set[fx.Node]:
+    seen: set[fx.Node] = set()
+    stack = [o for o in outputs if o is not None]
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if n in stop:
+            continue
+        stack.extend(n.all_input_nodes)
+    return seen
+
+
+def _split_io(joint: fx.Graph, n_primals: int, n_fw_outputs: int):
+    placeholders = [n for n in joint.nodes if n.op == "placeholder"]
+    primals, tangents = placeholders[:n_primals], placeholders[n_primals:]
+    out = next(n for n in joint.nodes if n.op == "output")
+    outs = list(out.args[0])
+    return primals, tangents, outs[:n_fw_outputs], outs[n_fw_outputs:]
+
+
+def _tangent_dependent(joint: fx.Graph, tangents) -> set[fx.Node]:
+    dep = set(tangents)
+    for n in joint.nodes:
+        if n.op == "call_function" and any(a in dep for a in n.all_input_nodes):
+            dep.add(n)
+    return dep
+
+
+def _saved_default(joint, primals, tangents, fw_outs, grads) -> set[fx.Node]:
+    fw = _ancestors(fw_outs)
+    for n in list(fw):                      # tuple results travel as their getitems
+        fw.update(u for u in n.users if u.target is operator.getitem)
+    needed = _ancestors(grads)
+    bw_region = {n for n in needed if n not in fw and n.op == "call_function"}
+    saved = {g for g in grads if g not in bw_region and g not in tangents}
+    for n in bw_region:
+        saved.update(a for a in n.all_input_nodes if a not in bw_region and a not in tangents)
+    return saved
+
+
+def _saved_min_cut(joint, primals, tangents, fw_outs, grads) -> set[fx.Node]:
+    dep = _tangent_dependent(joint, tangents)
+    needed = _ancestors(grads)
+    cand = {n for n in needed if n not in dep}
+    g = nx.DiGraph()
+    g.add_node("source")
+    g.add_node("sink")
+    for n in cand:
+        weight = 0 if n.op == "placeholder" else nbytes(n)
+        g.add_edge(f"{n.name}_in", f"{n.name}_out", capacity=weight)
+        if n.op == "placeholder" or not recomputable(n):
+            g.add_edge("source", f"{n.name}_in")
+        for u in n.users:
+            if u in cand:
+                g.add_edge(f"{n.name}_out", f"{u.name}_in")
+            elif u in dep:
+                g.add_edge(f"{n.name}_out", "sink")
+        if n in grads:
+            g.add_edge(f"{n.name}_out", "sink")
+    _, (reach, _) = nx.minimum_cut(g, "source", "sink")
+    return {n for n in cand if f"{n.name}_in" in reach and f"{n.name}_out" not in reach}
+
+
+PARTITIONERS = {"default": _saved_default, "min_cut": _saved_min_cut}
+
+
+def _extract(joint: fx.Graph, inputs: list[fx.Node], outputs: list[fx.Node]) -> fx.Graph:
+    g = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    for n in inputs:
+        p = g.placeholder(n.name)
+        p.meta = dict(n.meta)
+        env[n] = p
+    needed = _ancestors(outputs, stop=frozenset(inputs))
+    for n in joint.nodes:
+        if n in needed and n not in env and n.op != "output":
+            if n.op == "placeholder":
+                raise InternalError(f"ember.aot partition: {n.name} is needed but not an input")
+            env[n] = g.node_copy(n, lambda x: env[x])
+    g.output(tuple(env[o] for o in outputs))
+    g.lint()
+    return g
+
+
+def partition(joint: fx.Graph, *, n_primals: int, n_fw_outputs: int, policy: str = "min_cut",
+              mutated: frozenset = frozenset()) -> Partition:
+    """Split `joint` (see module docstring); `n_primals` counts inputs and constants."""
+    if policy not in PARTITIONERS:
+        raise ValueError(f"unknown partitioner {policy!r}; valid: {', '.join(PARTITIONERS)}")
+    primals, tangents, fw_outs, grads = _split_io(joint, n_primals, n_fw_outputs)
+    saved = PARTITIONERS[policy](joint, primals, tangents, fw_outs, grads)
+    primal_pos = {p: i for i, p in enumerate(primals)}
+    saved_inputs = sorted(primal_pos[n] for n in saved if n in primal_pos)
+    order = {n: i for i, n in enumerate(joint.nodes)}
+    saved_values = sorted((n for n in saved if n not in primal_pos), key=order.__getitem__)
+    saved_nodes = [primals[i] for i in saved_inputs] + saved_values
+    fw = _extract(joint, primals, fw_outs + saved_values)
+    bw = _extract(joint, saved_nodes + tangents, grads)
+    if log.isEnabledFor(20):
+        total = sum(nbytes(n) for n in saved_values)
+        log.info("partition (%s): fwd %d nodes, bwd %d nodes, saved %d inputs + %d activations "
+                 "(%d bytes)", policy, len(fw.nodes), len(bw.nodes), len(saved_inputs),
+                 len(saved_values), total)
+        for n in saved_nodes:
+            v = n.meta.get("val")
+            kind = "input" if n in primal_pos else str(n.target)
+            log.info("  saved %s: %s %s %s", n.name, kind, tuple(v.shape), v.dtype)
+    return Partition(fw=fw, bw=bw, saved_inputs=saved_inputs, saved_values=saved_values,
+                     saved_nodes=saved_nodes)

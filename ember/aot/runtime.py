@@ -1,0 +1,137 @@
+"""Stage aot, runtime: the callables aot_compile returns.
+
+Consumes: a `Traced` program (joint.py), its partition (partition.py) and the compiled forward
+(and, lazily, backward) callables from the kernel compiler.
+Produces: a callable with the captured graph's calling convention (positional tensors in, the
+graph's outputs out) that
+  - runs the compiled forward inside one torch.autograd.Function per graph when training;
+    the backward graph is compiled on the first backward;
+  - applies input mutations (BatchNorm running stats, user `x.add_`) once, after the graph;
+  - rebuilds outputs that alias inputs or each other by replaying their views on the real
+    tensors, so `out._base`, identity and version counters behave as in eager.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.fx as fx
+from torch.utils._pytree import tree_unflatten
+
+from .joint import Traced
+from .partition import Partition
+
+
+def _apply_views(t, views):
+    for op, args, kwargs, index in views:
+        t = op(t, *args, **kwargs)
+        if index is not None:
+            t = t[index]
+    return t
+
+
+def _rebuild_outputs(traced: Traced, args, slots) -> list:
+    outs: list = []
+    for spec in traced.outputs:
+        kind = spec.kind
+        if kind == "graph":
+            outs.append(slots[spec.slot])
+        elif kind == "input":
+            outs.append(args[spec.index])
+        elif kind == "view":
+            src = args[spec.index] if spec.index is not None else slots[spec.slot]
+            outs.append(_apply_views(src, spec.views))
+        elif kind == "dup":
+            outs.append(outs[spec.index])
+        else:
+            outs.append(spec.value)
+    return outs
+
+
+def _apply_mutations(traced: Traced, args, new_values) -> None:
+    if not traced.mutated:
+        return
+    with torch.no_grad():
+        for index, value in zip(traced.mutated, new_values):
+            args[index].copy_(value)
+
+
+class InferenceRuntime:
+    """Forward only: no input requires grad, or compiled under torch.no_grad()."""
+
+    def __init__(self, traced: Traced, fw: Callable, treespec):
+        self.traced, self.fw, self.treespec = traced, fw, treespec
+
+    def __call__(self, *args):
+        t = self.traced
+        outs = self.fw(*args, *t.constants)
+        args = list(args)
+        _apply_mutations(t, args, outs[t.n_slots:t.n_fw_outputs])
+        return tree_unflatten(_rebuild_outputs(t, args, outs[:t.n_slots]), self.treespec)
+
+
+def _coerce_tangent(g: torch.Tensor, spec) -> torch.Tensor:
+    if tuple(g.stride()) == spec.stride or g.numel() <= 1:
+        return g
+    out = torch.empty_strided(spec.shape, spec.stride, dtype=g.dtype, device=g.device)
+    out.copy_(g)
+    return out
+
+
+class TrainingRuntime:
+    """One autograd.Function per compiled graph; the backward is compiled on first use."""
+
+    def __init__(self, traced: Traced, part: Partition, fw: Callable, bw_compiler: Callable,
+                 bw_module: fx.GraphModule, treespec):
+        self.traced, self.part, self.fw, self.treespec = traced, part, fw, treespec
+        self._bw_compiler, self._bw_module, self._bw = bw_compiler, bw_module, None
+        self.function = self._make_function()
+
+    def backward_fn(self) -> Callable:
+        if self._bw is None:
+            example = [n.meta["val"] for n in self._bw_module.graph.nodes if n.op == "placeholder"]
+            self._bw = self._bw_compiler(self._bw_module, example)
+        return self._bw
+
+    def _make_function(self):
+        rt = self
+        t, part = self.traced, self.part
+        n_fw = t.n_fw_outputs
+        tangent_set = set(t.tangent_outs)
+        mutated = set(t.mutated)
+
+        class EmberCompiledFunction(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, *args):
+                full = list(args) + list(t.constants)
+                outs = rt.fw(*full)
+                fw_outs, acts = list(outs[:n_fw]), list(outs[n_fw:])
+                saved_in = [full[i].clone() if i in mutated else full[i] for i in part.saved_inputs]
+                ctx.save_for_backward(*saved_in, *acts)
+                ctx.mark_non_differentiable(*[o for j, o in enumerate(fw_outs)
+                                              if j not in tangent_set and isinstance(o, torch.Tensor)])
+                return tuple(fw_outs)
+
+            @staticmethod
+            def backward(ctx, *grad_outs):
+                if torch.is_grad_enabled():
+                    raise RuntimeError(
+                        "ember: double backward (create_graph=True, or differentiating a gradient) "
+                        "through an ember-compiled graph is not supported; run this part eagerly")
+                saved = ctx.saved_tensors
+                tangents = [_coerce_tangent(grad_outs[j], spec)
+                            for j, spec in zip(t.tangent_outs, t.tangent_specs)]
+                grads = rt.backward_fn()(*saved, *tangents)
+                result: list = [None] * t.n_inputs
+                for k, g in zip(t.grad_inputs, grads):
+                    result[k] = g
+                return tuple(result)
+
+        return EmberCompiledFunction
+
+    def __call__(self, *args):
+        t = self.traced
+        outs = self.function.apply(*args)
+        args = list(args)
+        _apply_mutations(t, args, outs[t.n_slots:t.n_fw_outputs])
+        return tree_unflatten(_rebuild_outputs(t, args, outs[:t.n_slots]), self.treespec)

@@ -1,0 +1,446 @@
+"""Stage aot, tracer: run a callable on meta tensors under a TorchDispatchMode and record every aten
+op into a functional FX graph.
+
+Consumes: a callable (a torch-level fx.GraphModule from capture/Dynamo, or any function) and input
+specs (shape/stride/dtype/requires_grad; FakeTensors are only read for those).
+Produces: `Tracer` state — an fx.Graph whose call_function nodes are aten OpOverloads with
+node.meta["val"] (a fresh meta tensor per node), which inputs were mutated, and how each output
+aliases inputs or other outputs (`OutputSpec`).
+
+Functionalization happens while tracing. Every user-visible meta tensor maps to the graph node that
+holds its current value. A view remembers (parent, view op, args); an in-place op records its
+functional form (functionalize.py), then the new value is scattered up the view chain into the base
+and the storage's generation is bumped, so every other alias regenerates its node (view replay from
+the new base) the next time it is read. Decompositions (ember.decomp) apply at dispatch, recursively:
+a decomposition runs under this mode, so its body is traced like user code.
+"""
+from __future__ import annotations
+
+import dataclasses
+import operator
+from typing import Any, Callable
+
+import torch
+import torch.fx as fx
+from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
+from torch.utils._pytree import tree_flatten, tree_map
+
+from ..errors import InternalError, Unsupported
+from .functionalize import IDENTITY_VIEWS, SCATTER, SCATTER_MULTI, functional_variant, mutated_args
+
+aten = torch.ops.aten
+META = torch.device("meta")
+# the functionalizer's own primitive: how decompositions write, never decomposed itself
+NEVER_DECOMPOSE = frozenset({aten.copy_.default})
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorSpec:
+    shape: tuple
+    stride: tuple
+    dtype: torch.dtype
+    device: torch.device
+    requires_grad: bool
+
+    @staticmethod
+    def of(t: torch.Tensor) -> "TensorSpec":
+        return TensorSpec(tuple(t.shape), tuple(t.stride()), t.dtype, t.device, bool(t.requires_grad))
+
+
+@dataclasses.dataclass
+class OutputSpec:
+    """How the runtime produces one user output.
+
+    kind: "graph"  — graph output `slot`;
+          "input"  — the runtime input `index` itself (after its mutation is applied);
+          "view"   — replay `views` on the input `index` (after mutation) or on graph output `slot`;
+          "dup"    — the same object as user output `index`;
+          "const"  — the Python value `value`.
+    """
+
+    kind: str
+    slot: int | None = None
+    index: int | None = None
+    views: tuple = ()
+    value: Any = None
+    requires_grad: bool = False
+
+
+def _skey(t: torch.Tensor) -> int:
+    return t.untyped_storage()._cdata
+
+
+def fresh_val(t: torch.Tensor) -> torch.Tensor:
+    """A meta tensor with t's geometry and its own storage (node.meta["val"])."""
+    return torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype, device=META)
+
+
+def _val_of(x):
+    if isinstance(x, torch.Tensor):
+        return fresh_val(x)
+    if isinstance(x, (tuple, list)):
+        return tuple(_val_of(y) for y in x)
+    return x
+
+
+@dataclasses.dataclass
+class _Storage:
+    base: torch.Tensor
+    gen: int = 0
+    input_index: int | None = None
+
+
+class Tracer(TorchDispatchMode):
+    """Records aten ops on meta tensors into `self.graph`, functionalizing as it goes."""
+
+    def __init__(self, decompositions: dict | None, device: torch.device):
+        super().__init__()
+        self.graph = fx.Graph()
+        self.decomps = dict(decompositions or {})
+        self.device = torch.device(device)
+        self._node: dict[int, tuple[torch.Tensor, fx.Node, int]] = {}   # id(t) → (t, node, gen)
+        self._view: dict[int, tuple] = {}        # id(t) → (parent, op, args, kwargs, index)
+        self._storage: dict[int, _Storage] = {}
+        self._val_tensor: dict[fx.Node, torch.Tensor] = {}
+        self.inputs: list[torch.Tensor] = []
+        self.placeholders: list[fx.Node] = []
+        self.constants: list[tuple[fx.Node, torch.Tensor]] = []
+        self._const_ids: dict[int, torch.Tensor] = {}
+        self._decomposing: set = set()
+
+    # ---- inputs -------------------------------------------------------------------------
+    def add_input(self, name: str, spec: TensorSpec | Any) -> Any:
+        node = self.graph.placeholder(name)
+        self.placeholders.append(node)
+        if not isinstance(spec, TensorSpec):
+            node.meta["val"] = spec
+            self.inputs.append(spec)
+            return spec
+        t = torch.empty_strided(spec.shape, spec.stride, dtype=spec.dtype, device=META)
+        if spec.requires_grad:
+            t.requires_grad_(True)
+        node.meta["val"] = fresh_val(t)
+        self._register(t, node)
+        self._storage[_skey(t)].input_index = len(self.inputs)
+        self.inputs.append(t)
+        return t
+
+    def _lift_constant(self, real: torch.Tensor) -> torch.Tensor:
+        t = self._const_ids.get(id(real))
+        if t is not None:
+            return t
+        node = self.graph.placeholder(f"_const{len(self.constants)}")
+        t = torch.empty_strided(tuple(real.shape), tuple(real.stride()), dtype=real.dtype, device=META)
+        node.meta["val"] = fresh_val(t)
+        self._register(t, node)
+        self.constants.append((node, real.detach()))
+        self._const_ids[id(real)] = t
+        return t
+
+    # ---- tensor ↔ node ----------------------------------------------------------------
+    def _register(self, t: torch.Tensor, node: fx.Node, view: tuple | None = None) -> None:
+        key = _skey(t)
+        st = self._storage.get(key)
+        if st is None:
+            st = self._storage[key] = _Storage(base=t)
+        elif view is None and t is not st.base and id(t) not in self._view:
+            # an op that aliases without being a view op (e.g. _unsafe_view): track as identity view
+            view = (st.base, None, (), {}, None)
+        self._node[id(t)] = (t, node, st.gen)
+        if view is not None:
+            self._view[id(t)] = view
+
+    def node_of(self, t: torch.Tensor) -> fx.Node:
+        ent = self._node.get(id(t))
+        if ent is None or ent[0] is not t:
+            if t.device.type != "meta":
+                return self.node_of(self._lift_constant(t))
+            raise InternalError(f"ember.aot tracer: unknown meta tensor {tuple(t.shape)} {t.dtype}")
+        _, node, gen = ent
+        st = self._storage[_skey(t)]
+        if gen == st.gen:
+            return node
+        parent, op, args, kwargs, index = self._view[id(t)]
+        pnode = self.node_of(parent)
+        node = self._replay_view(op, pnode, args, kwargs, index, t)
+        self._node[id(t)] = (t, node, st.gen)
+        return node
+
+    def tensor_of(self, node: fx.Node) -> torch.Tensor:
+        """A traced meta tensor whose value is `node` (never mutated: it has its own storage)."""
+        t = self._val_tensor.get(node)
+        if t is None:
+            t = fresh_val(node.meta["val"])
+            self._register(t, node)
+            self._val_tensor[node] = t
+        return t
+
+    def _meta_arg(self, x):
+        if isinstance(x, torch.Tensor):
+            if x.device.type != "meta":
+                return self._lift_constant(x)
+            return x
+        if isinstance(x, torch.device):
+            return META
+        return x
+
+    def _node_arg(self, x):
+        if isinstance(x, torch.Tensor):
+            return self.node_of(x)
+        if isinstance(x, torch.device):
+            return self.device if x.type == "meta" else x
+        return x
+
+    # ---- emitting ----------------------------------------------------------------------
+    def emit(self, op, args, kwargs, out) -> fx.Node | list:
+        """Append `op(*args, **kwargs)` (args already nodes) with the meta result `out`."""
+        node = self.graph.call_function(op, tuple(args), dict(kwargs))
+        node.meta["val"] = _val_of(out)
+        if isinstance(out, (tuple, list)):
+            items = []
+            for i, o in enumerate(out):
+                if isinstance(o, torch.Tensor):
+                    g = self.graph.call_function(operator.getitem, (node, i))
+                    g.meta["val"] = fresh_val(o)
+                    items.append(g)
+                else:
+                    items.append(None)
+            return items
+        return node
+
+    def call(self, op, *args, **kwargs):
+        """Run aten `op` on traced tensors through this mode (decompositions apply)."""
+        if _get_current_dispatch_mode() is self:
+            return op(*args, **kwargs)
+        with self:
+            return op(*args, **kwargs)
+
+    def _replay_view(self, op, pnode, args, kwargs, index, t) -> fx.Node:
+        if op is None:                                   # identity alias
+            return pnode
+        base = self.tensor_of(pnode)
+        out = self.call(op, base, *args, **kwargs)
+        if index is not None:
+            out = out[index]
+        return self.node_of(out)
+
+    # ---- dispatch ----------------------------------------------------------------------
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        decomp = self.decomps.get(func)
+        if decomp is not None and func not in self._decomposing and func not in NEVER_DECOMPOSE:
+            # a decomposition that calls its own op (a fallback case) records that op as is
+            self._decomposing.add(func)
+            try:
+                with self:
+                    out = decomp(*args, **kwargs)
+            finally:
+                self._decomposing.discard(func)
+            if out is not NotImplemented:
+                return out
+        rule = SPECIAL.get(func)
+        if rule is not None:
+            out = rule(self, func, args, kwargs)
+            if out is not NotImplemented:
+                return out
+        if torch.Tag.data_dependent_output in func.tags or func is aten._local_scalar_dense.default:
+            raise Unsupported(f"ember.aot: data-dependent op {func} (a value read back to Python)")
+        if torch.Tag.inplace_view in func.tags:
+            raise Unsupported(f"ember.aot: in-place metadata change {func} is not supported")
+        if func.is_view:
+            return self._view_op(func, args, kwargs)
+        if func._schema.is_mutable:
+            return self._mutating_op(func, args, kwargs)
+        return self._functional_op(func, args, kwargs)
+
+    def _run_meta(self, func, args, kwargs):
+        margs = tree_map(self._meta_arg, args)
+        mkwargs = tree_map(self._meta_arg, kwargs)
+        return func(*margs, **mkwargs), margs, mkwargs
+
+    def _functional_op(self, func, args, kwargs):
+        out, margs, mkwargs = self._run_meta(func, args, kwargs)
+        nodes = self.emit(func, tree_map(self._node_arg, margs), tree_map(self._node_arg, mkwargs), out)
+        self._register_out(out, nodes)
+        return out
+
+    def _register_out(self, out, nodes, view=None):
+        if isinstance(out, torch.Tensor):
+            self._register(out, nodes, view)
+        elif isinstance(out, (tuple, list)):
+            for i, (o, n) in enumerate(zip(out, nodes)):
+                if isinstance(o, torch.Tensor):
+                    self._register(o, n, None if view is None else view[:4] + (i,))
+
+    def _view_op(self, func, args, kwargs):
+        out, margs, mkwargs = self._run_meta(func, args, kwargs)
+        nodes = self.emit(func, tree_map(self._node_arg, margs), tree_map(self._node_arg, mkwargs), out)
+        self._register_out(out, nodes, view=(margs[0], func, tuple(margs[1:]), dict(mkwargs), None))
+        return out
+
+    def _mutating_op(self, func, args, kwargs):
+        form = functional_variant(func)
+        bound = bind_args(func, args, kwargs)
+        fargs = [bound[a.name] for a in form.op._schema.arguments if not a.kwarg_only and a.name in bound]
+        fkwargs = {a.name: bound[a.name] for a in form.op._schema.arguments if a.kwarg_only and a.name in bound}
+        fout, margs, mkwargs = self._run_meta(form.op, fargs, fkwargs)
+        fnodes = self.emit(form.op, tree_map(self._node_arg, margs), tree_map(self._node_arg, mkwargs), fout)
+        if not isinstance(fnodes, list):
+            fnodes = [fnodes]
+        # the original op on meta gives the user-visible results (mutated args returned as is)
+        out, _, _ = self._run_meta(func, args, kwargs)
+        new_values = fnodes[form.n_orig:]
+        for name, new in zip(form.mutated, new_values):
+            target = bound[name]
+            if isinstance(target, (list, tuple)):
+                raise Unsupported(f"ember.aot: {func} mutates a list of tensors")
+            self.mutate(target, new)
+        if form.n_orig:
+            origs = fnodes[:form.n_orig]
+            self._register_out(out if isinstance(out, (tuple, list)) else out,
+                               origs if isinstance(out, (tuple, list)) else origs[0])
+        return out
+
+    def mutate(self, t: torch.Tensor, new: fx.Node) -> None:
+        """`t` now holds `new` (a node with t's shape): scatter it into t's base, bump the storage."""
+        val = new.meta["val"]
+        if val.dtype != t.dtype:
+            new = self.node_of(self.call(aten._to_copy.default, self.tensor_of(new), dtype=t.dtype))
+        if tuple(val.shape) != tuple(t.shape):
+            new = self.node_of(self.call(aten.expand.default, self.tensor_of(new), list(t.shape)))
+        st = self._storage[_skey(t)]
+        cur_t, cur = t, new
+        chain = []
+        while id(cur_t) in self._view:
+            parent, op, args, kwargs, index = self._view[id(cur_t)]
+            pnode = self.node_of(parent)
+            if op is None:
+                nb = cur
+            else:
+                nb = self._scatter(op, pnode, cur, args, kwargs, index)
+            chain.append((parent, nb))
+            cur_t, cur = parent, nb
+        st.gen += 1
+        self._node[id(t)] = (t, new, st.gen)
+        for parent, nb in chain:
+            self._node[id(parent)] = (parent, nb, st.gen)
+
+    def _scatter(self, op, pnode, src, args, kwargs, index) -> fx.Node:
+        base_t, src_t = self.tensor_of(pnode), self.tensor_of(src)
+        if index is not None:
+            rule = SCATTER_MULTI.get(op)
+            if rule is None:
+                raise Unsupported(f"ember.aot: mutation through the view op {op} is not supported")
+            out = rule(self.call, base_t, src_t, *args, index=index, **kwargs)
+        else:
+            rule = SCATTER.get(op)
+            if rule is None:
+                raise Unsupported(f"ember.aot: mutation through the view op {op} is not supported")
+            out = rule(self.call, base_t, src_t, *args, **kwargs)
+        return self.node_of(out)
+
+    # ---- results -----------------------------------------------------------------------
+    def mutated_inputs(self) -> list[int]:
+        return [st.input_index for st in self._storage.values()
+                if st.input_index is not None and st.gen > 0]
+
+    def input_new_value(self, index: int) -> fx.Node:
+        return self.node_of(self.inputs[index])
+
+    def view_chain(self, t: torch.Tensor) -> tuple[torch.Tensor, tuple]:
+        """(root tensor, ((op, args, kwargs, index), ...)) replaying t from its storage's base."""
+        chain = []
+        while id(t) in self._view:
+            parent, op, args, kwargs, index = self._view[id(t)]
+            if op is not None:
+                chain.append((op, args, kwargs, index))
+            t = parent
+        return t, tuple(reversed(chain))
+
+    def is_alias(self, a: torch.Tensor, b: torch.Tensor) -> bool:
+        return _skey(a) == _skey(b)
+
+    def storage_root(self, t: torch.Tensor) -> torch.Tensor:
+        return self.view_chain(t)[0]
+
+    def input_index_of(self, t: torch.Tensor) -> int | None:
+        st = self._storage.get(_skey(t))
+        return None if st is None else st.input_index
+
+
+def bind_args(func, args, kwargs) -> dict:
+    """Argument name → value for a call of `func`, schema defaults filled in."""
+    bound = {}
+    for i, a in enumerate(func._schema.arguments):
+        if i < len(args) and not a.kwarg_only:
+            bound[a.name] = args[i]
+        elif a.name in kwargs:
+            bound[a.name] = kwargs[a.name]
+        elif a.has_default_value():
+            bound[a.name] = a.default_value
+    return bound
+
+
+def _native_batch_norm(tracer: Tracer, func, args, kwargs):
+    # native_batch_norm updates running_mean/var in training mode without saying so in its schema
+    bound = bind_args(func, args, kwargs)
+    if not bound["training"] or bound["running_mean"] is None:
+        return NotImplemented
+    fop = aten._native_batch_norm_legit_functional.default
+    fargs = [bound[n] for n in ("input", "weight", "bias", "running_mean", "running_var",
+                                "training", "momentum", "eps")]
+    fout, margs, _ = tracer._run_meta(fop, fargs, {})
+    nodes = tracer.emit(fop, tree_map(tracer._node_arg, margs), {}, fout)
+    out, _, _ = tracer._run_meta(func, args, kwargs)
+    tracer._register_out(out, nodes[:3])
+    tracer.mutate(bound["running_mean"], nodes[3])
+    tracer.mutate(bound["running_var"], nodes[4])
+    return out
+
+
+def _data_dependent(tracer, func, args, kwargs):
+    raise Unsupported(f"ember.aot: data-dependent op {func} (a tensor value read back to Python)")
+
+
+SPECIAL: dict[Any, Callable] = {
+    aten.native_batch_norm.default: _native_batch_norm,
+    aten._local_scalar_dense.default: _data_dependent,
+    aten.nonzero.default: _data_dependent,
+    aten.equal.default: _data_dependent,
+}
+
+
+def remove_identity_views(graph: fx.Graph) -> None:
+    """A functional graph needs no alias/detach nodes: forward their input."""
+    for node in list(graph.nodes):
+        if node.op == "call_function" and node.target in IDENTITY_VIEWS:
+            node.replace_all_uses_with(node.args[0])
+            graph.erase_node(node)
+
+
+def specs_of(example_inputs) -> list:
+    out = []
+    for x in example_inputs:
+        if isinstance(x, torch.Tensor):
+            out.append(TensorSpec.of(x))
+        elif isinstance(x, (int, float, bool)) or x is None:
+            out.append(x)
+        else:
+            raise Unsupported(f"ember.aot: graph input of type {type(x).__name__} (symbolic sizes are "
+                              "not supported; compile with dynamic=False)")
+    return out
+
+
+def graph_device(example_inputs) -> torch.device:
+    for x in example_inputs:
+        if isinstance(x, torch.Tensor) and x.device.type != "cpu":
+            return x.device
+    return torch.device("cpu")
+
+
+def order_placeholders(graph: fx.Graph, order: list[fx.Node]) -> None:
+    first = next((n for n in graph.nodes if n.op != "placeholder"), None)
+    if first is None:
+        return
+    for p in order:
+        first.prepend(p)
