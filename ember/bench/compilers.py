@@ -181,7 +181,8 @@ def first_working(compiler: str, build: Callable[[], torch.nn.Module],
     ran = None
     last_exc: BaseException | None = None
     for f, b in candidates(compiler, backend, front):
-        reset_all()
+        if tried:   # a failed attempt may leave caches and warn-once memory behind
+            reset_all()
         model = build()
         try:
             compiled, path = make(f, b, model)

@@ -1,0 +1,444 @@
+"""ember bench harness: one subprocess per (model, mode), paired timings inside it.
+
+Parent (`run_suite`): for each selected model and mode, starts
+`python -m ember.bench.harness worker ...` with the timing-hygiene environment, a timeout and
+its own process group, and reads back one JSON record per compiler. A model that raises, kills
+its process or hangs becomes `fail`/`crash`/`timeout` records; the suite goes on.
+
+Worker (`measure`): builds the model once (seeded), then per compiler a fresh deep copy:
+  1. first call (compile included) on the same inputs; `compilers.first_working` picks the path
+     for "ember" and records fallbacks;
+  2. correctness: infer compares outputs with an fp64 eager run; train compares the loss and every
+     parameter gradient of the first step with an fp64 eager step. A compiler passes when its
+     error is within 10x eager-fp32's error (plus a small floor);
+  3. warm-up, then `reps` rounds that time every compiler once, order reversed every round
+     (ABBA...), and report the median of the per-round ratios eager/compiler;
+  4. peak memory of one step from the profiler's allocation events (eager peak / compiler peak).
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+from . import hygiene
+
+RESULT_FIELDS = ("model", "suite", "mode", "compiler", "status", "error", "path", "graphs",
+                 "graph_breaks", "max_err", "rel_err", "eager_rel_err", "first_call_s", "compile_s",
+                 "step_s", "eager_step_s", "speedup", "peak_bytes", "mem_ratio", "threads",
+                 "allocator", "env", "reps", "times")
+
+
+# ------------------------------------------------------------------------------ tensor helpers
+def flatten(out: Any) -> list:
+    """Every tensor in a (nested) output: tensors, tuples/lists, dicts, HF ModelOutput."""
+    import torch
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, dict):
+        return [t for v in out.values() for t in flatten(v)]
+    if isinstance(out, (list, tuple)):
+        return [t for v in out for t in flatten(v)]
+    if hasattr(out, "to_tuple"):
+        return flatten(out.to_tuple())
+    return []
+
+
+def to_double(x: Any) -> Any:
+    import torch
+    if isinstance(x, torch.Tensor):
+        return x.double() if x.is_floating_point() else x
+    if isinstance(x, dict):
+        return {k: to_double(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return type(x)(to_double(v) for v in x)
+    return x
+
+
+def reduce_loss(out: Any):
+    """A scalar loss from any output: the sum of the means of its floating tensors."""
+    tensors = [t for t in flatten(out) if t.is_floating_point()]
+    if not tensors:
+        raise TypeError("model output has no floating tensor to train on")
+    return sum(t.mean() for t in tensors)
+
+
+def compare(got: list, ref: list) -> tuple[float, float]:
+    """(max abs error, max error relative to each reference tensor's largest magnitude)."""
+    if len(got) != len(ref):
+        raise AssertionError(f"{len(got)} output tensors, the reference has {len(ref)}")
+    max_abs = max_rel = 0.0
+    for g, r in zip(got, ref):
+        if g.shape != r.shape:
+            raise AssertionError(f"output shape {tuple(g.shape)} != reference {tuple(r.shape)}")
+        if not r.is_floating_point():
+            bad = float((g != r).sum())
+            max_abs, max_rel = max(max_abs, bad), max(max_rel, bad)
+            continue
+        diff = (g.double() - r.double()).abs()
+        a = float(diff.max()) if diff.numel() else 0.0
+        scale = float(r.double().abs().max()) if r.numel() else 0.0
+        max_abs = max(max_abs, a)
+        max_rel = max(max_rel, a / max(scale, 1e-6))
+    return max_abs, max_rel
+
+
+# ------------------------------------------------------------------------------------- runners
+class Runner:
+    """One model instance of one compiler: `step()` is one inference or one training step."""
+
+    def __init__(self, fn, module, mode: str, args: tuple, kwargs: dict, lr: float = 1e-3):
+        import torch
+        self.fn, self.module, self.mode, self.args, self.kwargs = fn, module, mode, args, kwargs
+        self.opt = torch.optim.SGD(module.parameters(), lr=lr) if mode == "train" else None
+
+    def step(self):
+        import torch
+        if self.mode == "infer":
+            with torch.no_grad():
+                return self.fn(*self.args, **self.kwargs)
+        self.opt.zero_grad(set_to_none=True)
+        loss = reduce_loss(self.fn(*self.args, **self.kwargs))
+        loss.backward()
+        self.opt.step()
+        return loss.detach()
+
+    def observed(self, out) -> list:
+        """What correctness compares: the outputs (infer) or loss + gradients (train)."""
+        if self.mode == "infer":
+            return [t.detach() for t in flatten(out)]
+        grads = [p.grad if p.grad is not None else p.new_zeros(p.shape)
+                 for _, p in sorted(self.module.named_parameters()) if p.requires_grad]
+        return [out] + grads
+
+
+def peak_bytes(step) -> int | None:
+    """Peak extra CPU tensor memory during one call of `step`, from profiler allocation events."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    try:
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            step()
+        events = [(e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
+                  if e.name() == "[memory]" and str(e.device_type()).endswith("CPU")]
+    except Exception:  # noqa: BLE001 - memory is an extra; its absence is recorded as None
+        return None
+    live = peak = 0
+    for _, nbytes in sorted(events):
+        live += nbytes
+        peak = max(peak, live)
+    return peak
+
+
+# ---------------------------------------------------------------------------------------- worker
+def measure(spec, mode: str, compiler_names: list[str], reps: int, warmup: int, backend: str,
+            front: str, memory: bool, emit) -> None:
+    """Benchmark one model in one mode; call `emit(record)` once per compiler, as soon as known."""
+    from . import compilers
+    from .suites import instantiate
+
+    env = hygiene.describe()
+    base = {"model": spec.name, "suite": spec.suite, "mode": mode, "threads": env["threads"],
+            "allocator": env["allocator"], "env": env, "reps": reps, "warmup": warmup}
+    names = ["eager"] + [c for c in compiler_names if c != "eager"]
+    t_start = time.perf_counter()
+    try:
+        model, args, kwargs = instantiate(spec)
+        model.train(mode == "train")
+    except Exception as exc:  # noqa: BLE001
+        for c in names:
+            emit({**base, "compiler": c, "status": "fail",
+                  "error": "build: " + compilers.describe_exception(exc)})
+        return
+
+    def fresh():
+        return copy.deepcopy(model)
+
+    # fp64 reference
+    ref = None
+    try:
+        m64 = fresh().double()
+        r64 = Runner(m64, m64, mode, to_double(args), to_double(kwargs))
+        ref = r64.observed(r64.step())
+        del m64, r64
+    except Exception as exc:  # noqa: BLE001 - some models do not run in fp64; fall back to fp32
+        base["reference"] = f"fp32 eager (fp64 failed: {compilers.describe_exception(exc)[:120]})"
+    else:
+        base["reference"] = "fp64 eager"
+
+    runners: dict[str, Runner] = {}
+    records: dict[str, dict] = {}
+    for c in names:
+        rec = {**base, "compiler": c}
+        records[c] = rec
+        holder: dict[str, Runner] = {}
+
+        def first_call(compiled, _holder=holder):
+            module = getattr(compiled, "_orig_mod", compiled)
+            _holder["r"] = Runner(compiled, module, mode, args, kwargs)
+            return _holder["r"].step()
+
+        try:
+            compiled, path, out, first_s = compilers.first_working(
+                c, fresh, first_call, backend=backend, front=front)
+        except Exception as exc:  # noqa: BLE001 - reported, the next compiler goes on
+            rec.update(status="fail", error=compilers.describe_exception(exc),
+                       rejected_paths=getattr(exc, "ember_bench_tried", []))
+            if c == "eager":
+                for other in names[1:]:
+                    emit({**base, "compiler": other, "status": "fail",
+                          "error": "eager failed: " + rec["error"]})
+                emit(rec)
+                return
+            continue
+        runner = holder["r"]
+        rec.update(path.record(), first_call_s=first_s)
+        try:
+            import ember
+            rec["ember_stats"] = ember.stats()
+        except Exception:  # noqa: BLE001
+            pass
+        got = runner.observed(out)
+        if ref is None and c == "eager":
+            ref = [t.detach().clone() for t in got]
+        try:
+            rec["max_err"], rec["rel_err"] = compare(got, ref)
+        except AssertionError as exc:
+            rec["status"], rec["error"] = "wrong", f"AssertionError: {exc}"
+        runners[c] = runner
+        rec["_path"] = path
+
+    eager_err = records["eager"].get("rel_err") or 0.0
+    floor = 1e-4 if mode == "train" else 1e-5
+    tol = 10 * eager_err + floor
+    for c, rec in records.items():
+        if "status" in rec:
+            continue
+        rec["eager_rel_err"], rec["tol"] = eager_err, tol
+        path = rec["_path"]
+        if not path.compiled:
+            rec["status"] = "fallback"
+            rec["error"] = (f"none of {len(path.rejected)} paths compiled; first: "
+                            f"{path.problem or 'ran eagerly'}")
+        elif rec["rel_err"] > tol:
+            rec["status"], rec["error"] = "wrong", f"rel_err {rec['rel_err']:.3g} > tol {tol:.3g}"
+        else:
+            rec["status"] = "pass"
+
+    # warm-up (warnings recorded: a late fallback or recompile still shows) and paired timing
+    order = list(runners)
+    try:
+        for i in range(warmup):
+            for c in (order if i % 2 == 0 else order[::-1]):
+                compilers.call_recording(records[c]["_path"], runners[c].step)
+        times: dict[str, list[float]] = {c: [] for c in order}
+        for r in range(reps):
+            for c in (order if r % 2 == 0 else order[::-1]):
+                t0 = time.perf_counter()
+                runners[c].step()
+                times[c].append(time.perf_counter() - t0)
+    except Exception as exc:  # noqa: BLE001 - a later-step failure fails only that model
+        for c in order:
+            records[c].update(status="fail", error="timing: " + compilers.describe_exception(exc))
+        times = {}
+    for c in order:
+        rec = records[c]
+        if times.get(c):
+            rec["times"] = [round(t, 6) for t in times[c]]
+            rec["step_s"] = statistics.median(times[c])
+            rec["eager_step_s"] = statistics.median(times["eager"])
+            rec["speedup"] = statistics.median(e / t for e, t in zip(times["eager"], times[c]))
+            rec["speedup_of_medians"] = rec["eager_step_s"] / rec["step_s"]
+            rec["compile_s"] = max(rec["first_call_s"] - rec["step_s"], 0.0)
+        path = rec.pop("_path")
+        rec["fallback_warnings"] = path.fallbacks[:5]
+        if rec.get("status") == "pass" and not path.compiled:
+            rec["status"], rec["error"] = "fallback", "fell back to eager after the first call"
+    if memory and times:
+        for c in order:
+            records[c]["peak_bytes"] = peak_bytes(runners[c].step)
+        e_peak = records["eager"].get("peak_bytes")
+        for c in order:
+            p = records[c].get("peak_bytes")
+            records[c]["mem_ratio"] = (e_peak / p) if e_peak and p else None
+    wall = time.perf_counter() - t_start
+    for c in names:
+        records[c]["wall_s"] = wall
+        records[c].pop("_path", None)
+        emit(records[c])
+
+
+def worker_main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="python -m ember.bench.harness worker")
+    p.add_argument("--model", required=True)
+    p.add_argument("--mode", required=True, choices=("infer", "train"))
+    p.add_argument("--compilers", required=True)
+    p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--backend", default="ember")
+    p.add_argument("--front", default="auto")
+    p.add_argument("--no-memory", action="store_true")
+    p.add_argument("--out", required=True)
+    a = p.parse_args(argv)
+    hygiene.apply_threads()
+    from .suites import REGISTRY
+    spec = REGISTRY[a.model]
+
+    with open(a.out, "a") as f:
+        def emit(rec):
+            f.write(json.dumps(rec, default=str) + "\n")
+            f.flush()
+        measure(spec, a.mode, a.compilers.split(","), a.reps, a.warmup, a.backend, a.front,
+                not a.no_memory, emit)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------- parent
+def _tail(path: str, lines: int = 3) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            text = [ln.strip() for ln in f.read().splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    return " | ".join(text[-lines:])[-400:]
+
+
+def run_one(spec, mode: str, opts, env: dict) -> list[dict]:
+    """Run one (model, mode) in a subprocess; always returns one record per compiler."""
+    names = ["eager"] + [c for c in opts.compilers if c != "eager"]
+    with tempfile.TemporaryDirectory(prefix="ember-bench-") as tmp:
+        out, log = os.path.join(tmp, "out.jsonl"), os.path.join(tmp, "log.txt")
+        cmd = [sys.executable, "-m", "ember.bench.harness", "worker", "--model", spec.name,
+               "--mode", mode, "--compilers", ",".join(names), "--reps", str(opts.reps),
+               "--warmup", str(opts.warmup), "--backend", opts.backend, "--front", opts.front,
+               "--out", out] + (["--no-memory"] if opts.no_memory else [])
+        t0 = time.perf_counter()
+        with open(log, "w") as logf:
+            proc = subprocess.Popen(cmd, env=env, stdout=logf, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
+            try:
+                rc = proc.wait(timeout=opts.timeout)
+                outcome = None if rc == 0 else f"crash: exit code {rc}"
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                outcome = f"timeout after {opts.timeout:.0f} s"
+        wall = time.perf_counter() - t0
+        records = []
+        if os.path.exists(out):
+            with open(out) as f:
+                records = [json.loads(line) for line in f if line.strip()]
+        have = {r["compiler"] for r in records}
+        status = "timeout" if outcome and outcome.startswith("timeout") else "crash"
+        for c in names:
+            if c not in have:
+                records.append({"model": spec.name, "suite": spec.suite, "mode": mode,
+                                "compiler": c, "status": status,
+                                "error": f"{outcome or 'no result'}; log: {_tail(log)}",
+                                "wall_s": wall})
+        for r in records:
+            for key in RESULT_FIELDS:     # every record has every field, None when unknown
+                r.setdefault(key, None)
+            r.setdefault("wall_s", wall)
+            r["subprocess_wall_s"] = wall
+        order = {c: i for i, c in enumerate(names)}
+        return sorted(records, key=lambda r: order.get(r["compiler"], 99))
+
+
+def _progress(total: int):
+    """A tqdm bar on a TTY; None (one line per model) otherwise."""
+    if not sys.stdout.isatty():
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, unit="model", dynamic_ncols=True, leave=False)
+
+
+def run_suite(specs, modes: list[str], opts, env: dict, on_record=None) -> list[dict]:
+    from .report import one_line
+    results: list[dict] = []
+    jobs = [(s, m) for s in specs for m in modes]
+    bar = _progress(len(jobs))
+    for i, (spec, mode) in enumerate(jobs, 1):
+        if bar is not None:
+            bar.set_description(f"{spec.name} {mode}")
+        recs = run_one(spec, mode, opts, env)
+        results.extend(recs)
+        if on_record:
+            for r in recs:
+                on_record(r)
+        line = f"[{i}/{len(jobs)}] {one_line(recs)}"
+        if bar is not None:
+            bar.write(line)
+            bar.update(1)
+        else:
+            print(line, flush=True)
+    if bar is not None:
+        bar.close()
+    return results
+
+
+def run_suite_cli(args, argv: list[str]) -> int:
+    """`ember bench` (suite mode): select, run, print the table and summary, write JSON/PNG."""
+    from . import report
+    from .suites import REGISTRY, select
+    suite = args.suite
+    specs = select(suite, args.models, args.quick)
+    if args.include_test_models and suite != "test":
+        specs += select("test", args.models)
+    if not specs:
+        print(f"no model matches suite={suite} models={args.models!r}", file=sys.stderr)
+        return 2
+    if args.list:
+        for s in specs:
+            print(f"{s.name:32} {s.suite}")
+        print(f"{len(specs)} models (registry: {len(REGISTRY)})")
+        return 0
+    args.compilers = [c.strip() for c in args.compilers.split(",") if c.strip()]
+    for c in args.compilers:
+        if c not in ("eager", "ember", "torch"):
+            print(f"unknown compiler {c!r}; valid: eager, ember, torch", file=sys.stderr)
+            return 2
+    modes = ["infer", "train"] if args.mode == "both" else [args.mode]
+    env, allocator = hygiene.child_env(args.threads, args.allocator, args.strict)
+    print(f"ember bench: {len(specs)} models x {len(modes)} mode(s), compilers "
+          f"{','.join(['eager'] + [c for c in args.compilers if c != 'eager'])}, reps {args.reps}, "
+          f"warmup {args.warmup}, threads {args.threads}, allocator {allocator}, "
+          f"EMBER_STRICT={'1' if args.strict else 'unset'}, timeout {args.timeout:.0f} s/model",
+          flush=True)
+    json_file = open(args.json, "w") if args.json else None
+
+    def on_record(rec):
+        if json_file:
+            json_file.write(json.dumps(rec, default=str) + "\n")
+            json_file.flush()
+    try:
+        results = run_suite(specs, modes, args, env, on_record)
+    finally:
+        if json_file:
+            json_file.close()
+    print()
+    print(report.table(results))
+    print()
+    print(report.summary(results))
+    if args.plot:
+        where = report.plot(results, args.plot)
+        print(where)
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "worker":
+        sys.exit(worker_main(sys.argv[2:]))
+    print("usage: python -m ember.bench.harness worker ... (use `ember bench`)", file=sys.stderr)
+    sys.exit(2)

@@ -1,0 +1,122 @@
+"""ember bench's parts in isolation: path selection, fallback detection, hygiene env, report."""
+import warnings
+
+import pytest
+import torch
+
+from ember.bench import compilers, hygiene, report, suites
+from ember.bench.harness import compare, flatten, reduce_loss
+
+
+def test_fallback_warning_classification():
+    assert compilers.is_fallback_warning("ember: capture is not implemented yet; M runs eagerly")
+    assert compilers.is_fallback_warning(
+        "ember: backend 'ember' failed in compile: X; running this graph eagerly")
+    assert not compilers.is_fallback_warning("ember: graph break at m.py:3 (eager call to print)")
+    assert not compilers.is_fallback_warning("something else runs eagerly")
+
+
+def test_candidates_order():
+    assert compilers.candidates("ember") == [
+        ("ember.compile", "ember"), ("torch.compile", "ember"),
+        ("ember.compile", "aot_eager"), ("torch.compile", "aot_eager")]
+    assert compilers.candidates("ember", "aot_eager", "ember") == [("ember.compile", "aot_eager")]
+    assert compilers.candidates("torch") == [("torch.compile", "inductor")]
+    with pytest.raises(ValueError):
+        compilers.candidates("tvm")
+
+
+def test_first_working_skips_paths_that_raise_or_fall_back(monkeypatch):
+    seen = []
+
+    def fake_make(front, backend, model):
+        path = compilers.Path(front, backend, counter=compilers.CompileCounter(lambda g, e: g, backend))
+        seen.append((front, backend))
+        if (front, backend) == ("ember.compile", "ember"):
+            raise NotImplementedError("capture missing\nmore")
+        if (front, backend) == ("torch.compile", "ember"):
+            def run(x):
+                warnings.warn("ember: backend 'ember' failed in compile: E; running this graph eagerly")
+                return model(x)
+            return run, path
+        def run(x):
+            path.counter.graphs += 1
+            return model(x)
+        return run, path
+
+    monkeypatch.setattr(compilers, "make", fake_make)
+    lin = torch.nn.Linear(2, 2)
+    compiled, path, out, seconds = compilers.first_working(
+        "ember", lambda: lin, lambda f: f(torch.ones(1, 2)))
+    assert (path.front, path.backend) == ("ember.compile", "aot_eager")
+    assert path.compiled and seconds >= 0
+    assert path.rejected[0] == "ember.compile(backend='ember'): NotImplementedError: capture missing"
+    assert "fell back to eager" in path.rejected[1]
+    assert len(seen) == 3
+
+
+def test_first_working_reports_the_best_path_when_nothing_compiles(monkeypatch):
+    def fake_make(front, backend, model):
+        return model, compilers.Path(front, backend, counter=compilers.CompileCounter(None, backend))
+    monkeypatch.setattr(compilers, "make", fake_make)
+    _, path, _, _ = compilers.first_working("ember", lambda: torch.nn.Identity(),
+                                            lambda f: f(torch.ones(1)))
+    assert not path.compiled and path.front == "ember.compile" and path.backend == "ember"
+    assert path.problem == "compiled no graph" and len(path.rejected) == 4
+
+
+def test_child_env_sets_hygiene_and_drops_strict():
+    env, name = hygiene.child_env(3, "glibc-tuned", base={"EMBER_STRICT": "1", "PATH": "/bin"})
+    assert name == "glibc-tuned"
+    assert env["MALLOC_MMAP_THRESHOLD_"] == "4294967296"
+    assert env["MALLOC_TRIM_THRESHOLD_"] == "68719476736"
+    assert env["OMP_NUM_THREADS"] == "3" and "EMBER_STRICT" not in env
+    env, _ = hygiene.child_env(1, "system", strict=True, base={})
+    assert env["EMBER_STRICT"] == "1" and "MALLOC_MMAP_THRESHOLD_" not in env
+
+
+def test_suites_have_enough_models():
+    counts = suites.count()
+    assert sum(v for k, v in counts.items() if k != "test") >= 30
+    assert counts["torchvision"] >= 10 and counts["timm"] >= 8 and counts["hf"] >= 7
+    assert len(suites.select(quick=True)) == 3
+    assert all(s.suite != "test" for s in suites.select("all"))
+    assert [s.name for s in suites.select("synthetic", "mlp")] == ["syn_mlp"]
+
+
+def test_synthetic_models_run():
+    for spec in suites.select("synthetic"):
+        model, args, kwargs = suites.instantiate(spec)
+        assert flatten(model(*args, **kwargs))
+
+
+def test_compare_and_loss():
+    a = [torch.tensor([1.0, 2.0]), torch.tensor([3])]
+    b = [torch.tensor([1.0, 2.5], dtype=torch.float64), torch.tensor([3])]
+    abs_err, rel_err = compare(a, b)
+    assert abs_err == pytest.approx(0.5) and rel_err == pytest.approx(0.2)
+    with pytest.raises(AssertionError):
+        compare(a[:1], b)
+    assert float(reduce_loss({"x": torch.ones(2), "y": (torch.zeros(3),)})) == 1.0
+
+
+def _rec(model, comp, speedup, step, status="pass", mode="infer"):
+    return {"model": model, "mode": mode, "compiler": comp, "status": status, "speedup": speedup,
+            "step_s": step, "compile_s": 1.0, "first_call_s": 1.1, "rel_err": 1e-7,
+            "mem_ratio": 1.0, "graphs": 1, "graph_breaks": 0, "path": "p", "error": None}
+
+
+def test_report_summary_and_table(tmp_path):
+    recs = [_rec("a", "eager", 1.0, 0.2), _rec("a", "ember", 2.0, 0.1), _rec("a", "torch", 1.0, 0.2),
+            _rec("b", "eager", 1.0, 0.2), _rec("b", "ember", 0.5, 0.4),
+            _rec("b", "torch", None, None, status="fail")]
+    text = report.summary(recs)
+    assert "ember  infer: pass 2/2 (100%), geomean speedup vs eager 1.00x" in text
+    assert "torch  infer: pass 1/2 (50%) [fail 1]" in text
+    assert "ember vs torch.compile infer: geomean 2.00x over 1 models" in text
+    lines = report.table(recs).splitlines()
+    assert lines[0].split()[:4] == ["model", "mode", "compiler", "status"]
+    assert report.geomean([2.0, 8.0]) == pytest.approx(4.0)
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "p.png"
+    assert "written" in report.plot(recs, str(out)) and out.stat().st_size > 1000
