@@ -6,7 +6,11 @@ each call, checks guards and runs the compiled graph (compiling on a miss).
 Entry points used by `ember.api`:
   compile_function(fn, settings) -> callable   (functools.wraps-compatible wrapper target)
   compile_module(module, settings) -> callable (installed as module._compiled_call_impl)
+  explain(fn, *args, **kwargs) -> Explanation; stats() -> counters; reset()
+Layout: bytecode.py (decode/assemble) → interpreter.py (+ handlers/, calls.py, attrs.py,
+builtins.py, values.py, sources.py) → guards.py, effects.py → entry.py.
 """
-from .entry import compile_function, compile_module, explain, reset
+from .entry import compile_function, compile_module, reset, stats
+from .explain import explain
 
-__all__ = ["compile_function", "compile_module", "explain", "reset"]
+__all__ = ["compile_function", "compile_module", "explain", "reset", "stats"]

@@ -1,33 +1,386 @@
-"""Capture entry points (placeholder until the bytecode interpreter lands).
+"""Capture entry points: the function wrapper and the module's `_compiled_call_impl`.
 
-Runs the program eagerly and says so once: never a silent fallback.
+Consumes a function or nn.Module + CompileSettings; produces a callable that binds the call's
+arguments to the frame's locals, tries the cache entries of the code object (MRU first; each a
+generated guard+run function), and on a miss traces the frame (interpreter.py), hands the graph
+to `settings.backend(gm, example_inputs)` and adds an entry. After `recompile_limit` entries the
+frame runs eagerly with one warning naming the guard that failed. An Unsupported construct
+raises under fullgraph=True, else the frame runs eagerly with one warning (file:line, reason).
 """
 from __future__ import annotations
 
+import collections
+import types
+
+import torch
+
+from .. import config
 from ..config import CompileSettings
-from ..logging import warn_once
+from ..errors import InternalError, Unsupported
+from ..logging import enabled, get_logger, warn_once
+from .effects import finalize
+from .guards import EPOCH, RANKS, global_state, install_epoch_hooks
+from .interpreter import CO_VARARGS, CO_VARKEYWORDS, Frame, Tracer
+from .sources import ClosureSource, ConstSource, LocalSource
+from .values import CellV, ObjV
+
+MISS = object()
+EAGER = object()
+STATS: collections.Counter = collections.Counter()
+CACHES: dict = {}
 
 
-def _eager_with_warning(fn, settings: CompileSettings, what: str):
-    def run(*args, **kwargs):
-        warn_once(f"capture-missing:{what}",
-                  f"capture is not implemented yet; {what} runs eagerly "
-                  f"(backend {settings.backend_name!r} unused)")
-        return fn(*args, **kwargs)
-    return run
-
-
-def compile_function(fn, settings: CompileSettings):
-    return _eager_with_warning(fn, settings, getattr(fn, "__qualname__", repr(fn)))
-
-
-def compile_module(module, settings: CompileSettings):
-    return _eager_with_warning(module._call_impl, settings, type(module).__qualname__)
+def stats() -> dict:
+    """Counters: graphs (compiled), recompiles, fallbacks, unsupported, calls_compiled."""
+    return dict(STATS)
 
 
 def reset() -> None:
-    """Drop every capture cache."""
+    """Drop every capture cache and counter (runners keep their FrameCache object)."""
+    for c in CACHES.values():
+        c.entries.clear()
+        c.n_compiled = 0
+    STATS.clear()
 
 
-def explain(fn, *args, **kwargs):
-    raise NotImplementedError("ember.explain needs the capture stage")
+_mm = torch.nn.modules.module
+
+
+def global_hooks_present() -> bool:
+    return bool(_mm._global_forward_hooks or _mm._global_forward_pre_hooks or
+                _mm._global_backward_hooks or _mm._global_backward_pre_hooks or
+                getattr(_mm, "_global_forward_hooks_always_called", None))
+
+
+class Entry:
+    __slots__ = ("run", "guards", "gm", "source", "n_ops", "eager", "reason")
+
+    def __init__(self, run, guards, gm, source, n_ops, eager=False, reason=None):
+        self.run, self.guards, self.gm, self.source = run, guards, gm, source
+        self.n_ops, self.eager, self.reason = n_ops, eager, reason
+
+
+class FrameCache:
+    def __init__(self, code):
+        self.code = code
+        self.entries: list[Entry] = []
+        self.n_compiled = 0
+        self.limit_hit = False
+
+
+def _cache_for(code) -> FrameCache:
+    c = CACHES.get(code)
+    if c is None:
+        c = CACHES[code] = FrameCache(code)
+    return c
+
+
+class Runner:
+    """Calls one Python function through the capture cache."""
+
+    def __init__(self, fn: types.FunctionType, settings: CompileSettings, bound_self=None,
+                 eager=None):
+        install_epoch_hooks()
+        self.fn, self.settings, self.code = fn, settings, fn.__code__
+        self.bound_self = bound_self
+        self.eager = eager
+        co = self.code
+        self.nargs = co.co_argcount + co.co_kwonlyargcount + bool(co.co_flags & CO_VARARGS) + \
+            bool(co.co_flags & CO_VARKEYWORDS)
+        self.argnames = co.co_varnames[:self.nargs]
+        self.simple = not (co.co_flags & (CO_VARARGS | CO_VARKEYWORDS)) and not co.co_kwonlyargcount
+        self.cache = _cache_for(co)
+
+    # ---- argument binding -----------------------------------------------------------------
+    def bind(self, args, kwargs) -> tuple:
+        if self.bound_self is not None:
+            args = (self.bound_self,) + args
+        if not kwargs and self.simple and len(args) == self.code.co_argcount:
+            return args
+        co, fn = self.code, self.fn
+        n = co.co_argcount
+        out = list(args[:n])
+        extra = args[n:]
+        if extra and not co.co_flags & CO_VARARGS:
+            raise TypeError(f"{fn.__qualname__}() takes {n} positional arguments but "
+                            f"{len(args)} were given")
+        kwargs = dict(kwargs)
+        defaults = fn.__defaults__ or ()
+        for i in range(len(out), n):
+            name = co.co_varnames[i]
+            if name in kwargs:
+                out.append(kwargs.pop(name))
+            elif i >= n - len(defaults):
+                out.append(defaults[i - (n - len(defaults))])
+            else:
+                raise TypeError(f"{fn.__qualname__}() missing required argument: {name!r}")
+        kwd = fn.__kwdefaults__ or {}
+        for i in range(n, n + co.co_kwonlyargcount):
+            name = co.co_varnames[i]
+            if name in kwargs:
+                out.append(kwargs.pop(name))
+            elif name in kwd:
+                out.append(kwd[name])
+            else:
+                raise TypeError(f"{fn.__qualname__}() missing keyword argument: {name!r}")
+        if co.co_flags & CO_VARARGS:
+            out.append(tuple(extra))
+        if co.co_flags & CO_VARKEYWORDS:
+            out.append(kwargs)
+        elif kwargs:
+            raise TypeError(f"{fn.__qualname__}() got unexpected keyword arguments {sorted(kwargs)}")
+        return tuple(out)
+
+    def __call__(self, *args, **kwargs):
+        locals_ = self.bind(args, kwargs)
+        entries = self.cache.entries
+        fn = self.fn
+        for i, e in enumerate(entries):
+            r = e.run(fn, *locals_)
+            if r is not MISS:
+                if i:
+                    entries.insert(0, entries.pop(i))
+                if r is EAGER:
+                    return self.run_eager(locals_)
+                return r
+        return self.miss(locals_)
+
+    def run_eager(self, locals_):
+        STATS["eager_calls"] += 1
+        return _call_with_locals(self.fn, self.code, locals_)
+
+    # ---- miss: compile or fall back ---------------------------------------------------------
+    def miss(self, locals_):
+        cache, settings = self.cache, self.settings
+        failed = _first_failed_guard(cache.entries, self.fn, locals_)
+        if cache.n_compiled >= settings.recompile_limit:
+            STATS["fallbacks"] += 1
+            warn_once(f"recompile-limit:{id(cache.code)}",
+                      f"{_where(cache.code)}: hit the recompile limit "
+                      f"({settings.recompile_limit}); running eagerly from now on. "
+                      f"Last failed guard: {failed}")
+            return self.run_eager(locals_)
+        if cache.entries:
+            STATS["recompiles"] += 1
+            if enabled("recompiles"):
+                get_logger("recompiles").info("recompiling %s: guard failed: %s",
+                                              _where(cache.code), failed)
+        entry = self.compile(locals_)
+        cache.entries.insert(0, entry)
+        cache.n_compiled += 1
+        r = entry.run(self.fn, *locals_)
+        if r is MISS:
+            raise InternalError(f"guards of a fresh entry for {_where(cache.code)} fail on the "
+                                f"inputs they were built from: {_first_failed_guard([entry], self.fn, locals_)}")
+        if r is EAGER:
+            return self.run_eager(locals_)
+        return r
+
+    def compile(self, locals_) -> Entry:
+        tr = Tracer(self.settings)
+        try:
+            try:
+                ret = self._trace(tr, locals_)
+                plan = finalize(tr, ret)
+            finally:
+                torch._C._set_grad_enabled(tr.state0[0])
+                for c in reversed(tr.real_contexts):
+                    c.__exit__(None, None, None)
+        except Unsupported as e:
+            STATS["unsupported"] += 1
+            if self.settings.fullgraph:
+                raise
+            STATS["fallbacks"] += 1
+            warn_once(f"unsupported:{id(self.code)}:{e.reason}",
+                      f"{_where(self.code)} runs eagerly: {e}")
+            return build_entry(tr, None, self.argnames, eager=True, reason=str(e))
+        except Exception as e:  # noqa: BLE001 - internal errors fall back unless strict
+            if config.strict():
+                raise
+            STATS["fallbacks"] += 1
+            warn_once(f"internal:{id(self.code)}", f"internal error while capturing "
+                      f"{_where(self.code)}; running eagerly: {type(e).__name__}: {e}")
+            return build_entry(tr, None, self.argnames, eager=True, reason=repr(e))
+        return build_entry(tr, plan, self.argnames, settings=self.settings)
+
+    def _trace(self, tr: Tracer, locals_):
+        tr.guard("GLOBAL_STATE", None, tr.state0)
+        co, fn = self.code, self.fn
+        frame_locals = {}
+        for i, name in enumerate(self.argnames):
+            v = tr.wrap(locals_[i], LocalSource(name, i))
+            frame_locals[name] = v
+            if isinstance(locals_[i], torch.nn.Module):
+                tr.roots.append(v.source)
+        cells = {}
+        if fn.__closure__:
+            for i, name in enumerate(co.co_freevars):
+                cells[name] = CellV(real=fn.__closure__[i],
+                                    source=ClosureSource(ConstSource("__fn"), i))
+        frame = Frame(co, frame_locals, cells, fn.__globals__, tr.gid_for(fn.__globals__),
+                      ObjV(fn, ConstSource("__fn")))
+        if co.co_flags & 0x20:
+            raise tr.unsupported("compiling a generator function")
+        return tr.run_frame(frame)
+
+
+def _call_with_locals(fn, code, locals_):
+    n = code.co_argcount
+    args = list(locals_[:n])
+    kwargs = {}
+    idx = n
+    for i in range(code.co_kwonlyargcount):
+        kwargs[code.co_varnames[n + i]] = locals_[idx]
+        idx += 1
+    if code.co_flags & CO_VARARGS:
+        args.extend(locals_[idx])
+        idx += 1
+    if code.co_flags & CO_VARKEYWORDS:
+        kwargs.update(locals_[idx])
+    return fn(*args, **kwargs)
+
+
+def _where(code) -> str:
+    return f"{code.co_filename}:{code.co_firstlineno} ({code.co_qualname})"
+
+
+def _first_failed_guard(entries, fn, locals_) -> str | None:
+    if not entries:
+        return None
+    e = entries[0]
+    ns = dict(e.run.__globals__)
+    ns["__fn"] = fn
+    for i, v in enumerate(locals_):
+        ns[f"L{i}"] = v
+    for g in e.guards:
+        try:
+            ok = eval(g.expr(_Binder(ns)), ns)
+        except Exception:  # noqa: BLE001
+            ok = False
+        if not ok:
+            return g.describe()
+    return None
+
+
+class _Binder:
+    def __init__(self, ns):
+        self.ns = ns
+
+    def __call__(self, obj):
+        for k, v in self.ns.items():
+            if v is obj and k.startswith("__g"):
+                return k
+        name = f"__g{len(self.ns)}"
+        self.ns[name] = obj
+        return name
+
+
+def build_entry(tr: Tracer, plan, argnames, eager=False, reason=None, settings=None) -> Entry:
+    """Generate the guard+run function of one cache entry."""
+    ns = tr.ns
+    ns.update({"__MISS": MISS, "__EAGER": EAGER, "__EP": EPOCH})
+    binder = _Binder(ns)
+    guards = sorted(tr.guards, key=lambda g: RANKS[g.kind])
+    fast = [g for g in guards if not g.structural]
+    struct = [g for g in guards if g.structural]
+    args = ", ".join(f"L{i}" for i in range(len(argnames)))
+    sig = f"__fn{', ' if args else ''}{args}"
+    lines = [f"def __entry({sig}):", "    try:"]
+    if fast:
+        lines.append("        if not (" + "\n                and ".join(
+            g.expr(binder) for g in fast) + "):")
+        lines.append("            return __MISS")
+    structural_inputs = plan.structural_inputs if plan is not None else []
+    roots = [r for r in tr.roots]
+    if struct or structural_inputs:
+        cond = "__EP[0] != __st[0]" + "".join(f" or {r.expr()} is not __st[{i + 2}]"
+                                             for i, r in enumerate(roots))
+        lines.append(f"        if {cond}:")
+        lines.append(f"            if not __refresh({sig}):")
+        lines.append("                return __MISS")
+    lines.append("    except Exception:")
+    lines.append("        return __MISS")
+    if eager:
+        lines.append("    return __EAGER")
+    else:
+        call_args = (["*__st[1]"] if structural_inputs else []) + \
+            [s.expr() for s in plan.dynamic_inputs]
+        if plan.gm is not None and plan.n_ops:
+            compiled = settings.backend(plan.gm, plan.example_inputs)
+            ns["__compiled"] = compiled
+            STATS["graphs"] += 1
+            lines.append(f"    __o = __compiled({', '.join(call_args)})")
+        else:
+            lines.append("    __o = ()")
+        lines.extend("    " + s for s in plan.body)
+    if struct or structural_inputs:
+        ns["__st"] = [None, None] + [None] * len(roots)
+        lines.append(f"def __refresh({sig}):")
+        lines.append("    if not (" + "\n            and ".join(
+            [g.expr(binder) for g in struct] or ["True"]) + "):")
+        lines.append("        return False")
+        lines.append("    __st[1] = [" + ", ".join(s.expr() for s in structural_inputs) + "]")
+        for i, r in enumerate(roots):
+            lines.append(f"    __st[{i + 2}] = {r.expr()}")
+        lines.append("    __st[0] = __EP[0]")
+        lines.append("    return True")
+    source = "\n".join(lines) + "\n"
+    if enabled("guards"):
+        get_logger("guards").info("guards for %s:\n%s", tr.frames and "" or "",
+                                  "\n".join("  " + g.describe() for g in guards))
+    if enabled("graph") and plan is not None and plan.gm is not None:
+        get_logger("graph").info("%s", plan.gm.print_readable(print_output=False))
+    code = compile(source, "<ember-guards>", "exec")
+    exec(code, ns)
+    run = ns["__entry"]
+    return Entry(run, guards, plan.gm if plan is not None else None, source,
+                 plan.n_ops if plan is not None else 0, eager=eager, reason=reason)
+
+
+# ---- public entry points --------------------------------------------------------------------
+def compile_function(fn, settings: CompileSettings):
+    if isinstance(fn, types.MethodType) and isinstance(fn.__func__, types.FunctionType):
+        return Runner(fn.__func__, settings, bound_self=fn.__self__)
+    if isinstance(fn, types.FunctionType):
+        return Runner(fn, settings)
+    call = getattr(type(fn), "__call__", None)
+    if isinstance(call, types.FunctionType):
+        return Runner(call, settings, bound_self=fn)
+    name = getattr(fn, "__qualname__", repr(fn))
+
+    def eager(*args, **kwargs):
+        warn_once(f"not-python:{name}", f"{name} is not a Python function; it runs eagerly")
+        return fn(*args, **kwargs)
+    return eager
+
+
+class ModuleRunner:
+    """`module._compiled_call_impl`: hooks present → eager `_call_impl` (one warning)."""
+
+    def __init__(self, module: torch.nn.Module, settings: CompileSettings):
+        self.module = module
+        fwd = module.__dict__.get("forward")
+        if fwd is not None:
+            self.runner = compile_function(fwd, settings)
+        else:
+            self.runner = Runner(type(module).forward, settings, bound_self=module)
+            if not isinstance(type(module).forward, types.FunctionType):
+                self.runner = compile_function(module.forward, settings)
+
+    def __call__(self, *args, **kwargs):
+        m = self.module
+        if m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or \
+                m._backward_pre_hooks or global_hooks_present():
+            warn_once(f"hooks:{id(m)}", f"{type(m).__name__} has module hooks; it runs "
+                      f"eagerly (hooks are not traced yet)")
+            STATS["fallbacks"] += 1
+            return m._call_impl(*args, **kwargs)
+        return self.runner(*args, **kwargs)
+
+
+def compile_module(module, settings: CompileSettings):
+    return ModuleRunner(module, settings)
+
+
+def global_state_now():
+    return global_state()

@@ -1,0 +1,241 @@
+"""Capture, attribute access on values: LOAD_ATTR / LOAD_METHOD / STORE_ATTR semantics.
+
+Consumes a value and a name; produces a value (and guards / recorded writes). nn.Module
+attributes follow Module.__getattr__ (instance dict, then _parameters/_buffers/_modules);
+properties written in Python are inlined; tensors expose metadata as constants.
+"""
+from __future__ import annotations
+
+import types
+
+import torch
+
+from .sources import AttrSource, DictEntrySource
+from .values import (BuiltinMethodV, DictV, FuncV, ListV, MethodV, NewObjV, ObjV, SuperV,
+                     TensorV, TupleV, V, is_literal)
+
+
+class TraceAttributeError(Exception):
+    """The traced attribute does not exist (getattr/hasattr with a default catch this)."""
+
+
+def _type_lookup(cls, name):
+    for k in cls.__mro__:
+        if name in k.__dict__:
+            return k.__dict__[name], k
+    return None, None
+
+
+_TENSOR_CONST_ATTRS = {"shape", "dtype", "ndim", "requires_grad", "is_leaf", "layout",
+                       "is_sparse", "is_quantized", "is_meta", "is_mkldnn", "is_nested",
+                       "itemsize", "nbytes"}
+_TENSOR_NODE_ATTRS = {"T": lambda x: torch.Tensor.permute(x, *reversed(range(x.dim()))),
+                      "mT": None, "mH": None, "H": None, "real": None, "imag": None}
+
+
+def load_attr(tr, v: V, name: str) -> V:
+    if isinstance(v, TensorV):
+        return _tensor_attr(tr, v, name)
+    if isinstance(v, ObjV):
+        return _obj_attr(tr, v, name)
+    if isinstance(v, NewObjV):
+        if name in v.attrs:
+            return v.attrs[name]
+        cls_attr, _ = _type_lookup(v.cls, name)
+        if cls_attr is None:
+            raise TraceAttributeError(name)
+        return _bind_class_attr(tr, cls_attr, v, name, v.cls)
+    if isinstance(v, SuperV):
+        mro = type(v.self_v.value).__mro__ if isinstance(v.self_v, ObjV) else v.self_v.cls.__mro__
+        start = mro.index(v.cls) + 1
+        for k in mro[start:]:
+            if name in k.__dict__:
+                return _bind_class_attr(tr, k.__dict__[name], v.self_v, name, k)
+        raise TraceAttributeError(name)
+    if isinstance(v, (ListV, TupleV, DictV)):
+        if isinstance(v, TupleV) and v.cls is not tuple and name in getattr(v.cls, "_fields", ()):
+            return v.items[v.cls._fields.index(name)]
+        if isinstance(v, TupleV) and v.cls is not tuple and hasattr(v.cls, "n_fields"):
+            # torch.return_types structseq: field order from a dummy instance
+            fields = _structseq_fields(v.cls)
+            if name in fields:
+                return v.items[fields.index(name)]
+        if hasattr(v.cls, name):
+            if v.cls.__module__ not in ("builtins",):
+                cls_attr, owner = _type_lookup(v.cls, name)
+                if isinstance(cls_attr, types.FunctionType) or isinstance(cls_attr, property):
+                    return _bind_class_attr(tr, cls_attr, v, name, owner)
+            return BuiltinMethodV(v, name)
+        raise TraceAttributeError(name)
+    if isinstance(v, FuncV):
+        if name == "__name__":
+            return ObjV(v.name)
+        if name == "__qualname__":
+            return ObjV(v.qualname)
+        raise tr.unsupported(f"attribute {name!r} of a traced function")
+    if isinstance(v, MethodV):
+        if name == "__self__":
+            return v.self_v
+        if name == "__func__":
+            return v.func
+    raise tr.unsupported(f"attribute {name!r} of {type(v).__name__}")
+
+
+def _structseq_fields(cls):
+    return tuple(getattr(cls, "__match_args__", ()))
+
+
+def _tensor_attr(tr, v: TensorV, name: str) -> V:
+    if name in _TENSOR_CONST_ATTRS:
+        return ObjV(getattr(v.meta, name))
+    if name == "device":
+        return ObjV(v.device)
+    if name == "is_cuda":
+        return ObjV(v.device.type == "cuda")
+    if name == "is_cpu":
+        return ObjV(v.device.type == "cpu")
+    if name == "data":
+        return tr.call_graph(torch.Tensor.detach, [v], {})
+    if name == "T":
+        return tr.call_graph(torch.Tensor.permute, [v] + [ObjV(i) for i in
+                                                          reversed(range(v.meta.dim()))], {})
+    if name == "mT":
+        return tr.call_graph(torch.Tensor.transpose, [v, ObjV(-2), ObjV(-1)], {})
+    if name in ("real", "imag"):
+        return tr.call_graph(getattr(torch, name), [v], {})
+    if name in ("grad", "grad_fn", "_version", "names", "_base", "untyped_storage"):
+        raise tr.unsupported(f"Tensor.{name} is not supported inside a graph")
+    attr = getattr(torch.Tensor, name, None)
+    if attr is None:
+        raise TraceAttributeError(name)
+    if callable(attr):
+        return BuiltinMethodV(v, name)
+    raise tr.unsupported(f"Tensor attribute {name!r}")
+
+
+def _obj_attr(tr, v: ObjV, name: str) -> V:
+    obj = v.value
+    ov = tr.overlay.get((id(obj), name))
+    if ov is not None:
+        return ov
+    src = v.source
+    if isinstance(obj, torch.nn.Module):
+        return _module_attr(tr, v, name)
+    if isinstance(obj, types.ModuleType):
+        try:
+            value = getattr(obj, name)
+        except AttributeError:
+            raise TraceAttributeError(name) from None
+        from .interpreter import _is_library
+        if _is_library(obj.__name__) and not isinstance(value, torch.Tensor):
+            return tr.wrap(value, None, guard_obj=False) if not is_literal(value) else ObjV(value)
+        return tr.wrap(value, AttrSource(src, name) if src else None)
+    if isinstance(obj, type):
+        cls_attr, owner = _type_lookup(obj, name)
+        if isinstance(cls_attr, classmethod):
+            return MethodV(ObjV(cls_attr.__func__), v)
+        if isinstance(cls_attr, staticmethod):
+            return ObjV(cls_attr.__func__)
+        try:
+            value = getattr(obj, name)
+        except AttributeError:
+            raise TraceAttributeError(name) from None
+        if isinstance(value, torch.Tensor):
+            return tr.wrap(value, AttrSource(src, name) if src else None)
+        return ObjV(value)
+    cls = type(obj)
+    cls_attr, owner = _type_lookup(cls, name)
+    if isinstance(cls_attr, property) and isinstance(cls_attr.fget, types.FunctionType):
+        return tr.call(ObjV(cls_attr.fget), [v], {})
+    d = getattr(obj, "__dict__", None)
+    if d is not None and name in d and not _is_data_descriptor(cls_attr):
+        return tr.wrap(d[name], AttrSource(src, name) if src else None)
+    if cls_attr is not None and not _is_data_descriptor(cls_attr) or cls_attr is None and \
+            not hasattr(cls, "__getattr__") and cls.__getattribute__ is object.__getattribute__:
+        if cls_attr is None:
+            raise TraceAttributeError(name)
+        return _bind_class_attr(tr, cls_attr, v, name, owner)
+    try:
+        value = getattr(obj, name)
+    except AttributeError:
+        raise TraceAttributeError(name) from None
+    if isinstance(value, types.MethodType) and value.__self__ is obj:
+        return MethodV(ObjV(value.__func__), v)
+    if callable(value) and type(value).__name__ == "builtin_function_or_method" and \
+            getattr(value, "__self__", None) is obj:
+        return ObjV(value)
+    return tr.wrap(value, AttrSource(src, name) if src else None)
+
+
+def _is_data_descriptor(a) -> bool:
+    return a is not None and (hasattr(type(a), "__set__") or hasattr(type(a), "__delete__"))
+
+
+def _bind_class_attr(tr, cls_attr, self_v: V, name: str, owner) -> V:
+    if isinstance(cls_attr, types.FunctionType):
+        return MethodV(ObjV(cls_attr), self_v)
+    if isinstance(cls_attr, classmethod):
+        cls = self_v.python_type() if not isinstance(self_v, ObjV) or not isinstance(
+            self_v.value, type) else self_v.value
+        return MethodV(ObjV(cls_attr.__func__), ObjV(cls))
+    if isinstance(cls_attr, staticmethod):
+        return ObjV(cls_attr.__func__)
+    if isinstance(cls_attr, property):
+        if isinstance(cls_attr.fget, types.FunctionType):
+            return tr.call(ObjV(cls_attr.fget), [self_v], {})
+        raise tr.unsupported(f"property {name!r} without a Python getter")
+    if isinstance(cls_attr, types.WrapperDescriptorType) or isinstance(
+            cls_attr, types.MethodDescriptorType) or isinstance(cls_attr, types.BuiltinFunctionType):
+        if isinstance(self_v, ObjV):
+            return ObjV(getattr(self_v.value, name))
+        return BuiltinMethodV(self_v, name)
+    if isinstance(cls_attr, torch.Tensor):
+        return tr.wrap(cls_attr, None)
+    if hasattr(type(cls_attr), "__get__") and not isinstance(cls_attr, type):
+        if isinstance(self_v, ObjV):
+            return tr.wrap(getattr(self_v.value, name), None)
+        raise tr.unsupported(f"descriptor {name!r} on a traced object")
+    return tr.wrap(cls_attr, None, guard_obj=False) if not is_literal(cls_attr) else ObjV(cls_attr)
+
+
+def _module_attr(tr, v: ObjV, name: str) -> V:
+    m = v.value
+    src = v.source
+    cls = type(m)
+    cls_attr, owner = _type_lookup(cls, name)
+    if isinstance(cls_attr, property):
+        return _bind_class_attr(tr, cls_attr, v, name, owner)
+    d = m.__dict__
+    if name in d:
+        return tr.wrap(d[name], AttrSource(src, name, structural=True) if src else None)
+    for table in ("_parameters", "_buffers", "_modules"):
+        t = d.get(table)
+        if t is not None and name in t:
+            value = t[name]
+            s = DictEntrySource(src, table, name) if src else None
+            if value is None:
+                if s is not None:
+                    tr.guard("NONE", s, None)
+                return ObjV(None, s)
+            return tr.wrap(value, s)
+    if cls_attr is not None:
+        return _bind_class_attr(tr, cls_attr, v, name, owner)
+    if "__getattr__" in cls.__dict__ and cls.__getattr__ is not torch.nn.Module.__getattr__:
+        return tr.call(ObjV(cls.__dict__["__getattr__"]), [v, ObjV(name)], {})
+    raise TraceAttributeError(name)
+
+
+def store_attr(tr, obj_v: V, name: str, value: V) -> None:
+    if isinstance(obj_v, NewObjV):
+        obj_v.attrs[name] = value
+        return
+    if isinstance(obj_v, ObjV) and obj_v.source is not None and not isinstance(obj_v.value, type):
+        obj = obj_v.value
+        if isinstance(obj, torch.nn.Module):
+            if isinstance(value, TensorV) or name in obj._parameters or name in obj._buffers \
+                    or name in obj._modules:
+                raise tr.unsupported(f"assigning module attribute {name!r} inside the graph")
+        tr.overlay[(id(obj), name)] = value
+        tr.effects.append(("setattr", obj_v, name, value))
+        return
+    raise tr.unsupported(f"attribute write {name!r} on {type(obj_v).__name__}")

@@ -1,0 +1,552 @@
+"""Capture, builtins: `BUILTINS[fn] = handler(tracer, args, kwargs) -> value`, container methods,
+iteration and truthiness of values.
+
+Pure builtins on constants fold (run for real at trace time); on traced values they follow the
+value's kind (len of a list value, isinstance of a tensor value, ...). Anything that needs a
+tensor's data raises Unsupported.
+"""
+from __future__ import annotations
+
+import builtins
+import math
+import operator
+import types
+
+import torch
+
+from .values import (BuiltinMethodV, ContextV, DictV, FuncV, IterV, ListV, MethodV, NewObjV,
+                     ObjV, SuperV, TensorV, TupleV, V, is_literal)
+
+BUILTINS: dict = {}
+
+
+def builtin(*fns):
+    def deco(h):
+        for f in fns:
+            BUILTINS[f] = h
+        return h
+    return deco
+
+
+def real(tr, v: V):
+    """The real Python value of a constant-like value (containers of constants included)."""
+    if isinstance(v, ObjV):
+        return v.value
+    if isinstance(v, (ListV, TupleV)):
+        items = [real(tr, i) for i in v.items]
+        if isinstance(v, ListV):
+            return items
+        return v.cls(items) if v.cls in (tuple, torch.Size) else v.cls(*items)
+    if isinstance(v, DictV):
+        return {k: real(tr, x) for k, x in v.items.items()}
+    raise tr.unsupported(f"{type(v).__name__} used where a constant is needed")
+
+
+def fold(tr, f, args, kwargs) -> V:
+    try:
+        out = f(*[real(tr, a) for a in args], **{k: real(tr, x) for k, x in kwargs.items()})
+    except Exception as e:  # noqa: BLE001 - the user's code raises here eagerly too
+        raise tr.unsupported(f"{getattr(f, '__qualname__', f)} raised {type(e).__name__}: {e}",
+                             hint="the same call raises eagerly")
+    return tr.const_value(out)
+
+
+def pytype(v: V):
+    if isinstance(v, ObjV):
+        return type(v.value)
+    return v.python_type()
+
+
+# ---- iteration and truth --------------------------------------------------------------------
+def iterate(tr, v: V) -> list:
+    if isinstance(v, (ListV, TupleV)):
+        return list(v.items)
+    if isinstance(v, DictV):
+        return [ObjV(k) for k in v.items]
+    if isinstance(v, IterV):
+        out = v.items[v.pos:]
+        v.pos = len(v.items)
+        return out
+    if isinstance(v, TensorV):
+        if v.meta.dim() == 0:
+            raise tr.unsupported("iteration over a 0-d tensor")
+        return [tr.call_graph(operator.getitem, [v, ObjV(i)], {}) for i in range(v.meta.shape[0])]
+    if isinstance(v, ObjV):
+        x = v.value
+        if isinstance(x, (range, str, bytes, tuple, list, frozenset, set, dict)) and \
+                is_literal(tuple(x)) if isinstance(x, (set, frozenset, dict)) else \
+                isinstance(x, (range, str, bytes)):
+            return [ObjV(i) for i in x]
+        if isinstance(x, (tuple, list)) and all(is_literal(i) or i is None for i in x):
+            return [ObjV(i) for i in x]
+        if isinstance(x, (dict, set, frozenset)) and all(is_literal(i) for i in x):
+            return [ObjV(i) for i in x]
+        it = getattr(type(x), "__iter__", None)
+        if isinstance(it, types.FunctionType):
+            return iterate(tr, tr.call(ObjV(it), [v], {}))
+        if type(x).__name__ in ("dict_keys", "dict_values", "dict_items", "odict_keys"):
+            return [tr.const_value(i) for i in x]
+        if isinstance(x, torch.Size):
+            return [ObjV(i) for i in x]
+    if isinstance(v, NewObjV):
+        it = getattr(v.cls, "__iter__", None)
+        if v.dataclass and _is_model_output(v.cls):
+            return [ObjV(k) for k, x in v.attrs.items() if not _is_none(x)]
+        if isinstance(it, types.FunctionType):
+            return iterate(tr, tr.call(ObjV(it), [v], {}))
+    raise tr.unsupported(f"iteration over {_describe(v)}")
+
+
+def _describe(v):
+    if isinstance(v, ObjV):
+        return f"{type(v.value).__qualname__} object"
+    return type(v).__name__
+
+
+def _is_none(v):
+    return isinstance(v, ObjV) and v.value is None
+
+
+def _is_model_output(cls):
+    from .calls import _is_model_output as m
+    return m(cls)
+
+
+def truth(tr, v: V) -> bool:
+    if isinstance(v, ObjV):
+        x = v.value
+        t = type(x)
+        if is_literal(x) or t in (list, dict, set, range, types.FunctionType, type) or x is None:
+            return bool(x)
+        b = getattr(t, "__bool__", None) or getattr(t, "__len__", None)
+        if b is None:
+            return True
+        if isinstance(b, types.FunctionType):
+            r = tr.call(ObjV(b), [v], {})
+            return truth(tr, r)
+        if isinstance(x, torch.nn.Module):
+            return bool(x)
+        return bool(x)
+    if isinstance(v, (ListV, TupleV, DictV)):
+        return bool(v.items)
+    if isinstance(v, TensorV):
+        raise tr.unsupported("branching on a tensor value (data-dependent control flow)",
+                             hint="use torch.where, or compute the condition outside")
+    if isinstance(v, NewObjV):
+        b = getattr(v.cls, "__bool__", None) or getattr(v.cls, "__len__", None)
+        if v.dataclass and _is_model_output(v.cls):
+            return any(not _is_none(x) for x in v.attrs.values())
+        if isinstance(b, types.FunctionType):
+            return truth(tr, tr.call(ObjV(b), [v], {}))
+        return True
+    return True
+
+
+# ---- builtin functions ----------------------------------------------------------------------
+@builtin(len)
+def _len(tr, args, kwargs):
+    (v,) = args
+    if isinstance(v, (ListV, TupleV, DictV)):
+        return ObjV(len(v.items))
+    if isinstance(v, TensorV):
+        if v.meta.dim() == 0:
+            raise tr.unsupported("len() of a 0-d tensor")
+        return ObjV(v.meta.shape[0])
+    if isinstance(v, ObjV):
+        x = v.value
+        f = getattr(type(x), "__len__", None)
+        if isinstance(f, types.FunctionType):
+            return tr.call(ObjV(f), [v], {})
+        return ObjV(len(x))
+    if isinstance(v, NewObjV):
+        if v.dataclass and _is_model_output(v.cls):
+            return ObjV(sum(not _is_none(x) for x in v.attrs.values()))
+        f = getattr(v.cls, "__len__", None)
+        if isinstance(f, types.FunctionType):
+            return tr.call(ObjV(f), [v], {})
+    raise tr.unsupported(f"len() of {_describe(v)}")
+
+
+@builtin(isinstance)
+def _isinstance(tr, args, kwargs):
+    v, cls = args
+    c = real(tr, cls)
+    if isinstance(v, ObjV):
+        return ObjV(isinstance(v.value, c))
+    t = pytype(v)
+    if isinstance(v, TensorV) and t is torch.Tensor and c is torch.nn.Parameter:
+        return ObjV(False)
+    return ObjV(issubclass(t, c))
+
+
+@builtin(issubclass, callable, repr, hash, ord, chr, divmod, pow, round, abs, format,
+         math.sqrt, math.ceil, math.floor, math.log, math.exp, math.log2, math.log10, math.pi.__class__,
+         math.prod, math.isfinite, math.isnan, math.isinf, math.gcd, math.pow, math.sin, math.cos,
+         operator.index)
+def _pure(tr, args, kwargs, _f=None):
+    raise AssertionError  # replaced below per function
+
+
+def _make_pure(f):
+    def h(tr, args, kwargs):
+        if isinstance(f, type(abs)) and f in (abs, round, pow) and args and isinstance(args[0], TensorV):
+            return tr.call_graph({abs: torch.abs, round: torch.round, pow: torch.pow}[f], args, kwargs)
+        if f is callable and args and not isinstance(args[0], ObjV):
+            return ObjV(isinstance(args[0], (FuncV, MethodV, BuiltinMethodV)) or
+                        isinstance(args[0], NewObjV) and hasattr(args[0].cls, "__call__"))
+        return fold(tr, f, args, kwargs)
+    return h
+
+
+for _f in list(BUILTINS):
+    if BUILTINS[_f] is _pure:
+        BUILTINS[_f] = _make_pure(_f)
+del BUILTINS[math.pi.__class__]
+
+
+@builtin(type)
+def _type(tr, args, kwargs):
+    if len(args) != 1:
+        raise tr.unsupported("type() with 3 arguments")
+    v = args[0]
+    return ObjV(pytype(v))
+
+
+@builtin(getattr)
+def _getattr(tr, args, kwargs):
+    from .attrs import TraceAttributeError, load_attr
+    obj, name = args[0], real(tr, args[1])
+    try:
+        return load_attr(tr, obj, name)
+    except TraceAttributeError:
+        if len(args) == 3:
+            return args[2]
+        raise tr.unsupported(f"{_describe(obj)} has no attribute {name!r}",
+                             hint="the same access raises AttributeError eagerly")
+
+
+@builtin(hasattr)
+def _hasattr(tr, args, kwargs):
+    from .attrs import TraceAttributeError, load_attr
+    try:
+        load_attr(tr, args[0], real(tr, args[1]))
+        return ObjV(True)
+    except TraceAttributeError:
+        return ObjV(False)
+
+
+@builtin(int, float, bool, str, complex)
+def _scalar(tr, args, kwargs):
+    raise AssertionError
+
+
+def _make_scalar(t):
+    def h(tr, args, kwargs):
+        if not args:
+            return ObjV(t())
+        v = args[0]
+        if isinstance(v, TensorV):
+            raise tr.unsupported(f"{t.__name__}() of a tensor needs its data (data-dependent)",
+                                 hint="keep the value as a tensor")
+        if t is bool:
+            return ObjV(truth(tr, v))
+        if t is str and not isinstance(v, ObjV):
+            raise tr.unsupported(f"str() of {_describe(v)}")
+        return fold(tr, t, args, kwargs)
+    return h
+
+
+for _t in (int, float, bool, str, complex):
+    BUILTINS[_t] = _make_scalar(_t)
+
+
+@builtin(tuple, list)
+def _seq(tr, args, kwargs):
+    raise AssertionError
+
+
+def _make_seq(t):
+    def h(tr, args, kwargs):
+        items = iterate(tr, args[0]) if args else []
+        return ListV(items) if t is list else TupleV(items)
+    return h
+
+
+BUILTINS[tuple] = _make_seq(tuple)
+BUILTINS[list] = _make_seq(list)
+
+
+@builtin(dict)
+def _dict(tr, args, kwargs):
+    items = {}
+    if args:
+        a = args[0]
+        if isinstance(a, DictV):
+            items.update(a.items)
+        else:
+            for pair in iterate(tr, a):
+                k, x = iterate(tr, pair)
+                items[real(tr, k)] = x
+    items.update(kwargs)
+    return DictV(items)
+
+
+@builtin(set, frozenset, sorted, sum, any, all, min, max)
+def _agg(tr, args, kwargs):
+    raise AssertionError
+
+
+def _make_agg(f):
+    def h(tr, args, kwargs):
+        if f in (min, max) and len(args) > 1:
+            items = list(args)
+        else:
+            items = iterate(tr, args[0]) if args else []
+        if all(isinstance(i, ObjV) for i in items) and _all_obj(kwargs):
+            extra = [real(tr, a) for a in args[1:]] if f not in (min, max) or len(args) == 1 else []
+            try:
+                return tr.const_value(f([i.value for i in items], *extra,
+                                        **{k: real(tr, x) for k, x in kwargs.items()}))
+            except Exception as e:  # noqa: BLE001
+                raise tr.unsupported(f"{f.__name__}() raised {type(e).__name__}: {e}")
+        if f is sum:
+            acc = args[1] if len(args) > 1 else ObjV(0)
+            for i in items:
+                acc = tr.binary(operator.add, acc, i)
+            return acc
+        if f in (any, all):
+            raise tr.unsupported(f"{f.__name__}() over tensors needs their data")
+        raise tr.unsupported(f"{f.__name__}() over traced values")
+    return h
+
+
+def _all_obj(kw):
+    return all(isinstance(x, ObjV) for x in kw.values())
+
+
+for _a in (set, frozenset, sorted, sum, any, all, min, max):
+    BUILTINS[_a] = _make_agg(_a)
+
+
+@builtin(range, slice)
+def _range(tr, args, kwargs):
+    raise AssertionError
+
+
+BUILTINS[range] = lambda tr, a, k: fold(tr, range, a, k)
+BUILTINS[slice] = lambda tr, a, k: ObjV(slice(*[real(tr, x) for x in a])) if all(
+    isinstance(x, ObjV) for x in a) else _bad(tr, "slice() with traced bounds")
+
+
+def _bad(tr, msg):
+    raise tr.unsupported(msg)
+
+
+@builtin(iter)
+def _iter(tr, args, kwargs):
+    if isinstance(args[0], IterV):
+        return args[0]
+    return IterV(iterate(tr, args[0]))
+
+
+@builtin(next)
+def _next(tr, args, kwargs):
+    it = args[0]
+    if not isinstance(it, IterV):
+        it = IterV(iterate(tr, it))
+    if it.pos < len(it.items):
+        it.pos += 1
+        return it.items[it.pos - 1]
+    if len(args) > 1:
+        return args[1]
+    raise tr.unsupported("next() on an exhausted iterator (StopIteration)")
+
+
+@builtin(enumerate)
+def _enumerate(tr, args, kwargs):
+    start = real(tr, args[1]) if len(args) > 1 else real(tr, kwargs.get("start", ObjV(0)))
+    return IterV([TupleV([ObjV(i + start), x]) for i, x in enumerate(iterate(tr, args[0]))])
+
+
+@builtin(zip)
+def _zip(tr, args, kwargs):
+    lists = [iterate(tr, a) for a in args]
+    return IterV([TupleV(t) for t in zip(*lists)])
+
+
+@builtin(reversed)
+def _reversed(tr, args, kwargs):
+    return IterV(list(reversed(iterate(tr, args[0]))))
+
+
+@builtin(map)
+def _map(tr, args, kwargs):
+    fn, lists = args[0], [iterate(tr, a) for a in args[1:]]
+    return IterV([tr.call(fn, list(t), {}) for t in zip(*lists)])
+
+
+@builtin(filter)
+def _filter(tr, args, kwargs):
+    fn, items = args[0], iterate(tr, args[1])
+    keep = []
+    for i in items:
+        ok = truth(tr, i) if isinstance(fn, ObjV) and fn.value is None else truth(tr, tr.call(fn, [i], {}))
+        if ok:
+            keep.append(i)
+    return IterV(keep)
+
+
+@builtin(super)
+def _super(tr, args, kwargs):
+    if args:
+        return SuperV(real(tr, args[0]), args[1])
+    f = tr.frames[-1]
+    cell = f.cells.get("__class__")
+    if cell is None or not f.code.co_varnames:
+        raise tr.unsupported("super() without a __class__ cell")
+    cls = tr.cell_get(cell)
+    return SuperV(real(tr, cls), f.locals[f.code.co_varnames[0]])
+
+
+@builtin(print)
+def _print(tr, args, kwargs):
+    raise tr.unsupported("print() inside the compiled region", hint="graph breaks are not "
+                         "implemented yet; remove the print or compile a smaller function")
+
+
+@builtin(id)
+def _id(tr, args, kwargs):
+    if isinstance(args[0], ObjV):
+        return ObjV(id(args[0].value))
+    raise tr.unsupported("id() of a traced value")
+
+
+for _name, _op in vars(operator).items():
+    if callable(_op) and not _name.startswith("_") and _op not in BUILTINS and _name not in (
+            "index", "attrgetter", "itemgetter", "methodcaller", "length_hint", "call"):
+        BUILTINS[_op] = (lambda o: lambda tr, a, k: tr.binary(o, *a) if len(a) == 2 else
+                         tr.unary(o, a[0]))(_op)
+
+
+# ---- container methods ----------------------------------------------------------------------
+def container_method(tr, recv: V, name: str, args, kwargs) -> V:
+    if isinstance(recv, ListV):
+        return _list_method(tr, recv, name, args)
+    if isinstance(recv, TupleV):
+        if name in ("index", "count"):
+            return fold(tr, getattr(tuple, name), [recv] + list(args), {})
+        if name == "_asdict":
+            return DictV(dict(zip(recv.cls._fields, recv.items)))
+        if name == "_replace":
+            items = list(recv.items)
+            for k, x in kwargs.items():
+                items[recv.cls._fields.index(k)] = x
+            return TupleV(items, cls=recv.cls)
+    if isinstance(recv, DictV):
+        return _dict_method(tr, recv, name, args, kwargs)
+    raise tr.unsupported(f"method {name!r} of {_describe(recv)}")
+
+
+def _mutate(tr, v: V):
+    if v.source is not None and not any(m is v for m in tr.mutated):
+        tr.mutated.append(v)
+
+
+def _list_method(tr, lst: ListV, name, args):
+    it = lst.items
+    if name == "append":
+        _mutate(tr, lst)
+        it.append(args[0])
+        return ObjV(None)
+    if name == "extend":
+        _mutate(tr, lst)
+        it.extend(iterate(tr, args[0]))
+        return ObjV(None)
+    if name == "insert":
+        _mutate(tr, lst)
+        it.insert(real(tr, args[0]), args[1])
+        return ObjV(None)
+    if name == "pop":
+        _mutate(tr, lst)
+        return it.pop(real(tr, args[0]) if args else -1)
+    if name == "clear":
+        _mutate(tr, lst)
+        it.clear()
+        return ObjV(None)
+    if name == "reverse":
+        _mutate(tr, lst)
+        it.reverse()
+        return ObjV(None)
+    if name == "copy":
+        return ListV(list(it))
+    if name in ("index", "count", "__contains__") and all(isinstance(i, ObjV) for i in it):
+        return fold(tr, getattr(list, name), [lst] + list(args), {})
+    if name == "remove" and all(isinstance(i, ObjV) for i in it):
+        _mutate(tr, lst)
+        vals = [i.value for i in it]
+        del it[vals.index(real(tr, args[0]))]
+        return ObjV(None)
+    if name == "sort" and all(isinstance(i, ObjV) for i in it):
+        _mutate(tr, lst)
+        it.sort(key=lambda v: v.value)
+        return ObjV(None)
+    raise tr.unsupported(f"list.{name} on traced values")
+
+
+def _dict_method(tr, d: DictV, name, args, kwargs):
+    it = d.items
+    if name in ("get", "__getitem__"):
+        k = real(tr, args[0])
+        if k in it:
+            return it[k]
+        if name == "get":
+            return args[1] if len(args) > 1 else ObjV(None)
+        raise tr.unsupported(f"KeyError {k!r}")
+    if name == "keys":
+        return ListV([ObjV(k) for k in it])
+    if name == "values":
+        return ListV(list(it.values()))
+    if name == "items":
+        return ListV([TupleV([ObjV(k), x]) for k, x in it.items()])
+    if name == "__contains__":
+        return ObjV(real(tr, args[0]) in it)
+    if name in ("__setitem__",):
+        _mutate(tr, d)
+        it[real(tr, args[0])] = args[1]
+        return ObjV(None)
+    if name == "pop":
+        _mutate(tr, d)
+        k = real(tr, args[0])
+        if k in it:
+            return it.pop(k)
+        if len(args) > 1:
+            return args[1]
+        raise tr.unsupported(f"KeyError {k!r}")
+    if name == "setdefault":
+        k = real(tr, args[0])
+        if k not in it:
+            _mutate(tr, d)
+            it[k] = args[1] if len(args) > 1 else ObjV(None)
+        return it[k]
+    if name == "update":
+        _mutate(tr, d)
+        if args:
+            src = args[0]
+            if isinstance(src, DictV):
+                it.update(src.items)
+            else:
+                for pair in iterate(tr, src):
+                    k, x = iterate(tr, pair)
+                    it[real(tr, k)] = x
+        it.update(kwargs)
+        return ObjV(None)
+    if name == "copy":
+        return DictV(dict(it), cls=d.cls)
+    if name == "clear":
+        _mutate(tr, d)
+        it.clear()
+        return ObjV(None)
+    raise tr.unsupported(f"dict.{name} on traced values")
+
+
+__all__ = ["BUILTINS", "fold", "iterate", "truth", "real", "builtins", "ContextV"]

@@ -1,0 +1,319 @@
+"""Capture, calls: what `CALL` does with each kind of callee.
+
+Consumes a callee value, positional and keyword argument values; produces the result value.
+  torch functions, Tensor methods, F.*  → a graph node (run on meta for the example value)
+  user Python functions / methods       → inlined (their bytecode is interpreted)
+  nn.Module instances                   → inlined forward (hooks: Unsupported → eager fallback)
+  dataclasses / namedtuples / classes   → objects created in the trace, rebuilt after the graph
+  builtins                              → the BUILTINS table (builtins.py), folded on constants
+"""
+from __future__ import annotations
+
+import dataclasses
+import operator
+import types
+
+import torch
+
+from .values import (NULL, BuiltinMethodV, CellV, ContextV, DictV, FuncV, IterV, ListV,
+                     MethodV, NewObjV, ObjV, SuperV, TensorV, TupleV, V, is_literal)
+
+_TORCH_MODULES = ("torch", "torch.nn.functional", "torch.linalg", "torch.fft", "torch.special",
+                  "torch._C._nn", "torch._C._VariableFunctions", "torch._C._linalg",
+                  "torch._C._fft", "torch._C._special", "torch.functional", "torch.nn.init")
+_BLOCKED_PREFIXES = ("set_", "manual_seed", "seed", "initial_seed", "save", "load", "compile",
+                     "use_deterministic", "get_rng_state", "_dynamo", "cuda", "backends",
+                     "autograd", "jit", "vmap", "func", "cond", "export", "library", "_assert",
+                     "is_grad_enabled_", "get_num_threads", "set_num_threads")
+_TORCH_FNS: dict[int, object] | None = None
+
+
+def torch_functions() -> dict[int, object]:
+    global _TORCH_FNS
+    if _TORCH_FNS is None:
+        import importlib
+        out = {}
+        for modname in _TORCH_MODULES:
+            try:
+                mod = importlib.import_module(modname)
+            except ImportError:
+                continue
+            for k, v in vars(mod).items():
+                if k.startswith("__") or isinstance(v, (type, types.ModuleType)):
+                    continue
+                if not callable(v) or k.startswith(_BLOCKED_PREFIXES):
+                    continue
+                if modname == "torch.nn.functional" and k in ("has_torch_function",
+                                                             "handle_torch_function"):
+                    continue
+                out[id(v)] = v
+        for k, v in vars(torch.Tensor).items():
+            if callable(v) and not k.startswith("__"):
+                out.setdefault(id(v), v)
+        _TORCH_FNS = out
+    return _TORCH_FNS
+
+
+_TENSOR_BLOCKED = {"item", "tolist", "numpy", "data_ptr", "storage", "untyped_storage",
+                   "__bool__", "__index__", "__int__", "__float__", "backward", "register_hook",
+                   "retain_grad", "requires_grad_", "share_memory_", "pin_memory", "record_stream",
+                   "set_", "resize_", "resize_as_", "__array__", "storage_offset"}
+
+_GRAD_CTX = {torch.no_grad: ("grad", False), torch.enable_grad: ("grad", True)}
+_AUTOCAST_CLASSES = tuple(c for c in (torch.autocast, getattr(torch.amp, "autocast", None),
+                                      getattr(torch.cpu.amp, "autocast", None),
+                                      getattr(torch.cuda.amp, "autocast", None)) if c is not None)
+
+
+def call(tr, fn: V, args: list, kwargs: dict) -> V:
+    if isinstance(fn, MethodV):
+        return call(tr, fn.func, [fn.self_v] + list(args), kwargs)
+    if isinstance(fn, FuncV):
+        return tr.inline(fn.code, fn.globals, fn.closure, args, kwargs, fn.defaults,
+                         fn.kwdefaults, fn, fn.name)
+    if isinstance(fn, BuiltinMethodV):
+        return call_builtin_method(tr, fn.recv, fn.name, args, kwargs)
+    if isinstance(fn, ObjV):
+        return call_obj(tr, fn, args, kwargs)
+    if isinstance(fn, NewObjV):
+        c = getattr(fn.cls, "__call__", None)
+        if isinstance(c, types.FunctionType):
+            return call(tr, ObjV(c), [fn] + list(args), kwargs)
+    raise tr.unsupported(f"calling a {type(fn).__name__}")
+
+
+def _any_tensor(vals) -> bool:
+    for v in vals:
+        if isinstance(v, TensorV):
+            return True
+        if isinstance(v, (ListV, TupleV)) and _any_tensor(v.items):
+            return True
+        if isinstance(v, DictV) and _any_tensor(v.items.values()):
+            return True
+    return False
+
+
+def _all_const(vals) -> bool:
+    return all(isinstance(v, ObjV) for v in vals)
+
+
+def call_obj(tr, fn: ObjV, args: list, kwargs: dict) -> V:
+    from .builtins import BUILTINS, fold
+    f = fn.value
+    if getattr(f, "_ember_disabled", False):
+        raise tr.unsupported(f"call to {f.__qualname__}, marked ember.disable")
+    if isinstance(f, torch.nn.Module):
+        return call_module(tr, fn, args, kwargs)
+    try:
+        h = BUILTINS.get(f)
+    except TypeError:
+        h = None
+    if h is not None:
+        return h(tr, args, kwargs)
+    if getattr(f, "_ember_allow_in_graph", False):
+        return tr.call_graph(f, args, kwargs)
+    tf = torch_functions()
+    if id(f) in tf and tf[id(f)] is f:
+        return call_torch(tr, f, args, kwargs)
+    if isinstance(f, types.FunctionType):
+        closure, defaults, kwd = tr.real_function_parts(f, fn)
+        return tr.inline(f.__code__, f.__globals__, closure, args, kwargs, defaults, kwd, fn,
+                         f.__name__)
+    if isinstance(f, types.MethodType):
+        self_src = None
+        from .sources import AttrSource
+        if fn.source is not None:
+            self_src = AttrSource(fn.source, "__self__")
+        self_v = tr.wrap(f.__self__, self_src)
+        return call(tr, ObjV(f.__func__), [self_v] + list(args), kwargs)
+    if isinstance(f, type):
+        return call_class(tr, fn, args, kwargs)
+    if isinstance(f, (types.BuiltinFunctionType, types.MethodWrapperType,
+                      types.BuiltinMethodType)) or type(f).__name__ in ("method_descriptor",):
+        mod = getattr(f, "__module__", None) or ""
+        self_obj = getattr(f, "__self__", None)
+        if _all_const(args) and _all_const(kwargs.values()) and (
+                mod in ("math", "operator", "_operator", "builtins", "_functools", "itertools")
+                or is_literal(self_obj) or type(self_obj) in (dict, list, str, tuple, set)
+                and self_obj is not None):
+            return fold(tr, f, args, kwargs)
+        if mod.startswith("torch") or mod == "_operator" and _any_tensor(args):
+            return tr.call_graph(f, args, kwargs)
+        raise tr.unsupported(f"call to builtin {getattr(f, '__qualname__', f)!r}")
+    if isinstance(f, _AUTOCAST_CLASSES):
+        return ContextV("autocast_obj", (f,))
+    c = getattr(type(f), "__call__", None)
+    if isinstance(c, types.FunctionType):
+        return call(tr, ObjV(c), [fn] + list(args), kwargs)
+    if type(f).__name__ == "partial" and isinstance(f, __import__("functools").partial):
+        inner = tr.wrap(f.func, None)
+        pa = [tr.wrap(a, None) for a in f.args]
+        pk = {k: tr.wrap(a, None) for k, a in f.keywords.items()}
+        return call(tr, inner, pa + list(args), {**pk, **kwargs})
+    raise tr.unsupported(f"call to {type(f).__name__} {getattr(f, '__qualname__', f)!r:.80}")
+
+
+def call_torch(tr, f, args, kwargs) -> V:
+    name = getattr(f, "__name__", "")
+    if f in _GRAD_CTX:
+        return ContextV(*_GRAD_CTX[f], ())
+    if not _any_tensor(args) and not _any_tensor(kwargs.values()):
+        # factory functions go in the graph; metadata queries fold
+        return tr.call_graph(f, args, kwargs)
+    if name in _TENSOR_BLOCKED:
+        raise tr.unsupported(f"torch.{name} needs tensor data")
+    return tr.call_graph(f, args, kwargs)
+
+
+def call_module(tr, mv: ObjV, args, kwargs) -> V:
+    m = mv.value
+    if m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or \
+            m._backward_pre_hooks or getattr(m, "_forward_hooks_with_kwargs", None):
+        raise tr.unsupported(f"{type(m).__name__} has module hooks",
+                             hint="hooks on submodules run eagerly; remove them or compile the "
+                                  "submodule instead")
+    from .entry import global_hooks_present
+    if global_hooks_present():
+        raise tr.unsupported("global module hooks are registered")
+    if mv.source is not None:
+        tr.guard("NO_HOOKS", mv.source, None)
+    from .attrs import load_attr
+    fwd = load_attr(tr, mv, "forward")
+    return call(tr, fwd, args, kwargs)
+
+
+def call_class(tr, fn: ObjV, args, kwargs) -> V:
+    from .builtins import BUILTINS, fold
+    cls = fn.value
+    if cls in _GRAD_CTX:
+        return ContextV(*_GRAD_CTX[cls], ())
+    if cls is torch.set_grad_enabled:
+        mode = args[0] if args else kwargs["mode"]
+        if not isinstance(mode, ObjV):
+            raise tr.unsupported("set_grad_enabled with a non-constant mode")
+        from .handlers.contexts import set_grad
+        prev = torch.is_grad_enabled()
+        set_grad(tr, bool(mode.value))
+        return ContextV("grad_set", (bool(mode.value),), state=prev)
+    if cls is torch.inference_mode:
+        mode = args[0] if args else kwargs.get("mode", ObjV(True))
+        return ContextV("inference", (bool(mode.value),))
+    if _AUTOCAST_CLASSES and issubclass(cls, _AUTOCAST_CLASSES):
+        return _autocast_ctx(tr, cls, args, kwargs)
+    if issubclass(cls, BaseException):
+        if _all_const(args):
+            return ObjV(cls(*[a.value for a in args]))
+        return ObjV(cls("<traced>"))
+    if cls.__module__ == "contextlib" and cls.__name__ == "nullcontext":
+        return ContextV("null", (args[0] if args else ObjV(None),))
+    if issubclass(cls, torch.nn.Module):
+        raise tr.unsupported(f"creating a {cls.__name__} module inside the traced code")
+    if issubclass(cls, torch.Tensor):
+        raise tr.unsupported(f"constructing {cls.__name__} directly")
+    if cls in (torch.Size, torch.device, torch.dtype, torch.finfo, torch.iinfo, slice, range) \
+            or cls.__module__ in ("builtins",) and _all_const(args) and _all_const(kwargs.values()):
+        if _all_const(args) and _all_const(kwargs.values()):
+            return fold(tr, cls, args, kwargs)
+        if cls is torch.Size:
+            return TupleV(tr.iterate(args[0]), cls=torch.Size)
+        raise tr.unsupported(f"{cls.__name__}(...) with traced arguments")
+    if isinstance(cls, type) and issubclass(cls, tuple) and hasattr(cls, "_fields"):
+        # namedtuple
+        sig_fields = cls._fields
+        vals = list(args)
+        defaults = getattr(cls, "_field_defaults", {})
+        for name in sig_fields[len(vals):]:
+            if name in kwargs:
+                vals.append(kwargs[name])
+            elif name in defaults:
+                vals.append(tr.wrap(defaults[name], None))
+            else:
+                raise tr.unsupported(f"{cls.__name__}() missing field {name}")
+        return TupleV(vals, cls=cls)
+    if dataclasses.is_dataclass(cls) and cls.__dict__.get("__init__") is not None and \
+            getattr(cls.__init__, "__qualname__", "").endswith("__init__") and \
+            _is_generated_init(cls):
+        return _new_dataclass(tr, cls, args, kwargs)
+    if cls.__new__ is not object.__new__ and not (isinstance(cls, type) and issubclass(cls, dict)):
+        raise tr.unsupported(f"class {cls.__qualname__} with a custom __new__")
+    obj = NewObjV(cls, {}, dataclass=False)
+    init = cls.__init__
+    if init is not object.__init__:
+        if not isinstance(init, types.FunctionType):
+            raise tr.unsupported(f"class {cls.__qualname__} with a builtin __init__")
+        call(tr, ObjV(init), [obj] + list(args), kwargs)
+    return obj
+
+
+def _is_generated_init(cls) -> bool:
+    init = cls.__dict__["__init__"]
+    return getattr(init, "__code__", None) is not None and \
+        init.__code__.co_filename.startswith("<string>")
+
+
+def _new_dataclass(tr, cls, args, kwargs) -> NewObjV:
+    fields = [f for f in dataclasses.fields(cls) if f.init]
+    attrs: dict = {}
+    args = list(args)
+    for f in fields:
+        if args:
+            attrs[f.name] = args.pop(0)
+        elif f.name in kwargs:
+            attrs[f.name] = kwargs.pop(f.name)
+        elif f.default is not dataclasses.MISSING:
+            attrs[f.name] = tr.wrap(f.default, None) if not is_literal(f.default) else ObjV(f.default)
+        elif f.default_factory is not dataclasses.MISSING:
+            attrs[f.name] = tr.const_value(f.default_factory())
+        else:
+            raise tr.unsupported(f"{cls.__name__}() missing field {f.name}")
+    if args or kwargs:
+        raise tr.unsupported(f"{cls.__name__}() got unexpected arguments")
+    obj = NewObjV(cls, attrs, dataclass=True)
+    post = getattr(cls, "__post_init__", None)
+    if post is not None and not _is_model_output(cls):
+        call(tr, ObjV(post), [obj], {})
+    return obj
+
+
+def _is_model_output(cls) -> bool:
+    return any(k.__name__ == "ModelOutput" and k.__module__.startswith("transformers")
+               for k in cls.__mro__)
+
+
+def _autocast_ctx(tr, cls, args, kwargs) -> ContextV:
+    vals = {}
+    import inspect
+    if cls is torch.autocast or cls.__name__ == "autocast" and cls.__module__ == "torch.amp.autocast_mode":
+        names = ["device_type", "dtype", "enabled", "cache_enabled"]
+    else:
+        names = ["enabled", "dtype", "cache_enabled"]
+        vals["device_type"] = "cuda" if "cuda" in cls.__module__ else "cpu"
+    for n, a in zip(names, args):
+        vals[n] = a
+    vals.update(kwargs)
+    for k, v in list(vals.items()):
+        if isinstance(v, V):
+            if not isinstance(v, ObjV):
+                raise tr.unsupported("autocast with traced arguments")
+            vals[k] = v.value
+    del inspect
+    dev = vals.get("device_type", "cpu")
+    dtype = vals.get("dtype") or torch.get_autocast_dtype(dev)
+    return ContextV("autocast", (dev, dtype, bool(vals.get("enabled", True)),
+                                 vals.get("cache_enabled")))
+
+
+def call_builtin_method(tr, recv: V, name: str, args, kwargs) -> V:
+    from .builtins import container_method
+    if isinstance(recv, TensorV):
+        if name in _TENSOR_BLOCKED:
+            raise tr.unsupported(f"Tensor.{name}() needs tensor data or mutates autograd state",
+                                 hint="move it out of the compiled function")
+        return tr.call_graph(getattr(torch.Tensor, name), [recv] + list(args), kwargs)
+    if isinstance(recv, ContextV):
+        from .handlers.contexts import context_method
+        return context_method(tr, recv, name, args)
+    return container_method(tr, recv, name, args, kwargs)
+
+
+__all__ = ["call", "NULL", "CellV", "IterV", "SuperV"]

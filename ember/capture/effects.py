@@ -1,0 +1,161 @@
+"""Capture, effects: from a finished trace to the graph module and the code that runs after it.
+
+Consumes the tracer (graph, inputs, side effects) and the frame's return value; produces a
+`Plan`: the clean fx.GraphModule (placeholders = tensors, module state first), the input
+expressions, and Python statements that rebuild the return value from the graph outputs and
+replay side effects (attribute writes on argument objects, caller list/dict mutations, global
+writes, new dataclass/namedtuple/ModelOutput objects) so the caller sees what eager would.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+import torch.fx as fx
+
+from .values import (DictV, ListV, NewObjV, ObjV, TensorV, TupleV, V)
+
+
+@dataclasses.dataclass
+class Plan:
+    gm: fx.GraphModule | None
+    structural_inputs: list        # sources of module-state tensors (fetched on refresh)
+    dynamic_inputs: list           # sources fetched on every call
+    example_inputs: list
+    body: list[str]                # statements after `__o = compiled(...)`; end with `return`
+    n_ops: int
+
+
+def _new_obj(cls, attrs):
+    obj = cls.__new__(cls)
+    obj.__dict__.update(attrs)
+    return obj
+
+
+class _Rebuild:
+    def __init__(self, tr):
+        self.tr = tr
+        self.outputs: list[TensorV] = []
+        self.out_index: dict = {}
+        self.pre: list[str] = []
+        self.memo: dict[int, str] = {}
+
+    def bind(self, obj, hint="k"):
+        return self.tr.bind_const(obj, hint)
+
+    def expr(self, v: V) -> str:
+        if isinstance(v, TensorV):
+            if v.source is not None and v.node.op == "placeholder":
+                return v.source.expr()
+            i = self.out_index.get(v.node)
+            if i is None:
+                i = len(self.outputs)
+                self.out_index[v.node] = i
+                self.outputs.append(v)
+            return f"__o[{i}]"
+        if isinstance(v, ObjV):
+            x = v.value
+            if x is None or type(x) in (bool, int, str) or type(x) is float and math.isfinite(x):
+                return repr(x)
+            if v.source is not None:
+                return v.source.expr()
+            return self.bind(x)
+        if id(v) in self.memo:
+            return self.memo[id(v)]
+        if isinstance(v, ListV):
+            if v.source is not None:
+                return v.source.expr()
+            return self._temp(v, "[" + ", ".join(self.expr(i) for i in v.items) + "]")
+        if isinstance(v, TupleV):
+            if v.source is not None:
+                return v.source.expr()
+            inner = ", ".join(self.expr(i) for i in v.items)
+            if v.cls is tuple:
+                return f"({inner}{',' if len(v.items) == 1 else ''})"
+            if v.cls is torch.Size:
+                return f"{self.bind(torch.Size)}(({inner}{',' if len(v.items) == 1 else ''}))"
+            if hasattr(v.cls, "_fields"):
+                return f"{self.bind(v.cls, 'c')}({inner})"
+            return f"{self.bind(v.cls, 'c')}(({inner},))"
+        if isinstance(v, DictV):
+            if v.source is not None:
+                return v.source.expr()
+            inner = ", ".join(f"{self._key(k)}: {self.expr(x)}" for k, x in v.items.items())
+            if v.cls is dict:
+                return self._temp(v, "{" + inner + "}")
+            return self._temp(v, f"{self.bind(v.cls, 'c')}({{{inner}}})")
+        if isinstance(v, NewObjV):
+            inner = ", ".join(f"{self._key(k)}: {self.expr(x)}" for k, x in v.attrs.items())
+            if v.dataclass:
+                return self._temp(v, f"{self.bind(v.cls, 'c')}(**{{{inner}}})")
+            return self._temp(v, f"{self.bind(_new_obj, 'f')}({self.bind(v.cls, 'c')}, {{{inner}}})")
+        raise self.tr.unsupported(f"returning a {type(v).__name__} from the compiled frame")
+
+    def _key(self, k):
+        if k is None or type(k) in (bool, int, str):
+            return repr(k)
+        return self.bind(k)
+
+    def _temp(self, v, code):
+        name = f"__r{len(self.memo)}"
+        self.memo[id(v)] = name
+        self.pre.append(f"{name} = {code}")
+        return name
+
+
+def finalize(tr, ret: V) -> Plan:
+    rb = _Rebuild(tr)
+    ret_expr = rb.expr(ret)
+    body = list(rb.pre)
+    body.append(f"__ret = {ret_expr}")
+    n_pre = len(rb.pre)
+    effects: list[str] = []
+    for m in tr.mutated:
+        if isinstance(m, ListV):
+            effects.append(f"{m.source.expr()}[:] = [{', '.join(rb.expr(i) for i in m.items)}]")
+        elif isinstance(m, DictV):
+            inner = ", ".join(f"{rb._key(k)}: {rb.expr(x)}" for k, x in m.items.items())
+            effects.append(f"__d = {m.source.expr()}; __d.clear(); __d.update({{{inner}}})")
+    for eff in tr.effects:
+        if eff[0] == "setattr":
+            _, obj_v, name, value = eff
+            effects.append(f"setattr({obj_v.source.expr()}, {name!r}, {rb.expr(value)})")
+        elif eff[0] == "global":
+            _, gid, name, value = eff
+            effects.append(f"{gid}[{name!r}] = {rb.expr(value)}")
+    # temps created while writing effects must run before them
+    body = rb.pre[:n_pre] + [body[n_pre]] + rb.pre[n_pre:] + effects + ["return __ret"]
+    gm, structural, dynamic, examples = _graph_module(tr, rb.outputs)
+    n_ops = sum(1 for n in tr.graph.nodes if n.op == "call_function")
+    return Plan(gm, structural, dynamic, examples, body, n_ops)
+
+
+def _graph_module(tr, outputs: list[TensorV]):
+    g = tr.graph
+    used = []
+    for src, tv, real in tr.inputs:
+        if tv.node.users or tv.node in [o.node for o in outputs]:
+            used.append((src, tv, real))
+        else:
+            g.erase_node(tv.node)
+    order = [u for u in used if u[0].structural] + [u for u in used if not u[0].structural]
+    for src, tv, real in reversed(order):
+        head = next(iter(g.nodes))
+        if head is not tv.node:
+            head.prepend(tv.node)
+    out = g.output(tuple(o.node for o in outputs))
+    out.meta["example_value"] = tuple(o.meta for o in outputs)
+    g.lint()
+    gm = fx.GraphModule(torch.nn.Module(), g, class_name="EmberGraph")
+    gm.meta["ember_device"] = _device(tr)
+    structural = [u[0] for u in order if u[0].structural]
+    dynamic = [u[0] for u in order if not u[0].structural]
+    examples = [u[2] for u in order]
+    return gm, structural, dynamic, examples
+
+
+def _device(tr):
+    for _, tv, _ in tr.inputs:
+        return tv.device
+    return torch.get_default_device()

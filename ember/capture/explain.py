@@ -1,0 +1,69 @@
+"""Capture, explain: run a function once under capture and report what happened.
+
+`explain(fn, *args, **kwargs)` → `Explanation` with graphs (fx.GraphModule), ops per graph,
+guards (readable), recompiles, breaks (empty until graph breaks land) and unsupported reasons.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from ..config import CompileSettings
+
+
+@dataclasses.dataclass
+class Explanation:
+    graphs: list
+    ops_per_graph: list
+    guards: list
+    recompiles: int
+    breaks: list
+    unsupported: list
+    result: object = None
+
+    @property
+    def graph_count(self) -> int:
+        return len(self.graphs)
+
+    def __str__(self) -> str:
+        lines = [f"graphs: {len(self.graphs)}  ops: {self.ops_per_graph}  "
+                 f"recompiles: {self.recompiles}  breaks: {len(self.breaks)}"]
+        for r in self.unsupported:
+            lines.append(f"unsupported: {r}")
+        for i, gm in enumerate(self.graphs):
+            lines.append(f"--- graph {i} ---")
+            lines.append(gm.print_readable(print_output=False))
+        lines.append("guards:")
+        lines.extend(f"  {g}" for g in self.guards)
+        return "\n".join(lines)
+
+
+def explain(fn, *args, **kwargs) -> Explanation:
+    from .entry import STATS, compile_function, compile_module
+    graphs = []
+
+    def recording_backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    settings = CompileSettings(backend=recording_backend, backend_name="explain")
+    from .entry import FrameCache
+    before = dict(STATS)
+    if isinstance(fn, torch.nn.Module):
+        runner = compile_module(fn, settings)
+        inner = runner.runner
+    else:
+        runner = inner = compile_function(fn, settings)
+    cache = FrameCache(getattr(inner, "code", None))
+    if hasattr(inner, "cache"):
+        inner.cache = cache
+    try:
+        result = runner(*args, **kwargs)
+        guards = [g.describe() for e in cache.entries for g in e.guards]
+        unsupported = [e.reason for e in cache.entries if e.eager]
+    finally:
+        STATS.clear()
+        STATS.update(before)
+    ops = [sum(1 for n in g.graph.nodes if n.op == "call_function") for g in graphs]
+    return Explanation(graphs, ops, guards, max(0, len(graphs) - 1), [], unsupported, result)

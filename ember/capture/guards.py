@@ -1,0 +1,115 @@
+"""Capture, guards: `Guard(kind, source, expected)` records and the module-mutation epoch.
+
+The tracer appends guards as it reads the caller's state; entry.py turns a cache entry's guard
+list into one generated straight-line Python function (cheap checks first). Guards whose source
+goes through an nn.Module attribute are *structural*: they are re-checked only when the global
+module epoch moved (any nn.Module __setattr__/__delattr__/_apply/register_*), or when the frame's
+root module object changed; the rest run on every call.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import torch
+
+from .sources import Source
+
+# kind → rank: cheap checks first
+RANKS = {"GLOBAL_STATE": 0, "ID": 1, "TYPE": 2, "NONE": 2, "EQ": 3, "LEN": 3, "KEYS": 4,
+         "ALIAS": 5, "TENSOR": 6, "NO_HOOKS": 7}
+
+
+@dataclasses.dataclass
+class Guard:
+    kind: str
+    source: Source | None
+    expected: Any
+
+    def expr(self, bind) -> str:
+        """A Python boolean expression; `bind(obj) -> name` puts a constant in the namespace."""
+        e = self.source.expr() if self.source is not None else ""
+        k = self.kind
+        if k == "TYPE":
+            return f"type({e}) is {bind(self.expected)}"
+        if k == "ID":
+            return f"{e} is {bind(self.expected)}"
+        if k == "NONE":
+            return f"{e} is None"
+        if k == "EQ":
+            val = self.expected
+            return f"type({e}) is {bind(type(val))} and {e} == {bind(val)}"
+        if k == "LEN":
+            return f"len({e}) == {self.expected}"
+        if k == "KEYS":
+            return f"list({e}) == {bind(list(self.expected))}"
+        if k == "ALIAS":
+            return f"{e} is {self.expected.expr()}"
+        if k == "TENSOR":
+            cls, dtype, device, shape, stride, rg = self.expected
+            return (f"type({e}) is {bind(cls)} and {e}.dtype is {bind(dtype)} and "
+                    f"{e}.shape == {bind(torch.Size(shape))} and {e}.stride() == {stride!r} and "
+                    f"{e}.requires_grad is {rg} and {e}.device == {bind(device)}")
+        if k == "GLOBAL_STATE":
+            return f"{bind(global_state)}() == {bind(self.expected)}"
+        if k == "NO_HOOKS":
+            return (f"not ({e}._forward_hooks or {e}._forward_pre_hooks or {e}._backward_hooks "
+                    f"or {e}._backward_pre_hooks)")
+        raise ValueError(f"unknown guard kind {k}")
+
+    @property
+    def structural(self) -> bool:
+        return self.source is not None and self.source.structural
+
+    def describe(self) -> str:
+        name = self.source.name() if self.source is not None else "global state"
+        exp = self.expected
+        if self.kind == "TENSOR":
+            cls, dtype, device, shape, stride, rg = exp
+            exp = f"{cls.__name__}(dtype={dtype}, device={device}, shape={list(shape)}, " \
+                  f"stride={list(stride)}, requires_grad={rg})"
+        elif self.kind in ("TYPE",):
+            exp = getattr(exp, "__qualname__", exp)
+        elif self.kind == "ID":
+            exp = f"id {id(exp):#x} ({type(exp).__name__})"
+        elif self.kind == "GLOBAL_STATE":
+            exp = dict(zip(("grad_enabled", "autocast_cpu", "autocast_cuda", "default_dtype",
+                            "inference_mode"), exp))
+        return f"{self.kind}: {name} {exp}"
+
+
+def global_state():
+    return (torch.is_grad_enabled(), torch.is_autocast_enabled("cpu"),
+            torch.is_autocast_enabled("cuda"), torch.get_default_dtype(),
+            torch.is_inference_mode_enabled())
+
+
+# ---- module mutation epoch -------------------------------------------------------------------
+EPOCH = [0]
+_installed = False
+
+
+def _bumping(fn):
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        EPOCH[0] += 1
+        return fn(*args, **kwargs)
+    wrapper._ember_bumps = True
+    return wrapper
+
+
+def install_epoch_hooks() -> None:
+    """Wrap the nn.Module methods that change a module's structure so they bump EPOCH."""
+    global _installed
+    if _installed:
+        return
+    M = torch.nn.Module
+    for name in ("__setattr__", "__delattr__", "_apply", "register_parameter", "register_buffer",
+                 "add_module", "register_module", "register_forward_hook",
+                 "register_forward_pre_hook", "register_full_backward_hook",
+                 "register_backward_hook", "register_full_backward_pre_hook", "load_state_dict"):
+        fn = getattr(M, name, None)
+        if fn is not None and not getattr(fn, "_ember_bumps", False):
+            setattr(M, name, _bumping(fn))
+    _installed = True

@@ -1,0 +1,149 @@
+"""Handlers: jumps, return, generators (run to completion), raise/assert, match statements.
+
+Exception-handling blocks (3.11+ zero-cost exception table) are never entered: a traced raise is
+Unsupported, so only the normal path of try/with is interpreted.
+"""
+from __future__ import annotations
+
+from ..interpreter import Return
+from ..values import DictV, ListV, NewObjV, ObjV, TupleV
+from . import handler
+
+
+@handler("JUMP")
+def jump(tr, f, ins):
+    f.pc = ins.target
+
+
+@handler("POP_JUMP_IF_FALSE")
+def pop_jump_if_false(tr, f, ins):
+    if not tr.truth(f.pop()):
+        f.pc = ins.target
+
+
+@handler("POP_JUMP_IF_TRUE")
+def pop_jump_if_true(tr, f, ins):
+    if tr.truth(f.pop()):
+        f.pc = ins.target
+
+
+def _is_none(v):
+    return isinstance(v, ObjV) and v.value is None
+
+
+@handler("POP_JUMP_IF_NONE")
+def pop_jump_if_none(tr, f, ins):
+    if _is_none(f.pop()):
+        f.pc = ins.target
+
+
+@handler("POP_JUMP_IF_NOT_NONE")
+def pop_jump_if_not_none(tr, f, ins):
+    if not _is_none(f.pop()):
+        f.pc = ins.target
+
+
+@handler("JUMP_IF_FALSE_OR_POP", until=(3, 12))
+def jump_if_false_or_pop(tr, f, ins):
+    if not tr.truth(f.stack[-1]):
+        f.pc = ins.target
+    else:
+        f.pop()
+
+
+@handler("JUMP_IF_TRUE_OR_POP", until=(3, 12))
+def jump_if_true_or_pop(tr, f, ins):
+    if tr.truth(f.stack[-1]):
+        f.pc = ins.target
+    else:
+        f.pop()
+
+
+@handler("RETURN_VALUE")
+def return_value(tr, f, ins):
+    return Return(f.pop())
+
+
+@handler("RETURN_CONST", since=(3, 12))
+def return_const(tr, f, ins):
+    return Return(ObjV(ins.argval))
+
+
+@handler("RETURN_GENERATOR")
+def return_generator(tr, f, ins):
+    if f.yields is None:
+        raise tr.unsupported("generator outside an inlined call")
+    f.push(ObjV(None))
+
+
+@handler("YIELD_VALUE")
+def yield_value(tr, f, ins):
+    if f.yields is None:
+        raise tr.unsupported("yield in the compiled frame")
+    f.yields.append(f.pop())
+    f.push(ObjV(None))
+
+
+@handler("RAISE_VARARGS")
+def raise_varargs(tr, f, ins):
+    exc = f.pop() if ins.arg else None
+    what = ""
+    if isinstance(exc, ObjV):
+        e = exc.value
+        what = f" {type(e).__name__ if isinstance(e, BaseException) else getattr(e, '__name__', e)}"
+        if isinstance(e, BaseException) and str(e):
+            what += f": {e}"
+    raise tr.unsupported(f"raise{what} in traced code",
+                         hint="the code raises eagerly; graph breaks are not implemented yet")
+
+
+@handler("LOAD_ASSERTION_ERROR")
+def load_assertion_error(tr, f, ins):
+    f.push(ObjV(AssertionError))
+
+
+@handler("MATCH_SEQUENCE")
+def match_sequence(tr, f, ins):
+    v = f.stack[-1]
+    ok = isinstance(v, (ListV, TupleV)) or isinstance(v, ObjV) and isinstance(
+        v.value, (list, tuple, range))
+    f.push(ObjV(ok))
+
+
+@handler("MATCH_MAPPING")
+def match_mapping(tr, f, ins):
+    v = f.stack[-1]
+    f.push(ObjV(isinstance(v, DictV) or isinstance(v, ObjV) and isinstance(v.value, dict)))
+
+
+@handler("MATCH_KEYS")
+def match_keys(tr, f, ins):
+    keys, subject = f.stack[-1], f.stack[-2]
+    from ..builtins import real
+    ks = real(tr, keys)
+    if isinstance(subject, DictV) and all(k in subject.items for k in ks):
+        f.push(TupleV([subject.items[k] for k in ks]))
+    else:
+        f.push(ObjV(None))
+
+
+@handler("MATCH_CLASS")
+def match_class(tr, f, ins):
+    from ..builtins import pytype, real
+    from ..attrs import load_attr
+    names, cls, subject = f.pop(), f.pop(), f.pop()
+    c = real(tr, cls)
+    t = pytype(subject)
+    if not issubclass(t, c):
+        f.push(ObjV(None))
+        return
+    attrs = []
+    match_args = getattr(c, "__match_args__", ())
+    for i in range(ins.arg):
+        attrs.append(load_attr(tr, subject, match_args[i]))
+    for n in real(tr, names):
+        attrs.append(load_attr(tr, subject, n))
+    f.push(TupleV(attrs))
+
+
+__all__ = ["NewObjV"]

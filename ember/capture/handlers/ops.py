@@ -1,0 +1,336 @@
+"""Handlers: unary/binary operators, comparisons, identity, membership, subscripts, slices.
+
+Tensor operands go into the graph as `operator.*` calls; constants fold; containers follow
+Python's semantics on their item values; user objects' dunder methods are inlined.
+"""
+from __future__ import annotations
+
+import operator
+import types
+
+from ..values import NULL, DictV, ListV, NewObjV, ObjV, TensorV, TupleV
+from . import handler
+
+BINARY_OPS = [operator.add, operator.and_, operator.floordiv, operator.lshift, operator.matmul,
+              operator.mul, operator.mod, operator.or_, operator.pow, operator.rshift,
+              operator.sub, operator.truediv, operator.xor,
+              operator.iadd, operator.iand, operator.ifloordiv, operator.ilshift, operator.imatmul,
+              operator.imul, operator.imod, operator.ior, operator.ipow, operator.irshift,
+              operator.isub, operator.itruediv, operator.ixor]
+_INPLACE_TO_PLAIN = {BINARY_OPS[13 + i]: BINARY_OPS[i] for i in range(13)}
+_DUNDER = {operator.add: ("__add__", "__radd__"), operator.sub: ("__sub__", "__rsub__"),
+           operator.mul: ("__mul__", "__rmul__"), operator.truediv: ("__truediv__", "__rtruediv__"),
+           operator.matmul: ("__matmul__", "__rmatmul__"), operator.eq: ("__eq__", "__eq__"),
+           operator.ne: ("__ne__", "__ne__")}
+COMPARE = {"<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operator.ne,
+           ">": operator.gt, ">=": operator.ge}
+
+
+def _const_like(v):
+    if isinstance(v, ObjV):
+        return True
+    if isinstance(v, (ListV, TupleV)):
+        return all(_const_like(i) for i in v.items)
+    return False
+
+
+def binary(tr, op, a, b):
+    from ..builtins import real
+    if isinstance(a, TensorV) or isinstance(b, TensorV):
+        if isinstance(a, (ListV, TupleV)) or isinstance(b, (ListV, TupleV)):
+            if op in (operator.eq, operator.ne):
+                return ObjV(op is operator.ne)
+        return tr.call_graph(op, [a, b], {})
+    if isinstance(a, ObjV) and isinstance(b, ObjV):
+        fa = _py_dunder(a.value, op, 0)
+        if fa is not None:
+            return tr.call(ObjV(fa), [a, b], {})
+        from ..builtins import fold
+        return fold(tr, op, [a, b], {})
+    plain = _INPLACE_TO_PLAIN.get(op, op)
+    if isinstance(a, ListV) and op is operator.iadd:
+        from ..builtins import _mutate, iterate
+        _mutate(tr, a)
+        a.items.extend(iterate(tr, b))
+        return a
+    if isinstance(a, (ListV, TupleV)) and isinstance(b, (ListV, TupleV)) and plain is operator.add:
+        if type(a) is not type(b):
+            raise tr.unsupported("adding a list and a tuple", hint="fails eagerly")
+        return type(a)(list(a.items) + list(b.items))
+    if isinstance(a, (ListV, TupleV)) and isinstance(b, ObjV) and plain is operator.mul:
+        return type(a)(list(a.items) * b.value)
+    if op in (operator.eq, operator.ne) and _const_like(a) and _const_like(b):
+        return ObjV(op(real(tr, a), real(tr, b)))
+    if op in (operator.lt, operator.le, operator.gt, operator.ge) and _const_like(a) and _const_like(b):
+        return ObjV(op(real(tr, a), real(tr, b)))
+    if op in (operator.eq, operator.ne):
+        for v, other, idx in ((a, b, 0), (b, a, 1)):
+            if isinstance(v, NewObjV):
+                d = getattr(v.cls, "__eq__", None)
+                if isinstance(d, types.FunctionType):
+                    r = tr.call(ObjV(d), [v, other], {})
+                    return r if op is operator.eq else ObjV(not tr.truth(r))
+        return ObjV((a is b) == (op is operator.eq))
+    for v, other, idx in ((a, b, 0), (b, a, 1)):
+        cls = v.cls if isinstance(v, NewObjV) else None
+        if cls is not None and op in _DUNDER:
+            d = getattr(cls, _DUNDER[op][idx], None)
+            if isinstance(d, types.FunctionType):
+                return tr.call(ObjV(d), [v, other], {})
+    raise tr.unsupported(f"operator {op.__name__} on {type(a).__name__} and {type(b).__name__}")
+
+
+def _py_dunder(x, op, idx):
+    if op not in _DUNDER:
+        return None
+    d = getattr(type(x), _DUNDER[op][idx], None)
+    return d if isinstance(d, types.FunctionType) else None
+
+
+def unary(tr, op, a):
+    if isinstance(a, TensorV):
+        if op is operator.not_:
+            raise tr.unsupported("`not tensor` needs the tensor's data (data-dependent)")
+        return tr.call_graph(op, [a], {})
+    if op is operator.not_:
+        return ObjV(not tr.truth(a))
+    if isinstance(a, ObjV):
+        from ..builtins import fold
+        return fold(tr, op, [a], {})
+    raise tr.unsupported(f"operator {op.__name__} on {type(a).__name__}")
+
+
+@handler("BINARY_OP")
+def binary_op(tr, f, ins):
+    b, a = f.pop(), f.pop()
+    f.push(binary(tr, BINARY_OPS[ins.arg], a, b))
+
+
+@handler("COMPARE_OP")
+def compare_op(tr, f, ins):
+    b, a = f.pop(), f.pop()
+    op = ins.argval if isinstance(ins.argval, str) else str(ins.argval)
+    f.push(binary(tr, COMPARE[op.replace("bool(", "").rstrip(")")], a, b))
+
+
+@handler("UNARY_NEGATIVE")
+def unary_negative(tr, f, ins):
+    f.push(unary(tr, operator.neg, f.pop()))
+
+
+@handler("UNARY_POSITIVE", until=(3, 12))
+def unary_positive(tr, f, ins):
+    f.push(unary(tr, operator.pos, f.pop()))
+
+
+@handler("UNARY_NOT")
+def unary_not(tr, f, ins):
+    f.push(unary(tr, operator.not_, f.pop()))
+
+
+@handler("UNARY_INVERT")
+def unary_invert(tr, f, ins):
+    f.push(unary(tr, operator.invert, f.pop()))
+
+
+def is_same(a, b) -> bool:
+    if a is b:
+        return True
+    if isinstance(a, ObjV) and isinstance(b, ObjV):
+        return a.value is b.value
+    return False
+
+
+@handler("IS_OP")
+def is_op(tr, f, ins):
+    b, a = f.pop(), f.pop()
+    r = is_same(a, b)
+    f.push(ObjV(r != bool(ins.arg)))
+
+
+def contains(tr, item, container) -> bool:
+    from ..builtins import real
+    if isinstance(container, DictV):
+        return real(tr, item) in container.items
+    if isinstance(container, (ListV, TupleV)):
+        for x in container.items:
+            if x is item or is_same(x, item):
+                return True
+            if isinstance(x, ObjV) and isinstance(item, ObjV) and x.value == item.value:
+                return True
+            if isinstance(x, TensorV) or isinstance(item, TensorV):
+                if not (isinstance(x, ObjV) or isinstance(item, ObjV)):
+                    raise tr.unsupported("`in` over tensors compares their data")
+        return False
+    if isinstance(container, ObjV) and isinstance(item, ObjV):
+        c = container.value
+        m = getattr(type(c), "__contains__", None)
+        if isinstance(m, types.FunctionType):
+            return tr.truth(tr.call(ObjV(m), [container, item], {}))
+        return item.value in c
+    if isinstance(container, NewObjV) and container.dataclass:
+        return real(tr, item) in container.attrs
+    raise tr.unsupported(f"`in` on {type(container).__name__}")
+
+
+@handler("CONTAINS_OP")
+def contains_op(tr, f, ins):
+    container, item = f.pop(), f.pop()
+    f.push(ObjV(contains(tr, item, container) != bool(ins.arg)))
+
+
+def getitem(tr, c, k):
+    from ..builtins import real
+    if isinstance(c, TensorV):
+        return tr.call_graph(operator.getitem, [c, k], {})
+    if isinstance(c, (ListV, TupleV)):
+        if isinstance(k, TensorV):
+            raise tr.unsupported("indexing a list with a tensor")
+        idx = real(tr, k)
+        try:
+            r = c.items[idx]
+        except (IndexError, TypeError) as e:
+            raise tr.unsupported(f"{type(e).__name__}: {e}", hint="fails eagerly") from None
+        if isinstance(idx, slice):
+            return ListV(r) if isinstance(c, ListV) else TupleV(r)
+        return r
+    if isinstance(c, DictV):
+        key = real(tr, k)
+        if key not in c.items:
+            gi = getattr(c.cls, "__missing__", None)
+            raise tr.unsupported(f"KeyError: {key!r}" + (" (__missing__)" if gi else ""))
+        return c.items[key]
+    if isinstance(c, NewObjV):
+        if c.dataclass:
+            from ..calls import _is_model_output
+            if _is_model_output(c.cls):
+                key = real(tr, k)
+                if isinstance(key, str):
+                    return c.attrs[key]
+                vals = [x for x in c.attrs.values() if not (isinstance(x, ObjV) and x.value is None)]
+                r = vals[key]
+                return TupleV(r) if isinstance(key, slice) else r
+        gi = getattr(c.cls, "__getitem__", None)
+        if isinstance(gi, types.FunctionType):
+            return tr.call(ObjV(gi), [c, k], {})
+    if isinstance(c, ObjV):
+        x = c.value
+        gi = getattr(type(x), "__getitem__", None)
+        if isinstance(gi, types.FunctionType):
+            return _module_getitem(tr, c, k) or tr.call(ObjV(gi), [c, k], {})
+        if isinstance(x, type) and isinstance(k, ObjV):
+            return ObjV(x[k.value])           # typing generics
+        if isinstance(k, ObjV) or _const_like(k):
+            key = real(tr, k)
+            try:
+                r = x[key]
+            except Exception as e:  # noqa: BLE001
+                raise tr.unsupported(f"{type(e).__name__}: {e}", hint="fails eagerly") from None
+            from ..sources import ItemSource
+            if c.source is not None and not isinstance(key, slice):
+                return tr.wrap(r, ItemSource(c.source, key))
+            return tr.wrap(r, None) if not isinstance(r, (tuple, list, str)) else tr.const_value(r)
+    raise tr.unsupported(f"subscript of {type(c).__name__}")
+
+
+def _module_getitem(tr, c, k):
+    """Sequential/ModuleList with an int or slice: the submodule(s), sources kept."""
+    import torch
+    x = c.value
+    if not isinstance(x, (torch.nn.Sequential, torch.nn.ModuleList)) or not isinstance(k, ObjV):
+        return None
+    from ..sources import AttrSource, DictEntrySource
+    keys = list(x._modules.keys())
+    if c.source is not None:
+        tr.guard("KEYS", AttrSource(c.source, "_modules", structural=True), keys)
+    idx = k.value
+    if isinstance(idx, slice):
+        sel = keys[idx]
+        return ListV([tr.wrap(x._modules[s], DictEntrySource(c.source, "_modules", s)
+                              if c.source else None) for s in sel])
+    if isinstance(idx, int):
+        key = keys[idx]
+        return tr.wrap(x._modules[key], DictEntrySource(c.source, "_modules", key)
+                       if c.source else None)
+    return None
+
+
+@handler("BINARY_SUBSCR")
+def binary_subscr(tr, f, ins):
+    k, c = f.pop(), f.pop()
+    f.push(getitem(tr, c, k))
+
+
+@handler("BINARY_SLICE", since=(3, 12))
+def binary_slice(tr, f, ins):
+    end, start, c = f.pop(), f.pop(), f.pop()
+    f.push(getitem(tr, c, _slice(tr, start, end, ObjV(None))))
+
+
+def _slice(tr, *parts):
+    if all(isinstance(p, ObjV) for p in parts):
+        return ObjV(slice(*[p.value for p in parts]))
+    raise tr.unsupported("slice with traced bounds")
+
+
+def setitem(tr, c, k, v):
+    from ..builtins import _mutate, real
+    if isinstance(c, TensorV):
+        tr.call_graph(operator.setitem, [c, k, v], {})
+        return
+    if isinstance(c, ListV):
+        _mutate(tr, c)
+        idx = real(tr, k)
+        if isinstance(idx, slice):
+            from ..builtins import iterate
+            c.items[idx] = iterate(tr, v)
+        else:
+            c.items[idx] = v
+        return
+    if isinstance(c, DictV):
+        _mutate(tr, c)
+        c.items[real(tr, k)] = v
+        return
+    if isinstance(c, NewObjV):
+        si = getattr(c.cls, "__setitem__", None)
+        if c.dataclass:
+            from ..calls import _is_model_output
+            if _is_model_output(c.cls):
+                c.attrs[real(tr, k)] = v
+                return
+        if isinstance(si, types.FunctionType):
+            tr.call(ObjV(si), [c, k, v], {})
+            return
+    raise tr.unsupported(f"item assignment on {type(c).__name__}")
+
+
+@handler("STORE_SUBSCR")
+def store_subscr(tr, f, ins):
+    k, c, v = f.pop(), f.pop(), f.pop()
+    setitem(tr, c, k, v)
+
+
+@handler("STORE_SLICE", since=(3, 12))
+def store_slice(tr, f, ins):
+    end, start, c, v = f.pop(), f.pop(), f.pop(), f.pop()
+    setitem(tr, c, _slice(tr, start, end, ObjV(None)), v)
+
+
+@handler("DELETE_SUBSCR")
+def delete_subscr(tr, f, ins):
+    from ..builtins import _mutate, real
+    k, c = f.pop(), f.pop()
+    if isinstance(c, (ListV, DictV)):
+        _mutate(tr, c)
+        del c.items[real(tr, k)]
+        return
+    raise tr.unsupported(f"del on {type(c).__name__}")
+
+
+@handler("BUILD_SLICE")
+def build_slice(tr, f, ins):
+    parts = f.popn(ins.arg)
+    f.push(_slice(tr, *parts) if len(parts) == 3 else _slice(tr, parts[0], parts[1], ObjV(None)))
+
+
+__all__ = ["binary", "unary", "getitem", "setitem", "NULL"]

@@ -1,0 +1,547 @@
+"""Capture, interpreter: symbolic execution of one frame (and everything it inlines).
+
+Consumes a code object + the caller's real arguments; produces a torch.fx.Graph of torch-level
+calls, the guard list, the side effects and the return value as values (values.py). Opcode
+behaviour lives in handlers/ (one function per opcode in `HANDLERS`); calls in calls.py,
+attribute loads in attrs.py. Tensors run on the meta device (for shapes/dtypes); anything that
+needs a tensor's data raises `Unsupported`.
+"""
+from __future__ import annotations
+
+import builtins
+import dataclasses
+import inspect
+import operator
+import sys
+import types
+from types import CodeType
+
+import torch
+import torch.fx as fx
+
+from ..errors import Unsupported
+from .bytecode import decode
+from .guards import Guard, global_state
+from .sources import (ClosureSource, ConstSource, DictEntrySource, GlobalSource, ItemSource,
+                      Source)
+from .values import (NULL, CellV, DictV, ListV, ObjV, TensorV, TupleV, V, is_literal)
+
+MAX_INLINE_DEPTH = 64
+CO_VARARGS, CO_VARKEYWORDS, CO_GENERATOR = 0x04, 0x08, 0x20
+
+# Packages whose module-level globals are treated as stable (no guard per global read).
+LIBRARY_PREFIXES = ("torch", "torchvision", "transformers", "timm", "typing", "collections",
+                    "dataclasses", "functools", "itertools", "math", "enum", "abc", "builtins",
+                    "warnings", "logging", "inspect", "contextlib", "operator", "copy", "re",
+                    "numbers", "types", "ember", "importlib", "packaging", "einops")
+
+
+class Return:
+    __slots__ = ("value",)
+
+    def __init__(self, value):
+        self.value = value
+
+
+class Frame:
+    __slots__ = ("code", "instrs", "pc", "stack", "locals", "cells", "globals", "gid", "fn_v",
+                 "yields", "lineno", "self_v")
+
+    def __init__(self, code, locals_, cells, globals_, gid, fn_v=None):
+        self.code, self.instrs = code, decode(code)[0]
+        self.pc, self.stack, self.locals, self.cells = 0, [], locals_, cells
+        self.globals, self.gid, self.fn_v, self.yields = globals_, gid, fn_v, None
+        self.lineno = code.co_firstlineno
+
+    def push(self, v):
+        self.stack.append(v)
+
+    def pop(self):
+        return self.stack.pop()
+
+    def popn(self, n):
+        if n == 0:
+            return []
+        out = self.stack[-n:]
+        del self.stack[-n:]
+        return out
+
+
+def _is_library(module_name: str | None) -> bool:
+    return bool(module_name) and module_name.split(".")[0] in LIBRARY_PREFIXES
+
+
+class Tracer:
+    """One symbolic execution. State: graph, inputs, guards, effects, frames."""
+
+    def __init__(self, settings=None):
+        self.settings = settings
+        self.graph = fx.Graph()
+        self.guards: list[Guard] = []
+        self._guard_keys: set = set()
+        self.inputs: list[tuple[Source, TensorV, torch.Tensor]] = []
+        self.by_real_id: dict[int, TensorV] = {}
+        self.keepalive: list = []
+        self.by_source: dict[str, V] = {}
+        self.overlay: dict[tuple[int, str], V] = {}     # attribute writes seen during the trace
+        self.effects: list[tuple] = []                   # ('setattr', obj_v, name, v), ...
+        self.mutated: list[V] = []                       # caller containers mutated in place
+        self.global_ids: dict[int, str] = {}
+        self.ns: dict = {}                               # names used by generated code
+        self.frames: list[Frame] = []
+        self.roots: list[Source] = []                    # module-valued locals of the entry frame
+        self.state0 = global_state()
+        self._n_const = 0
+        self.real_contexts: list = []
+
+    # ---- dispatch helpers (implemented in calls/builtins/handlers) --------------------
+    def call(self, fn, args, kwargs):
+        from .calls import call
+        return call(self, fn, list(args), dict(kwargs))
+
+    def iterate(self, v):
+        from .builtins import iterate
+        return iterate(self, v)
+
+    def truth(self, v) -> bool:
+        from .builtins import truth
+        return truth(self, v)
+
+    def binary(self, op, a, b):
+        from .handlers.ops import binary
+        return binary(self, op, a, b)
+
+    def unary(self, op, a):
+        from .handlers.ops import unary
+        return unary(self, op, a)
+
+    def getitem(self, c, k):
+        from .handlers.ops import getitem
+        return getitem(self, c, k)
+
+    # ---- errors -------------------------------------------------------------------------
+    def location(self) -> str | None:
+        if not self.frames:
+            return None
+        f = self.frames[-1]
+        ins = f.instrs[f.pc - 1] if f.pc else f.instrs[0]
+        return f"{f.code.co_filename}:{ins.lineno or f.code.co_firstlineno}"
+
+    def unsupported(self, reason: str, hint: str | None = None) -> Unsupported:
+        loc, line = self.location(), None
+        if self.frames:
+            import linecache
+            f = self.frames[-1]
+            ins = f.instrs[f.pc - 1] if f.pc else f.instrs[0]
+            line = linecache.getline(f.code.co_filename, ins.lineno or 0) or None
+        stack = " <- ".join(fr.code.co_qualname for fr in reversed(self.frames[:-1]))
+        if stack:
+            reason = f"{reason} (inlined from {stack})"
+        return Unsupported(reason, location=loc, source_line=line,
+                           hint=hint or "run this code eagerly (ember.disable) or rewrite it")
+
+    # ---- guards -------------------------------------------------------------------------
+    def guard(self, kind: str, source: Source | None, expected) -> None:
+        if source is None or isinstance(source, ConstSource) and kind not in ("TENSOR",):
+            if kind != "GLOBAL_STATE":
+                return
+        key = (kind, source.expr() if source is not None else None)
+        if key in self._guard_keys:
+            return
+        self._guard_keys.add(key)
+        self.guards.append(Guard(kind, source, expected))
+
+    def bind_const(self, obj, hint="k") -> str:
+        """Put a real object into the generated code's namespace; returns its name."""
+        for k, v in self.ns.items():
+            if v is obj and k.startswith("__" + hint):
+                return k
+        self._n_const += 1
+        name = f"__{hint}{self._n_const}"
+        self.ns[name] = obj
+        return name
+
+    def gid_for(self, gdict: dict) -> str:
+        gid = self.global_ids.get(id(gdict))
+        if gid is None:
+            gid = f"G{len(self.global_ids)}"
+            self.global_ids[id(gdict)] = gid
+            self.ns[gid] = gdict
+        return gid
+
+    # ---- wrapping real objects ----------------------------------------------------------
+    def wrap(self, value, source: Source | None, *, guard_obj: bool = True) -> V:
+        """A value for the caller's real object `value` read from `source`, with guards."""
+        if source is not None:
+            hit = self.by_source.get(source.expr())
+            if hit is not None:
+                return hit
+        v = self._wrap(value, source, guard_obj)
+        if source is not None:
+            self.by_source[source.expr()] = v
+        return v
+
+    def _wrap(self, value, source, guard_obj):
+        t = type(value)
+        if isinstance(value, torch.Tensor):
+            return self.wrap_tensor(value, source)
+        if value is None:
+            self.guard("NONE", source, None)
+            return ObjV(None, source)
+        if is_literal(value):
+            self.guard("EQ" if t not in (torch.dtype, torch.device) else "EQ", source, value)
+            return ObjV(value, source)
+        if t is list or t is tuple or (isinstance(value, tuple) and hasattr(t, "_fields")) \
+                or t is torch.Size:
+            self.guard("TYPE", source, t)
+            self.guard("LEN", source, len(value))
+            items = [self.wrap(x, ItemSource(source, i) if source else None)
+                     for i, x in enumerate(value)]
+            if t is list:
+                return ListV(items, source)
+            return TupleV(items, source, cls=t)
+        if t is dict or (isinstance(value, dict) and t.__module__ == "collections"):
+            self.guard("TYPE", source, t)
+            self.guard("KEYS", source, list(value.keys()))
+            if not all(is_literal(k) for k in value):
+                raise self.unsupported("dict with non-constant keys")
+            return DictV({k: self.wrap(x, ItemSource(source, k) if source else None)
+                          for k, x in value.items()}, source, cls=t)
+        if isinstance(value, torch.nn.Module):
+            self.guard("TYPE", source, t)
+            return ObjV(value, source)
+        if isinstance(value, (types.FunctionType, types.BuiltinFunctionType, type,
+                              types.ModuleType, types.MethodType)) or callable(value) and \
+                t.__module__.startswith("torch"):
+            if guard_obj:
+                self.guard("ID", source, value)
+            return ObjV(value, source)
+        if dataclasses.is_dataclass(value) or t.__module__ not in ("builtins",):
+            self.guard("TYPE", source, t)
+            return ObjV(value, source)
+        if t in (set, frozenset):
+            self.guard("EQ", source, value)
+            return ObjV(value, source)
+        self.guard("TYPE", source, t)
+        return ObjV(value, source)
+
+    def wrap_tensor(self, value: torch.Tensor, source: Source | None) -> TensorV:
+        hit = self.by_real_id.get(id(value))
+        if hit is not None:
+            if source is not None and hit.source is not None and source.expr() != hit.source.expr() \
+                    and source.structural == hit.source.structural:
+                self.guard("ALIAS", source, hit.source)
+            return hit
+        if source is None:
+            source = ConstSource(self.bind_const(value, "t"))
+        if value.layout != torch.strided or value.is_quantized or value.is_nested:
+            raise self.unsupported(f"tensor with layout {value.layout}")
+        if type(value) not in (torch.Tensor, torch.nn.Parameter) and not isinstance(
+                value, torch.nn.parameter.Buffer if hasattr(torch.nn.parameter, "Buffer") else ()):
+            raise self.unsupported(f"tensor subclass {type(value).__name__}")
+        meta = torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device="meta")
+        if value.requires_grad:
+            meta.requires_grad_(True)
+        self.guard("TENSOR", source, (type(value), value.dtype, value.device, tuple(value.shape),
+                                      value.stride(), value.requires_grad))
+        node = self.graph.placeholder(_placeholder_name(source, len(self.inputs)))
+        node.meta["example_value"] = meta
+        node.meta["ember_source"] = source.name()
+        tv = TensorV(node, meta, value.device, source, cls=type(value))
+        self.inputs.append((source, tv, value))
+        self.by_real_id[id(value)] = tv
+        self.keepalive.append(value)
+        return tv
+
+    # ---- globals ------------------------------------------------------------------------
+    def load_global(self, frame: Frame, name: str) -> V:
+        g = frame.globals
+        key = (frame.gid, name)
+        ov = self.overlay.get((id(g), name))
+        if ov is not None:
+            return ov
+        if name in g:
+            value = g[name]
+            src = GlobalSource(frame.gid, name)
+            if _is_library(g.get("__name__")) and not isinstance(value, torch.Tensor):
+                return self.wrap(value, src, guard_obj=False) if not is_literal(value) \
+                    and not isinstance(value, (list, dict, tuple)) else ObjV(value, None)
+            return self.wrap(value, src)
+        b = g.get("__builtins__", builtins)
+        b = b if isinstance(b, dict) else b.__dict__
+        if name in b:
+            return ObjV(b[name])
+        del key
+        raise self.unsupported(f"name {name!r} is not defined")
+
+    # ---- graph building -----------------------------------------------------------------
+    def to_node(self, v):
+        if isinstance(v, TensorV):
+            return v.node
+        if isinstance(v, ObjV):
+            return v.value
+        if isinstance(v, (ListV, TupleV)):
+            items = [self.to_node(i) for i in v.items]
+            return items if isinstance(v, ListV) else tuple(items)
+        if isinstance(v, DictV):
+            return {k: self.to_node(x) for k, x in v.items.items()}
+        raise self.unsupported(f"cannot pass {type(v).__name__} {v!r:.60} to a torch function")
+
+    def to_meta(self, v):
+        if isinstance(v, TensorV):
+            return v.meta
+        if isinstance(v, ObjV):
+            x = v.value
+            if isinstance(x, torch.device):
+                return torch.device("meta")
+            if type(x) is slice:
+                return x
+            return x
+        if isinstance(v, (ListV, TupleV)):
+            items = [self.to_meta(i) for i in v.items]
+            return items if isinstance(v, ListV) else tuple(items)
+        if isinstance(v, DictV):
+            return {k: self.to_meta(x) for k, x in v.items.items()}
+        raise self.unsupported(f"cannot pass {type(v).__name__} to a torch function")
+
+    def call_graph(self, target, args: list, kwargs: dict) -> V:
+        """Record `target(*args, **kwargs)` in the graph; run it on meta for the result."""
+        device = _result_device(args, kwargs)
+        margs = [self.to_meta(a) for a in args]
+        mkw = {k: self.to_meta(x) for k, x in kwargs.items()}
+        if "device" in mkw and mkw["device"] is not None:
+            mkw["device"] = torch.device("meta")
+        if target in _TO_METHODS:
+            margs = [("meta" if isinstance(a, str) and _is_device_str(a) else a) for a in margs]
+        try:
+            with torch.device("meta"):
+                out = target(*margs, **mkw)
+        except Unsupported:
+            raise
+        except NotImplementedError as e:
+            raise self.unsupported(f"{_fname(target)} has no meta implementation "
+                                   f"or depends on tensor data: {str(e).splitlines()[0]}")
+        except RuntimeError as e:
+            msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+            if "meta" in msg or "data-dependent" in msg or "Cannot" in msg:
+                raise self.unsupported(f"{_fname(target)} depends on tensor data ({msg})")
+            raise self.unsupported(f"{_fname(target)} raised at trace time: {msg}",
+                                   hint="the same call fails eagerly")
+        except (TypeError, ValueError, IndexError) as e:
+            raise self.unsupported(f"{_fname(target)} raised {type(e).__name__} at trace time: {e}",
+                                   hint="the same call fails eagerly")
+        return self._result(target, args, kwargs, out, margs, mkw, device)
+
+    def _result(self, target, args, kwargs, out, margs, mkw, device):
+        if not _has_tensor(out):
+            return self.const_value(out)
+        # in-place / out= results keep the identity of their input value
+        node = self.graph.call_function(target, tuple(self.to_node(a) for a in args),
+                                        {k: self.to_node(x) for k, x in kwargs.items()})
+        node.meta["example_value"] = out
+        for a in list(args) + list(kwargs.values()):
+            if isinstance(a, TensorV) and a.meta is out:
+                return a
+        if isinstance(out, torch.Tensor):
+            return TensorV(node, out, device)
+        if isinstance(out, (tuple, list)):
+            items = []
+            for i, o in enumerate(out):
+                if isinstance(o, torch.Tensor):
+                    g = self.graph.call_function(operator.getitem, (node, i))
+                    g.meta["example_value"] = o
+                    items.append(TensorV(g, o, device))
+                else:
+                    items.append(self.const_value(o))
+            if isinstance(out, list):
+                return ListV(items)
+            return TupleV(items, cls=type(out))
+        raise self.unsupported(f"{_fname(target)} returned {type(out).__name__}")
+
+    def const_value(self, x) -> V:
+        """A value for a trace-time result that holds no tensor."""
+        if isinstance(x, list):
+            return ListV([self.const_value(i) for i in x])
+        if type(x) is tuple:
+            return TupleV([self.const_value(i) for i in x])
+        if type(x) is dict:
+            return DictV({k: self.const_value(i) for k, i in x.items()})
+        if isinstance(x, torch.Tensor):
+            raise self.unsupported("a real tensor appeared as a constant")
+        return ObjV(x)
+
+    # ---- frames -------------------------------------------------------------------------
+    def run_frame(self, frame: Frame) -> V:
+        from .handlers import HANDLERS
+        if len(self.frames) >= MAX_INLINE_DEPTH:
+            raise self.unsupported(f"inlining deeper than {MAX_INLINE_DEPTH} frames")
+        self.frames.append(frame)
+        try:
+            instrs = frame.instrs
+            while True:
+                ins = instrs[frame.pc]
+                frame.pc += 1
+                h = HANDLERS.get(ins.opname)
+                if h is None:
+                    raise self.unsupported(f"bytecode {ins.opname} is not supported")
+                r = h(self, frame, ins)
+                if r is not None:
+                    return r.value
+        finally:
+            self.frames.pop()
+
+    def inline(self, code: CodeType, globals_: dict, closure: tuple, args: list, kwargs: dict,
+               defaults: tuple, kwdefaults: dict, fn_v: V | None = None, name="") -> V:
+        """Call a Python function symbolically: bind its arguments and run its bytecode."""
+        if code.co_flags & 0x80 or code.co_flags & 0x100 or code.co_flags & 0x200:
+            raise self.unsupported(f"coroutine/async generator {code.co_qualname}")
+        locals_ = self.bind_args(code, args, kwargs, defaults, kwdefaults)
+        cells = {}
+        for i, name_ in enumerate(code.co_freevars):
+            cells[name_] = closure[i]
+        frame = Frame(code, locals_, cells, globals_, self.gid_for(globals_), fn_v)
+        if code.co_flags & CO_GENERATOR:
+            frame.yields = []
+            self.run_frame(frame)
+            from .values import IterV
+            return IterV(frame.yields)
+        return self.run_frame(frame)
+
+    def bind_args(self, code, args, kwargs, defaults, kwdefaults) -> dict:
+        n = code.co_argcount
+        nk = code.co_kwonlyargcount
+        names = code.co_varnames
+        posonly = code.co_posonlyargcount
+        locals_: dict = {}
+        args = list(args)
+        kwargs = dict(kwargs)
+        for i in range(min(n, len(args))):
+            locals_[names[i]] = args[i]
+        extra = args[n:]
+        idx = n + nk
+        if code.co_flags & CO_VARARGS:
+            locals_[names[idx]] = TupleV(extra)
+            idx += 1
+        elif extra:
+            raise self.unsupported(f"{code.co_qualname}() takes {n} positional arguments "
+                                   f"but {len(args)} were given", hint="the call fails eagerly")
+        for i in range(len(args), n):
+            nm = names[i]
+            if nm in kwargs and i >= posonly:
+                locals_[nm] = kwargs.pop(nm)
+            elif i >= n - len(defaults):
+                locals_[nm] = defaults[i - (n - len(defaults))]
+            else:
+                raise self.unsupported(f"{code.co_qualname}() missing argument {nm!r}",
+                                       hint="the call fails eagerly")
+        for i in range(n, n + nk):
+            nm = names[i]
+            if nm in kwargs:
+                locals_[nm] = kwargs.pop(nm)
+            elif nm in kwdefaults:
+                locals_[nm] = kwdefaults[nm]
+            else:
+                raise self.unsupported(f"{code.co_qualname}() missing keyword argument {nm!r}",
+                                       hint="the call fails eagerly")
+        if code.co_flags & CO_VARKEYWORDS:
+            locals_[names[idx]] = DictV(kwargs)
+        elif kwargs:
+            raise self.unsupported(f"{code.co_qualname}() got unexpected keyword arguments "
+                                   f"{sorted(kwargs)}", hint="the call fails eagerly")
+        return locals_
+
+    def real_function_parts(self, fn: types.FunctionType, fn_v: V):
+        """(closure cells, defaults, kwdefaults) values for inlining a real function."""
+        src = fn_v.source if fn_v is not None else None
+        closure = ()
+        if fn.__closure__:
+            cells = []
+            for i, c in enumerate(fn.__closure__):
+                cells.append(CellV(real=c, source=ClosureSource(src, i) if src else None))
+            closure = tuple(cells)
+        defaults = tuple(self.default_value(d) for d in (fn.__defaults__ or ()))
+        kwd = {k: self.default_value(d) for k, d in (fn.__kwdefaults__ or {}).items()}
+        return closure, defaults, kwd
+
+    def default_value(self, d) -> V:
+        if isinstance(d, torch.Tensor):
+            return self.wrap_tensor(d, None)
+        if is_literal(d) or d is None:
+            return ObjV(d)
+        return self.wrap(d, None)
+
+    def cell_get(self, cell: CellV) -> V:
+        if cell.contents is not None:
+            return cell.contents
+        if cell.real is not None:
+            try:
+                value = cell.real.cell_contents
+            except ValueError:
+                raise self.unsupported("free variable referenced before assignment")
+            v = self.wrap(value, cell.source) if cell.source is not None else self.wrap(value, None)
+            cell.contents = v
+            return v
+        raise self.unsupported("free variable referenced before assignment")
+
+
+_TO_METHODS = {torch.Tensor.to}
+
+
+def _is_device_str(s: str) -> bool:
+    try:
+        torch.device(s)
+        return True
+    except (RuntimeError, TypeError):
+        return False
+
+
+def _result_device(args, kwargs) -> torch.device:
+    d = kwargs.get("device")
+    if isinstance(d, ObjV) and d.value is not None:
+        return torch.device(d.value)
+    for a in args:
+        if isinstance(a, ObjV) and isinstance(a.value, torch.device):
+            return a.value
+        if isinstance(a, ObjV) and isinstance(a.value, str) and a.value in ("cuda", "cpu") :
+            return torch.device(a.value)
+    for a in list(args) + list(kwargs.values()):
+        if isinstance(a, TensorV):
+            return a.device
+        if isinstance(a, (ListV, TupleV)):
+            for i in a.items:
+                if isinstance(i, TensorV):
+                    return i.device
+    return torch.get_default_device()
+
+
+def _has_tensor(x) -> bool:
+    if isinstance(x, torch.Tensor):
+        return True
+    if isinstance(x, (list, tuple)):
+        return any(_has_tensor(i) for i in x)
+    if isinstance(x, dict):
+        return any(_has_tensor(i) for i in x.values())
+    return False
+
+
+def _fname(target) -> str:
+    return getattr(target, "__qualname__", None) or getattr(target, "__name__", repr(target))
+
+
+def _placeholder_name(source: Source, i: int) -> str:
+    import re
+    name = source.name()
+    name = re.sub(r"[^0-9a-zA-Z_]+", "_", name).strip("_")
+    name = re.sub(r"^(L_|G_)", "", name)
+    return (name or f"arg{i}")[:60]
+
+
+def func_signature_ok(fn) -> bool:
+    try:
+        inspect.signature(fn)
+        return True
+    except (TypeError, ValueError):
+        return False
+
+
+__all__ = ["Tracer", "Frame", "Return", "NULL", "sys"]

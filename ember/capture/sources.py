@@ -1,0 +1,139 @@
+"""Capture, sources: where a traced value came from (local, global, attribute, item, closure).
+
+A source turns into a Python expression over the frame's locals (`expr()`), which the generated
+guard/run function evaluates at call time to check guards and to fetch graph inputs. `structural`
+marks sources reached through an nn.Module attribute: those are re-read only when the module
+mutation epoch moves (see guards.py), not on every call.
+"""
+from __future__ import annotations
+
+import keyword
+
+
+class Source:
+    __slots__ = ("structural",)
+
+    def expr(self) -> str:
+        raise NotImplementedError
+
+    def name(self) -> str:
+        return self.expr()
+
+    def __repr__(self):
+        return self.expr()
+
+    def __eq__(self, other):
+        return isinstance(other, Source) and self.expr() == other.expr()
+
+    def __hash__(self):
+        return hash(self.expr())
+
+
+class LocalSource(Source):
+    __slots__ = ("local", "index")
+
+    def __init__(self, local: str, index: int):
+        self.local, self.index, self.structural = local, index, False
+
+    def expr(self):
+        return f"L{self.index}"
+
+    def name(self):
+        return f"L[{self.local!r}]"
+
+
+class GlobalSource(Source):
+    """A name in a function's globals dict; `gid` names that dict in the generated code."""
+    __slots__ = ("gid", "key")
+
+    def __init__(self, gid: str, key: str):
+        self.gid, self.key, self.structural = gid, key, False
+
+    def expr(self):
+        return f"{self.gid}[{self.key!r}]"
+
+    def name(self):
+        return f"G[{self.key!r}]"
+
+
+class ConstSource(Source):
+    """A value bound into the generated function's namespace under `ref` (e.g. a wrapper's fn)."""
+    __slots__ = ("ref",)
+
+    def __init__(self, ref: str):
+        self.ref, self.structural = ref, False
+
+    def expr(self):
+        return self.ref
+
+
+class AttrSource(Source):
+    __slots__ = ("base", "attr")
+
+    def __init__(self, base: Source, attr: str, structural: bool = False):
+        # only attributes read off an nn.Module are structural; objects hanging off a module
+        # (a config) are re-checked on every call
+        self.base, self.attr = base, attr
+        self.structural = structural
+
+    def expr(self):
+        if self.attr.isidentifier() and not keyword.iskeyword(self.attr):
+            if self.attr.startswith("__") and not self.attr.endswith("__"):
+                return f"getattr({self.base.expr()}, {self.attr!r})"
+            return f"{self.base.expr()}.{self.attr}"
+        return f"getattr({self.base.expr()}, {self.attr!r})"
+
+    def name(self):
+        return f"{self.base.name()}.{self.attr}"
+
+
+class DictEntrySource(Source):
+    """`base.<table>[key]` for nn.Module's _parameters/_buffers/_modules: faster than getattr."""
+    __slots__ = ("base", "table", "key")
+
+    def __init__(self, base: Source, table: str, key: str):
+        self.base, self.table, self.key, self.structural = base, table, key, True
+
+    def expr(self):
+        return f"{self.base.expr()}.{self.table}[{self.key!r}]"
+
+    def name(self):
+        return f"{self.base.name()}.{self.key}"
+
+
+class ItemSource(Source):
+    __slots__ = ("base", "key")
+
+    def __init__(self, base: Source, key):
+        self.base, self.key, self.structural = base, key, base.structural
+
+    def expr(self):
+        return f"{self.base.expr()}[{self.key!r}]"
+
+    def name(self):
+        return f"{self.base.name()}[{self.key!r}]"
+
+
+class ClosureSource(Source):
+    __slots__ = ("base", "idx")
+
+    def __init__(self, base: Source, idx: int):
+        self.base, self.idx, self.structural = base, idx, base.structural
+
+    def expr(self):
+        return f"{self.base.expr()}.__closure__[{self.idx}].cell_contents"
+
+    def name(self):
+        return f"{self.base.name()}.__closure__[{self.idx}]"
+
+
+class DefaultSource(Source):
+    __slots__ = ("base", "idx", "kw")
+
+    def __init__(self, base: Source, idx, kw: bool = False):
+        self.base, self.idx, self.kw, self.structural = base, idx, kw, base.structural
+
+    def expr(self):
+        if self.kw:
+            return f"{self.base.expr()}.__kwdefaults__[{self.idx!r}]"
+        return f"{self.base.expr()}.__defaults__[{self.idx}]"

@@ -1,0 +1,211 @@
+"""Capture, values: the small set of kinds the symbolic interpreter pushes on its stack.
+
+  ObjV      a real Python object known at trace time (constants, classes, functions, modules,
+            user objects); guarded through its `source` when it came from the caller
+  TensorV   a tensor: an FX node + a meta-device example value (+ the real device)
+  ListV / TupleV / DictV   containers whose items are values (tensors inside stay symbolic)
+  FuncV     a function created during the trace (MAKE_FUNCTION: lambdas, comprehensions, closures)
+  MethodV   a bound method (function value + self value)
+  CellV     a closure cell created during the trace
+  IterV     an iterator over a materialized list of values
+  NewObjV   an object created during the trace (dataclass, ModelOutput, plain class instance)
+  ContextV  a context manager the tracer understands (grad mode, autocast, nullcontext)
+  SuperV    the result of super()
+Every value has `source` (None when created during the trace).
+"""
+from __future__ import annotations
+
+import torch
+
+
+class V:
+    __slots__ = ("source",)
+    kind = "value"
+
+    def python_type(self):
+        raise NotImplementedError
+
+
+class _Null:
+    def __repr__(self):
+        return "NULL"
+
+
+NULL = _Null()
+
+
+class ObjV(V):
+    __slots__ = ("value",)
+    kind = "obj"
+
+    def __init__(self, value, source=None):
+        self.value, self.source = value, source
+
+    def python_type(self):
+        return type(self.value)
+
+    def __repr__(self):
+        return f"ObjV({self.value!r:.60})"
+
+
+class TensorV(V):
+    __slots__ = ("node", "meta", "device", "cls")
+    kind = "tensor"
+
+    def __init__(self, node, meta: torch.Tensor, device: torch.device, source=None, cls=torch.Tensor):
+        self.node, self.meta, self.device, self.source, self.cls = node, meta, device, source, cls
+
+    def python_type(self):
+        return self.cls
+
+    def __repr__(self):
+        return f"TensorV({self.node.name}, {tuple(self.meta.shape)}, {self.meta.dtype})"
+
+
+class ListV(V):
+    __slots__ = ("items", "cls")
+    kind = "list"
+
+    def __init__(self, items, source=None, cls=list):
+        self.items, self.source, self.cls = list(items), source, cls
+
+    def python_type(self):
+        return self.cls
+
+    def __repr__(self):
+        return f"ListV({self.items})"
+
+
+class TupleV(V):
+    __slots__ = ("items", "cls")
+    kind = "tuple"
+
+    def __init__(self, items, source=None, cls=tuple):
+        self.items, self.source, self.cls = tuple(items), source, cls
+
+    def python_type(self):
+        return self.cls
+
+    def __repr__(self):
+        return f"TupleV({self.items})"
+
+
+class DictV(V):
+    """Keys are real hashable constants; values are values."""
+    __slots__ = ("items", "cls")
+    kind = "dict"
+
+    def __init__(self, items: dict, source=None, cls=dict):
+        self.items, self.source, self.cls = dict(items), source, cls
+
+    def python_type(self):
+        return self.cls
+
+
+class FuncV(V):
+    __slots__ = ("code", "globals", "name", "qualname", "defaults", "kwdefaults", "closure", "fn_obj")
+    kind = "function"
+
+    def __init__(self, code, globals_, name, qualname, defaults=(), kwdefaults=None, closure=()):
+        self.code, self.globals, self.name, self.qualname = code, globals_, name, qualname
+        self.defaults, self.kwdefaults, self.closure = tuple(defaults), dict(kwdefaults or {}), tuple(closure)
+        self.source, self.fn_obj = None, None
+
+    def python_type(self):
+        import types
+        return types.FunctionType
+
+
+class MethodV(V):
+    __slots__ = ("func", "self_v")
+    kind = "method"
+
+    def __init__(self, func: V, self_v: V, source=None):
+        self.func, self.self_v, self.source = func, self_v, source
+
+    def python_type(self):
+        import types
+        return types.MethodType
+
+
+class CellV(V):
+    __slots__ = ("contents", "real")
+    kind = "cell"
+
+    def __init__(self, contents=None, real=None, source=None):
+        self.contents, self.real, self.source = contents, real, source
+
+
+class IterV(V):
+    __slots__ = ("items", "pos")
+    kind = "iterator"
+
+    def __init__(self, items, source=None):
+        self.items, self.pos, self.source = list(items), 0, source
+
+    def python_type(self):
+        return type(iter([]))
+
+
+class NewObjV(V):
+    """An object created during the trace. `fields` for dataclasses / ModelOutput (ordered)."""
+    __slots__ = ("cls", "attrs", "dataclass")
+    kind = "newobj"
+
+    def __init__(self, cls, attrs: dict, dataclass: bool):
+        self.cls, self.attrs, self.dataclass, self.source = cls, dict(attrs), dataclass, None
+
+    def python_type(self):
+        return self.cls
+
+
+class ContextV(V):
+    __slots__ = ("ctx_kind", "args", "state")
+    kind = "context"
+
+    def __init__(self, ctx_kind: str, args: tuple, state=None):
+        self.ctx_kind, self.args, self.state, self.source = ctx_kind, args, state, None
+
+    def python_type(self):
+        return object
+
+
+class SuperV(V):
+    __slots__ = ("cls", "self_v")
+    kind = "super"
+
+    def __init__(self, cls, self_v):
+        self.cls, self.self_v, self.source = cls, self_v, None
+
+    def python_type(self):
+        return super
+
+
+class BuiltinMethodV(V):
+    """A method of a container value (`lst.append`) or a tensor (`x.view`), bound to its receiver."""
+    __slots__ = ("recv", "name")
+    kind = "builtin_method"
+
+    def __init__(self, recv: V, name: str):
+        self.recv, self.name, self.source = recv, name, None
+
+    def python_type(self):
+        import types
+        return types.BuiltinMethodType
+
+
+def is_const(v: V) -> bool:
+    return isinstance(v, ObjV)
+
+
+CONST_TYPES = (int, float, bool, str, type(None), complex, bytes, torch.dtype, torch.device,
+               torch.memory_format, torch.layout, type(Ellipsis), type(NotImplemented))
+
+
+def is_literal(x) -> bool:
+    """A plain immutable constant that can be guarded by equality and printed with repr."""
+    if type(x) in (tuple, frozenset, torch.Size):
+        return all(is_literal(i) for i in x)
+    if type(x) is slice:
+        return is_literal(x.start) and is_literal(x.stop) and is_literal(x.step)
+    return type(x) in CONST_TYPES
