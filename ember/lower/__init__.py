@@ -1,5 +1,7 @@
-"""Stage 4, lower: aten prim graph → loop IR → kernels (placeholder)."""
+"""Stage 4, lower: aten prim graph → loop IR → (schedule, codegen, runtime) → callable.
 
+Entry point: `compile_aten_graph(gm, example_inputs, *, options=None)`.
+"""
+from .compile import STATS, compile_aten_graph
 
-def compile_aten_graph(gm, example_inputs, *, options=None):
-    raise NotImplementedError("ember.lower is not implemented yet")
+__all__ = ["compile_aten_graph", "STATS"]

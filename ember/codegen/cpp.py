@@ -1,0 +1,522 @@
+"""Stage 6, codegen: kernels → one C++ translation unit (OpenMP + SIMD), no torch headers.
+
+Each `Kernel` becomes `extern "C" void kernelN(T* buf, ...)` taking raw pointers. Bodies are
+produced by running the loop IR under `CppHandler`, which emits one typed temporary per op
+(CSE by expression text). The outer loop is `#pragma omp parallel for` when there is enough
+work; contiguous inner loops get `#pragma omp simd` (with reduction clauses for accumulators);
+a kernel that is one big reduction to a scalar uses per-thread partials. fp16/bf16 are loaded
+as float and accumulated in float. Math functions come from the prelude (ember::exp etc.),
+written so GCC can vectorize them without -ffast-math.
+
+Consumes: Kernel steps (schedule.fuse), buffers by name. Produces: C++ source + kernel argument
+lists (buffer names, in order) for the wrapper.
+"""
+from __future__ import annotations
+
+import math
+
+import sympy
+import torch
+
+from .common import (BINARY, COMPARE, CTYPE, UNARY, FloorDiv, IndentedBuffer, ModularIndexing,
+                     compute_dtype, numel, set_handler, sym)
+from .cpp_prelude import PRELUDE
+
+PARALLEL_MIN_WORK = 32768
+
+
+# --- index printing ------------------------------------------------------------------------
+
+def cexpr(e) -> str:
+    if isinstance(e, int):
+        return _int(e)
+    if e.is_Integer:
+        return _int(int(e))
+    if e.is_Symbol:
+        return e.name
+    if isinstance(e, FloorDiv):
+        return f"({cexpr(e.args[0])} / {cexpr(e.args[1])})"
+    if isinstance(e, ModularIndexing):
+        a, b, m = e.args
+        inner = cexpr(a) if b == 1 else f"({cexpr(a)} / {cexpr(b)})"
+        return f"({inner} % {cexpr(m)})"
+    if e.is_Add:
+        parts = [cexpr(t) for t in e.args]
+        return "(" + " + ".join(parts) + ")"
+    if e.is_Mul:
+        return "(" + "*".join(cexpr(t) for t in e.args) + ")"
+    if e.is_Pow and e.args[1].is_Integer and int(e.args[1]) > 0:
+        return "(" + "*".join([cexpr(e.args[0])] * int(e.args[1])) + ")"
+    raise NotImplementedError(f"index expression {e}")
+
+
+def _int(v: int) -> str:
+    return f"{v}LL" if abs(v) >= 2 ** 31 else str(v)
+
+
+# --- the handler ---------------------------------------------------------------------------
+
+CPP = {
+    "neg": "(-{0})", "abs": "ember::abs_({0})", "exp": "ember::exp({0})", "exp2": "std::exp2({0})",
+    "expm1": "ember::expm1({0})", "log": "ember::log({0})", "log2": "std::log2({0})",
+    "log10": "std::log10({0})", "log1p": "ember::log1p({0})", "sqrt": "std::sqrt({0})",
+    "rsqrt": "ember::rsqrt({0})", "sin": "std::sin({0})", "cos": "std::cos({0})",
+    "tan": "std::tan({0})", "asin": "std::asin({0})", "acos": "std::acos({0})",
+    "atan": "std::atan({0})", "sinh": "std::sinh({0})", "cosh": "std::cosh({0})",
+    "tanh": "ember::tanh({0})", "asinh": "std::asinh({0})", "acosh": "std::acosh({0})",
+    "atanh": "std::atanh({0})", "sigmoid": "ember::sigmoid({0})", "erf": "ember::erf({0})",
+    "erfc": "std::erfc({0})", "reciprocal": "ember::reciprocal({0})", "relu": "ember::relu({0})",
+    "floor": "std::floor({0})", "ceil": "std::ceil({0})", "round": "std::nearbyint({0})",
+    "trunc": "std::trunc({0})", "sign": "ember::sign({0})", "signbit": "std::signbit({0})",
+    "isnan": "ember::isnan_({0})", "isinf": "std::isinf({0})", "isfinite": "std::isfinite({0})",
+    "logical_not": "(!{0})", "bitwise_not": "ember::bitwise_not({0})",
+    "lgamma": "std::lgamma({0})", "square": "({0} * {0})",
+    "add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})", "truediv": "({0} / {1})",
+    "floordiv": "ember::floordiv({0}, {1})", "truncdiv": "({0} / {1})",
+    "remainder": "ember::remainder({0}, {1})", "fmod": "std::fmod({0}, {1})",
+    "pow": "ember::pow_({0}, {1})", "maximum": "ember::maximum({0}, {1})",
+    "minimum": "ember::minimum({0}, {1})", "atan2": "std::atan2({0}, {1})",
+    "hypot": "std::hypot({0}, {1})", "copysign": "std::copysign({0}, {1})",
+    "nextafter": "std::nextafter({0}, {1})",
+    "eq": "({0} == {1})", "ne": "({0} != {1})", "lt": "({0} < {1})", "le": "({0} <= {1})",
+    "gt": "({0} > {1})", "ge": "({0} >= {1})", "logical_and": "({0} && {1})",
+    "logical_or": "({0} || {1})", "logical_xor": "(static_cast<bool>({0}) != static_cast<bool>({1}))",
+    "bitwise_and": "({0} & {1})", "bitwise_or": "({0} | {1})", "bitwise_xor": "({0} ^ {1})",
+    "lshift": "({0} << {1})", "rshift": "({0} >> {1})",
+}
+assert set(CPP) >= set(UNARY) | set(BINARY)
+
+
+class CppVal:
+    __slots__ = ("code", "dtype")
+
+    def __init__(self, code: str, dtype: torch.dtype):
+        self.code, self.dtype = code, dtype
+
+    def __str__(self):
+        return self.code
+
+
+def ctype(dtype) -> str:
+    return CTYPE[dtype]
+
+
+def literal(value, dtype) -> str:
+    dtype = compute_dtype(dtype) if dtype is not None else (
+        torch.float32 if isinstance(value, float) else torch.int64)
+    if dtype == torch.bool:
+        return "true" if value else "false"
+    if dtype.is_floating_point:
+        v = float(value)
+        t = ctype(dtype)
+        if math.isnan(v):
+            return f"std::numeric_limits<{t}>::quiet_NaN()"
+        if math.isinf(v):
+            return f"{'-' if v < 0 else ''}std::numeric_limits<{t}>::infinity()"
+        text = repr(v)
+        if "e" not in text and "." not in text:
+            text += ".0"
+        return text + ("f" if dtype == torch.float32 else "")
+    v = int(value)
+    return f"static_cast<{ctype(dtype)}>({_int(v)})"
+
+
+class CppHandler:
+    """Emits C++ statements into `self.code`; returns CppVal temporaries."""
+
+    def __init__(self, buffers: dict, local: set):
+        self.buffers = buffers
+        self.local = local
+        self.code = IndentedBuffer()
+        self.cse: dict = {}
+        self.stored: dict = {}
+        self.n = 0
+
+    def fresh(self, prefix="tmp") -> str:
+        self.n += 1
+        return f"{prefix}{self.n - 1}"
+
+    def emit(self, expr: str, dtype) -> CppVal:
+        key = (expr, dtype)
+        hit = self.cse.get(key)
+        if hit is not None:
+            return hit
+        name = self.fresh()
+        self.code.writeline(f"{ctype(dtype)} {name} = {expr};")
+        val = CppVal(name, dtype)
+        self.cse[key] = val
+        return val
+
+    # scopes: temporaries declared inside a block are forgotten when it closes
+    def push(self):
+        return dict(self.cse), dict(self.stored)
+
+    def pop(self, saved):
+        self.cse, self.stored = saved
+
+    # --- memory ---
+    def load(self, name, index):
+        idx = cexpr(sympy.expand(index))
+        hit = self.stored.get((name, idx))
+        if hit is not None:
+            return hit
+        if name in self.local:
+            raise AssertionError(f"local buffer {name} read before it is written")
+        dt = self.buffers[name].dtype
+        if dt == torch.bfloat16:
+            return self.emit(f"ember::bf16_to_float({name}[{idx}])", torch.float32)
+        if dt == torch.float16:
+            return self.emit(f"static_cast<float>({name}[{idx}])", torch.float32)
+        return self.emit(f"{name}[{idx}]", dt)
+
+    def store(self, name, index, value):
+        idx = cexpr(sympy.expand(index))
+        dt = self.buffers[name].dtype
+        value = self._as(value, compute_dtype(dt))
+        self.stored[(name, idx)] = value
+        if name in self.local:
+            return None
+        if dt == torch.bfloat16:
+            self.code.writeline(f"{name}[{idx}] = ember::float_to_bf16({value});")
+        elif dt == torch.float16:
+            self.code.writeline(f"{name}[{idx}] = static_cast<_Float16>({value});")
+        else:
+            self.code.writeline(f"{name}[{idx}] = {value};")
+        return None
+
+    # --- values ---
+    def constant(self, value, dtype):
+        dtype = compute_dtype(dtype) if dtype is not None else (
+            torch.float32 if isinstance(value, float) else torch.int64)
+        return CppVal(literal(value, dtype), dtype)
+
+    def index_expr(self, expr, dtype):
+        dtype = compute_dtype(dtype)
+        return self.emit(f"static_cast<{ctype(dtype)}>({cexpr(sympy.expand(expr))})", dtype)
+
+    def to_dtype(self, x, dtype):
+        if dtype == torch.bfloat16:
+            return self.emit(f"ember::round_bf16({self._as(x, torch.float32)})", torch.float32)
+        if dtype == torch.float16:
+            return self.emit(f"ember::round_half({self._as(x, torch.float32)})", torch.float32)
+        return self._as(x, dtype)
+
+    def _as(self, x, dtype):
+        if not isinstance(x, CppVal):
+            return self.constant(x, dtype)
+        if x.dtype == dtype:
+            return x
+        if dtype == torch.bool:
+            return self.emit(f"({x} != 0)", torch.bool)
+        return self.emit(f"static_cast<{ctype(dtype)}>({x})", dtype)
+
+    def where(self, c, a, b):
+        dt = a.dtype if isinstance(a, CppVal) else b.dtype
+        a, b = self._as(a, dt), self._as(b, dt)
+        return self.emit(f"({self._as(c, torch.bool)} ? {a} : {b})", dt)
+
+    def masked(self, mask, body, other):
+        mask = self._as(mask, torch.bool)
+        saved = self.push()
+        outer_code = self.code
+        self.code = IndentedBuffer(outer_code.level + 1)
+        value = body()
+        inner = self.code
+        self.code = outer_code
+        self.pop(saved)
+        dt = value.dtype
+        name = self.fresh()
+        self.code.writeline(f"{ctype(dt)} {name} = {literal(other, dt)};")
+        self.code.writeline(f"if ({mask}) {{")
+        self.code.lines.extend(inner.lines)
+        self.code.writeline(f"    {name} = {value};")
+        self.code.writeline("}")
+        return CppVal(name, dt)
+
+    def indirect_indexing(self, value, size, check=True):
+        v = self._as(value, torch.int64)
+        name = self.fresh("idx")
+        self.code.writeline(f"int64_t {name} = {v} < 0 ? {v} + {_int(size)} : {v};")
+        return sym(name)
+
+    def __getattr__(self, name):
+        fmt = CPP.get(name)
+        if fmt is None:
+            raise AttributeError(name)
+
+        def op(*args):
+            dt = next((a.dtype for a in args if isinstance(a, CppVal)), torch.float32)
+            vals = [self._as(a, dt) for a in args]
+            out = torch.bool if name in COMPARE else dt
+            return self.emit(fmt.format(*vals), out)
+        return op
+
+
+# --- reductions ----------------------------------------------------------------------------
+
+def _init(rtype, dt) -> str:
+    t = ctype(dt)
+    if rtype in ("sum", "any"):
+        return literal(0, dt)
+    if rtype == "prod":
+        return literal(1, dt)
+    if rtype in ("max", "argmax"):
+        return (f"-std::numeric_limits<{t}>::infinity()" if dt.is_floating_point
+                else f"std::numeric_limits<{t}>::lowest()")
+    if rtype in ("min", "argmin"):
+        return (f"std::numeric_limits<{t}>::infinity()" if dt.is_floating_point
+                else f"std::numeric_limits<{t}>::max()")
+    raise NotImplementedError(rtype)
+
+
+def _update(rtype, acc, v, dt) -> str:
+    if rtype == "sum":
+        return f"{acc} += {v};"
+    if rtype == "prod":
+        return f"{acc} *= {v};"
+    if rtype == "any":
+        return f"{acc} = {acc} || {v};"
+    if rtype == "max":
+        return f"{acc} = ember::max_nan({acc}, {v});"
+    if rtype == "min":
+        return f"{acc} = ember::min_nan({acc}, {v});"
+    raise NotImplementedError(rtype)
+
+
+def _combine(rtype, acc, part) -> str:
+    return {"sum": f"{acc} += {part};", "prod": f"{acc} *= {part};",
+            "any": f"{acc} = {acc} || {part};", "max": f"{acc} = ember::max_nan({acc}, {part});",
+            "min": f"{acc} = ember::min_nan({acc}, {part});"}[rtype]
+
+
+SIMD_RED = {"sum": "+", "prod": "*", "any": "||"}
+UDR = {"max": "emax", "min": "emin"}
+
+
+def _red_clause(rtypes_accs) -> str:
+    parts = []
+    for rtype, acc, dt in rtypes_accs:
+        if rtype in SIMD_RED:
+            parts.append(f"reduction({SIMD_RED[rtype]}:{acc})")
+        elif rtype in UDR and dt in (torch.float32, torch.float64):
+            parts.append(f"reduction({UDR[rtype]}:{acc})")
+        elif rtype in UDR:
+            parts.append(f"reduction({rtype}:{acc})")
+        else:
+            return None
+    return " ".join(parts)
+
+
+# --- kernels -------------------------------------------------------------------------------
+
+def loop_var(i):
+    return sym(f"v{i}")
+
+
+class KernelCodegen:
+    def __init__(self, kernel, buffers: dict):
+        self.kernel = kernel
+        self.buffers = buffers
+        self.h = CppHandler(buffers, kernel.local)
+
+    def work(self) -> int:
+        k = self.kernel
+        return numel(k.outer) * max(1, sum(numel(s.inner) * len(s.nodes) for s in k.stages))
+
+    def generate(self, args: list) -> str:
+        k, h = self.kernel, self.h
+        outer = list(k.outer)
+        m = len(outer)
+        xv = [loop_var(i) for i in range(m)]
+        code = h.code
+        params = []
+        writes = {n.name for n in k.nodes}
+        for name in args:
+            const = "" if name in writes else "const "
+            params.append(f"{const}{ctype(self.buffers[name].dtype)}* {name}")
+        code.writeline(f'extern "C" void {k.name}({", ".join(params)})')
+        code.writeline("{")
+        code.level += 1
+        parallel = self.work() >= PARALLEL_MIN_WORK
+        scalar_reduce = (m == 0 or numel(outer) == 1) and parallel and self._partials_ok()
+        if k.pure_pointwise and m > 0:
+            self._loops(outer, xv, parallel, simd_last=True,
+                        body=lambda: [n.store_pointwise(xv) for n in k.stages[0].nodes])
+        elif scalar_reduce:
+            xv0 = [sympy.Integer(0)] * m
+            for stage in k.stages:
+                self._stage(stage, xv0, m, parallel_inner=True)
+        else:
+            def body():
+                for stage in k.stages:
+                    self._stage(stage, xv, m, parallel_inner=False)
+            if m:
+                self._loops(outer, xv, parallel, simd_last=False, body=body)
+            else:
+                body()
+        code.level -= 1
+        code.writeline("}")
+        return code.getvalue()
+
+    def _partials_ok(self) -> bool:
+        for s in self.kernel.stages:
+            if s.kind == "reduction":
+                if any(n.body.reduction_type not in SIMD_RED and n.body.reduction_type not in UDR
+                       for n in s.nodes):
+                    return False
+        return True
+
+    def _loops(self, ranges, vars_, parallel, simd_last, body, reduction=None, partial=False):
+        """Emit a loop nest over `ranges`; body() emits the innermost statements."""
+        code, h = self.h.code, self.h
+        n = len(ranges)
+        saved = h.push()
+        for i, (size, v) in enumerate(zip(ranges, vars_)):
+            last = i == n - 1
+            pragma = None
+            if i == 0 and parallel:
+                if partial:
+                    pragma = "#pragma omp for"
+                else:
+                    collapse = 1
+                    limit = n - 1 if simd_last else n
+                    prod = size
+                    while prod < 64 and collapse < limit:
+                        prod *= ranges[collapse]
+                        collapse += 1
+                    pragma = "#pragma omp parallel for" + (
+                        f" collapse({collapse})" if collapse > 1 else "")
+                    if last and simd_last:
+                        pragma += " simd"
+                        if reduction:
+                            pragma += " " + reduction
+            elif last and simd_last:
+                pragma = "#pragma omp simd" + (f" {reduction}" if reduction else "")
+            if pragma and not (partial and i == 0 and last and simd_last):
+                code.writeline(pragma)
+            elif pragma:
+                code.writeline(pragma)
+            code.writeline(f"for (int64_t {v} = 0; {v} < {_int(size)}; ++{v})")
+            code.writeline("{")
+            code.level += 1
+        body()
+        for _ in range(n):
+            code.level -= 1
+            code.writeline("}")
+        h.pop(saved)
+
+    def _stage(self, stage, xv, m, parallel_inner):
+        h = self.h
+        code = h.code
+        rv = [loop_var(m + i) for i in range(len(stage.inner))]
+        if stage.kind == "pointwise":
+            if not stage.inner:
+                for n in stage.nodes:
+                    n.store_pointwise(xv)
+                return
+            par = parallel_inner and numel(stage.inner) >= PARALLEL_MIN_WORK
+            self._loops(stage.inner, rv, par, simd_last=True,
+                        body=lambda: [n.store_pointwise(xv + rv) for n in stage.nodes])
+            return
+        accs = []
+        for n in stage.nodes:
+            dt = n.body.src_dtype
+            rt = n.body.reduction_type
+            acc = h.fresh("acc")
+            code.writeline(f"{ctype(dt)} {acc} = {_init(rt, dt)};")
+            if rt in ("argmax", "argmin"):
+                code.writeline(f"int64_t {acc}_i = 0;")
+            accs.append((n, acc, rt, dt))
+        clause = _red_clause([(rt, acc, dt) for _, acc, rt, dt in accs])
+        rstr = [sympy.Integer(1)] * len(rv)
+        strides = []
+        acc_st = 1
+        for s in reversed(stage.inner):
+            strides.append(acc_st)
+            acc_st *= s
+        strides = list(reversed(strides))
+
+        def body(targets):
+            for (n, acc, rt, dt), tgt in zip(accs, targets):
+                v = h._as(n.reduction_value(xv, rv), dt)
+                if rt in ("argmax", "argmin"):
+                    cmp = ">" if rt == "argmax" else "<"
+                    flat = cexpr(sum((r * s for r, s in zip(rv, strides)), sympy.Integer(0)))
+                    nan = f" || ({v} != {v} && {acc} == {acc})" if dt.is_floating_point else ""
+                    code.writeline(f"if ({v} {cmp} {acc}{nan}) {{ {acc} = {v}; {acc}_i = {flat}; }}")
+                else:
+                    code.writeline(_update(rt, tgt, v, dt))
+
+        par = parallel_inner and clause is not None
+        if par:
+            parts = [(n, h.fresh("part"), rt, dt) for n, _, rt, dt in accs]
+            code.writeline("#pragma omp parallel")
+            code.writeline("{")
+            code.level += 1
+            for n, p, rt, dt in parts:
+                code.writeline(f"{ctype(dt)} {p} = {_init(rt, dt)};")
+            pclause = _red_clause([(rt, p, dt) for _, p, rt, dt in parts])
+            inner = list(stage.inner)
+            if len(inner) == 1:   # split one long dim into blocks: omp for outside, simd inside
+                blk = 4096
+                nb = (inner[0] + blk - 1) // blk
+                code.writeline("#pragma omp for")
+                code.writeline(f"for (int64_t blk = 0; blk < {nb}; ++blk)")
+                code.writeline("{")
+                code.level += 1
+                code.writeline(f"int64_t lo = blk * {blk}, hi = std::min<int64_t>(lo + {blk}, {inner[0]});")
+                code.writeline(f"#pragma omp simd {pclause}")
+                code.writeline(f"for (int64_t {rv[0]} = lo; {rv[0]} < hi; ++{rv[0]})")
+                code.writeline("{")
+                code.level += 1
+                saved = h.push()
+                body([p for _, p, _, _ in parts])
+                h.pop(saved)
+                code.level -= 2
+                code.writeline("}")
+                code.writeline("}")
+            else:
+                self._loops(inner, rv, True, simd_last=True, reduction=pclause, partial=True,
+                            body=lambda: body([p for _, p, _, _ in parts]))
+            code.writeline("#pragma omp critical")
+            code.writeline("{")
+            for (n, acc, rt, dt), (_, p, _, _) in zip(accs, parts):
+                code.writeline("    " + _combine(rt, acc, p))
+            code.writeline("}")
+            code.level -= 1
+            code.writeline("}")
+        else:
+            simd = clause is not None
+            self._loops(stage.inner, rv, False, simd_last=simd, reduction=clause,
+                        body=lambda: body([acc for _, acc, _, _ in accs]))
+        for n, acc, rt, dt in accs:
+            result = CppVal(f"{acc}_i" if rt in ("argmax", "argmin") else acc,
+                            torch.int64 if rt in ("argmax", "argmin") else dt)
+            h.store(n.name, n.store_index(xv), result)
+
+
+def kernel_args(kernel, deps) -> list:
+    names = []
+    for n in kernel.nodes:
+        for b in deps[n.name].reads:
+            if b not in kernel.local and b not in names:
+                names.append(b)
+    for n in kernel.nodes:
+        if n.name not in kernel.local and n.name not in names:
+            names.append(n.name)
+    return names
+
+
+def generate_tu(kernels, deps, buffers: dict) -> tuple[str, dict]:
+    """(C++ source, {kernel name: [buffer names in argument order]})."""
+    out = [PRELUDE]
+    signatures = {}
+    for k in kernels:
+        args = kernel_args(k, deps)
+        signatures[k.name] = args
+        with set_handler(None):
+            pass
+        cg = KernelCodegen(k, buffers)
+        with set_handler(cg.h):
+            out.append(cg.generate(args))
+    return "\n".join(out), signatures

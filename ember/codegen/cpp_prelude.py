@@ -1,0 +1,175 @@
+"""Stage 6, codegen: the C++ prelude every translation unit starts with.
+
+Plain C++17, no torch headers. float math (exp, log, erf, tanh, sigmoid) is written as
+branch-free polynomials (Cephes / Eigen coefficients, ~1-2 ulp) so `#pragma omp simd` loops
+vectorize without -ffast-math; double uses <cmath>. NaN propagates like eager (max/min).
+
+Consumes: nothing. Produces: PRELUDE (a string).
+"""
+
+PRELUDE = r"""
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <algorithm>
+#include <omp.h>
+
+typedef uint16_t ember_bf16;
+typedef _Float16 ember_half;
+
+namespace ember {
+
+static inline float bf16_to_float(uint16_t v) {
+    uint32_t bits = static_cast<uint32_t>(v) << 16; float f; std::memcpy(&f, &bits, 4); return f;
+}
+static inline uint16_t float_to_bf16(float f) {
+    uint32_t bits; std::memcpy(&bits, &f, 4);
+    uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+    return f != f ? static_cast<uint16_t>(0x7fc0u) : static_cast<uint16_t>(rounded);
+}
+static inline float round_bf16(float f) { return bf16_to_float(float_to_bf16(f)); }
+static inline float round_half(float f) { return static_cast<float>(static_cast<_Float16>(f)); }
+
+template <typename T> static inline T max_nan(T a, T b) { return (a != a || a > b) ? a : b; }
+template <typename T> static inline T min_nan(T a, T b) { return (a != a || a < b) ? a : b; }
+template <typename T> static inline T maximum(T a, T b) { return (a != a) ? a : ((b != b) ? b : (a > b ? a : b)); }
+template <typename T> static inline T minimum(T a, T b) { return (a != a) ? a : ((b != b) ? b : (a < b ? a : b)); }
+template <typename T> static inline T abs_(T a) { return a < 0 ? -a : a; }
+static inline float abs_(float a) { return std::fabs(a); }
+static inline double abs_(double a) { return std::fabs(a); }
+template <typename T> static inline T relu(T a) { return a < 0 ? T(0) : a; }
+template <typename T> static inline T sign(T a) { return static_cast<T>((T(0) < a) - (a < T(0))); }
+template <typename T> static inline bool isnan_(T a) { return a != a; }
+template <typename T> static inline T bitwise_not(T a) { return ~a; }
+static inline bool bitwise_not(bool a) { return !a; }
+template <typename T> static inline T reciprocal(T a) { return T(1) / a; }
+template <typename T> static inline T rsqrt(T a) { return T(1) / std::sqrt(a); }
+template <typename T> static inline T floordiv(T a, T b) {
+    T q = a / b; return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
+}
+static inline float floordiv(float a, float b) { return std::floor(a / b); }
+static inline double floordiv(double a, double b) { return std::floor(a / b); }
+template <typename T> static inline T remainder(T a, T b) {
+    T r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
+}
+static inline float remainder(float a, float b) {
+    float r = std::fmod(a, b); return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
+}
+static inline double remainder(double a, double b) {
+    double r = std::fmod(a, b); return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
+}
+template <typename T> static inline T pow_(T a, T b) { return std::pow(a, b); }
+static inline int64_t pow_(int64_t a, int64_t b) {
+    int64_t r = 1; while (b > 0) { if (b & 1) r *= a; a *= a; b >>= 1; } return r;
+}
+
+// ---- vectorizable float math ----
+static inline float exp(float x) {
+    const float l2e = 1.44269504088896341f;
+    float z = std::nearbyint(x * l2e);
+    z = std::min(std::max(z, -150.0f), 128.0f);
+    float r = x - z * 0.693359375f - z * -2.12194440e-4f;
+    float p = 1.9875691500E-4f;
+    p = p * r + 1.3981999507E-3f;
+    p = p * r + 8.3334519073E-3f;
+    p = p * r + 4.1665795894E-2f;
+    p = p * r + 1.6666665459E-1f;
+    p = p * r + 5.0000001201E-1f;
+    p = p * r * r + r + 1.0f;
+    int32_t zi = static_cast<int32_t>(z), z1 = zi >> 1, z2 = zi - z1;   // two steps: denormals
+    int32_t b1 = (z1 + 127) << 23, b2 = (z2 + 127) << 23;
+    float s1, s2; std::memcpy(&s1, &b1, 4); std::memcpy(&s2, &b2, 4);
+    float y = (p * s1) * s2;
+    y = x > 88.72283935546875f ? std::numeric_limits<float>::infinity() : y;
+    y = x < -103.972084045410f ? 0.0f : y;
+    return x != x ? x : y;
+}
+static inline double exp(double x) { return std::exp(x); }
+
+static inline float log(float x) {
+    int32_t bits; std::memcpy(&bits, &x, 4);
+    int32_t e = ((bits >> 23) & 0xff) - 126;
+    int32_t mb = (bits & 0x807fffff) | 0x3f000000;
+    float m; std::memcpy(&m, &mb, 4);
+    bool small = m < 0.707106781186547524f;
+    float fe = static_cast<float>(small ? e - 1 : e);
+    m = small ? m + m - 1.0f : m - 1.0f;
+    float z = m * m;
+    float y = 7.0376836292E-2f;
+    y = y * m - 1.1514610310E-1f;
+    y = y * m + 1.1676998740E-1f;
+    y = y * m - 1.2420140846E-1f;
+    y = y * m + 1.4249322787E-1f;
+    y = y * m - 1.6668057665E-1f;
+    y = y * m + 2.0000714765E-1f;
+    y = y * m - 2.4999993993E-1f;
+    y = y * m + 3.3333331174E-1f;
+    y = y * m * z;
+    y += fe * -2.12194440e-4f;
+    y += -0.5f * z;
+    float r = m + y + fe * 0.693359375f;
+    r = x == std::numeric_limits<float>::infinity() ? x : r;
+    r = x < 1.17549435e-38f ? std::log(x) : r;   // zero, denormals, negatives
+    return x != x ? x : r;
+}
+static inline double log(double x) { return std::log(x); }
+
+static inline float erf(float x) {
+    float c = std::min(std::max(x, -4.0f), 4.0f);
+    float x2 = c * c;
+    float p = -2.72614225801306e-10f;
+    p = p * x2 + 2.77068142495902e-08f;
+    p = p * x2 - 2.10102402082508e-06f;
+    p = p * x2 - 5.69250639462346e-05f;
+    p = p * x2 - 7.34990630326855e-04f;
+    p = p * x2 - 2.95459980854025e-03f;
+    p = p * x2 - 1.60960333262415e-02f;
+    p = p * c;
+    float q = -1.45660718464996e-05f;
+    q = q * x2 - 2.13374055278905e-04f;
+    q = q * x2 - 1.68282697438203e-03f;
+    q = q * x2 - 7.37332916720468e-03f;
+    q = q * x2 - 1.42647390514189e-02f;
+    float r = p / q;
+    return x != x ? x : r;
+}
+static inline double erf(double x) { return std::erf(x); }
+
+static inline float tanh(float x) {
+    float c = std::min(std::max(x, -7.90531110763549805f), 7.90531110763549805f);
+    float x2 = c * c;
+    float p = -2.76076847742355e-16f;
+    p = p * x2 + 2.00018790482477e-13f;
+    p = p * x2 - 8.60467152213735e-11f;
+    p = p * x2 + 5.12229709037114e-08f;
+    p = p * x2 + 1.48572235717979e-05f;
+    p = p * x2 + 6.37261928875436e-04f;
+    p = p * x2 + 4.89352455891786e-03f;
+    p = p * c;
+    float q = 1.19825839466702e-06f;
+    q = q * x2 + 1.18534705686654e-04f;
+    q = q * x2 + 2.26843463243900e-03f;
+    q = q * x2 + 4.89352518554385e-03f;
+    float r = p / q;
+    r = std::fabs(x) < 0.0004f ? x : r;
+    return x != x ? x : r;
+}
+static inline double tanh(double x) { return std::tanh(x); }
+
+static inline float sigmoid(float x) { return 1.0f / (1.0f + ember::exp(-x)); }
+static inline double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
+static inline float expm1(float x) { return std::fabs(x) < 0.5f ? std::expm1(x) : ember::exp(x) - 1.0f; }
+static inline double expm1(double x) { return std::expm1(x); }
+static inline float log1p(float x) { return std::log1p(x); }
+static inline double log1p(double x) { return std::log1p(x); }
+template <typename T> static inline T exp(T x) { return std::exp(x); }
+template <typename T> static inline T log(T x) { return std::log(x); }
+
+}  // namespace ember
+
+#pragma omp declare reduction(emax : float : omp_out = ember::max_nan(omp_out, omp_in)) initializer(omp_priv = -std::numeric_limits<float>::infinity())
+#pragma omp declare reduction(emin : float : omp_out = ember::min_nan(omp_out, omp_in)) initializer(omp_priv = std::numeric_limits<float>::infinity())
+#pragma omp declare reduction(emax : double : omp_out = ember::max_nan(omp_out, omp_in)) initializer(omp_priv = -std::numeric_limits<double>::infinity())
+#pragma omp declare reduction(emin : double : omp_out = ember::min_nan(omp_out, omp_in)) initializer(omp_priv = std::numeric_limits<double>::infinity())
+"""

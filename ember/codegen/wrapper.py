@@ -1,0 +1,128 @@
+"""Stage 6, codegen: the Python wrapper that runs one compiled graph.
+
+Generates straight-line `call(args)`: unpack and check inputs (size/stride), allocate with
+`empty_strided`, call C++ kernels (ctypes functions bound as globals, tensor `data_ptr()`s as
+arguments), call externs (aten `out=` variants where they exist), free each buffer after its
+last use and hand freed buffers of the same size/stride/dtype to later allocations.
+
+Consumes: steps (schedule), MemoryPlan, kernel signatures, inputs/outputs of the lowering.
+Produces: (python source, globals needed by it other than the kernels).
+"""
+from __future__ import annotations
+
+import torch
+
+from .common import IndentedBuffer, numel, py_repr
+
+
+def _sig(buf):
+    return (tuple(buf.size), tuple(buf.stride), buf.dtype)
+
+
+class WrapperCodegen:
+    def __init__(self, inputs, steps, plan, signatures, buffers, outputs, step_reads, step_writes):
+        self.inputs, self.steps, self.plan = inputs, steps, plan
+        self.signatures, self.buffers, self.outputs = signatures, buffers, outputs
+        self.step_reads, self.step_writes = step_reads, step_writes
+        self.globals: dict = {"torch": torch, "empty_strided": torch.empty_strided,
+                              "as_strided": torch.as_strided}
+        self.owned: set = set()   # buffers we allocated (safe to reuse)
+        self.code = IndentedBuffer()
+
+    def tensor_arg(self, a) -> str:
+        name = a.buffer.name
+        if a.is_whole:
+            return name
+        off = str(a.offset)
+        if a.buffer.name.startswith("arg"):
+            off = f"{name}.storage_offset() + {a.offset}"
+        return f"as_strided({name}, {py_repr(tuple(a.size))}, {py_repr(tuple(a.stride))}, {off})"
+
+    def value(self, v) -> str:
+        if hasattr(v, "buffer") and hasattr(v, "stride"):
+            return self.tensor_arg(v)
+        if isinstance(v, (list, tuple)):
+            inner = ", ".join(self.value(x) for x in v)
+            if isinstance(v, tuple):
+                return f"({inner},)" if len(v) == 1 else f"({inner})"
+            return f"[{inner}]"
+        return py_repr(v)
+
+    def op_name(self, op) -> str:
+        name = str(op).replace(".", "_").replace("::", "_")
+        self.globals[name] = op
+        return name
+
+    def generate(self) -> str:
+        code = self.code
+        code.writeline("def call(args):")
+        with code.indent():
+            names = [b.name for b in self.inputs]
+            if names:
+                code.writeline(f"{', '.join(names)}, = args")
+            for b in self.inputs:
+                if b.size is not None and b.position >= 0:
+                    code.writeline(f"assert {b.name}.size() == {py_repr(tuple(b.size))} and "
+                                   f"{b.name}.stride() == {py_repr(tuple(b.stride))}, "
+                                   f"'ember: input {b.position} changed size/stride'")
+            pool: dict = {}
+            for i, step in enumerate(self.steps):
+                self._step(i, step, pool)
+                for name in self.plan.frees.get(i, []):
+                    buf = self.buffers.get(name)
+                    if name in self.owned and buf is not None:
+                        pool.setdefault(_sig(buf), []).append(name)
+                    elif name not in {b.name for b in self.inputs}:
+                        code.writeline(f"del {name}")
+            outs = ", ".join(self.value(o) for o in self.outputs)
+            code.writeline(f"return ({outs}{',' if len(self.outputs) == 1 else ''})")
+        return code.getvalue()
+
+    def _alloc(self, buf, pool):
+        code = self.code
+        free = pool.get(_sig(buf))
+        if free:
+            old = free.pop()
+            code.writeline(f"{buf.name} = {old}  # reuse")
+        else:
+            code.writeline(f"{buf.name} = empty_strided({py_repr(tuple(buf.size))}, "
+                           f"{py_repr(tuple(buf.stride))}, dtype={py_repr(buf.dtype)})")
+        self.owned.add(buf.name)
+
+    def _step(self, i, step, pool):
+        code = self.code
+        node = getattr(step, "node", None)
+        if node is None:  # a kernel
+            for name in self.step_writes(step):
+                self._alloc(self.buffers[name], pool)
+            if any(numel(self.buffers[n].size) == 0 for n in self.step_writes(step)):
+                return
+            args = ", ".join(f"{n}.data_ptr()" for n in self.signatures[step.name])
+            code.writeline(f"{step.name}({args})")
+            return
+        args = [self.value(a) for a in node.args]
+        kwargs = [f"{k}={self.value(v)}" for k, v in node.kwargs.items()]
+        if node.out_variant is not None:
+            self._alloc(node, pool)
+            fn = self.op_name(node.out_variant)
+            code.writeline(f"{fn}({', '.join(args + kwargs + [f'out={node.name}'])})")
+            return
+        fn = self.op_name(node.op)
+        code.writeline(f"{node.name} = {fn}({', '.join(args + kwargs)})")
+        if node.outputs:
+            for out in node.outputs:
+                path = "".join(f"[{p}]" for p in out.path)
+                code.writeline(f"{out.name} = {node.name}{path}")
+                self._fix_layout(out)
+            code.writeline(f"del {node.name}")
+        else:
+            self._fix_layout(node)
+
+    def _fix_layout(self, buf):
+        """Externs return whatever layout aten picks; kernels index by the meta layout."""
+        if buf.size is None:
+            return
+        n = buf.name
+        self.code.writeline(
+            f"if {n}.stride() != {py_repr(tuple(buf.stride))}: {n} = empty_strided("
+            f"{py_repr(tuple(buf.size))}, {py_repr(tuple(buf.stride))}, dtype={n}.dtype).copy_({n})")

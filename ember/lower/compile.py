@@ -1,0 +1,115 @@
+"""Stage 4 entry point: `compile_aten_graph(gm, example_inputs)` → callable (the kernel backend).
+
+Pipeline: lower (GraphLowering) → dead-code elimination → schedule (deps, fuse, memory) →
+codegen (C++ TU + Python wrapper) → runtime (g++ build in a worker thread, disk cache, ctypes).
+The build is started here and awaited on the first call, so several graphs compile in parallel.
+EMBER_LOGS=output_code prints the C++ and wrapper; EMBER_DEBUG_DIR writes them to files.
+
+Consumes: aten graph (docs/design/001). Produces: callable(*inputs) -> tuple of tensors.
+"""
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+
+from .. import config
+from ..codegen.cpp import generate_tu
+from ..codegen.wrapper import WrapperCodegen
+from ..logging import get_logger
+from ..runtime.build import build_async, load
+from ..schedule.deps import node_deps
+from ..schedule.fuse import ExternStep, Kernel, fuse
+from ..schedule.memory import mark_locals, plan_memory, step_reads, step_writes
+from .ir import TensorArg
+from .lowering import GraphLowering
+
+code_log = get_logger("output_code")
+perf_log = get_logger("perf")
+_ids = itertools.count()
+_lock = threading.Lock()
+#: one dict per compiled graph (kernels, externs, fallbacks); tests read and clear it
+STATS: list = []
+
+
+def _dce(nodes, deps, keep: set):
+    needed = set(keep)
+    out = []
+    for n in reversed(nodes):
+        names = {n.name} | {o.name for o in getattr(n, "outputs", [])}
+        if names & needed:
+            out.append(n)
+            needed.update(deps[n.name].reads)
+    return list(reversed(out))
+
+
+def compile_aten_graph(gm, example_inputs, *, options=None):
+    options = options or {}
+    t0 = time.perf_counter()
+    g = GraphLowering(gm, example_inputs).run()
+    deps = {n.name: node_deps(n) for n in g.nodes}
+    out_names = {o.buffer.name for o in g.outputs if isinstance(o, TensorArg)}
+    nodes = _dce(g.nodes, deps, out_names)
+    buffers = {b.name: b for b in g.inputs if b.size is not None}
+    for n in nodes:
+        buffers[n.name] = n
+        for o in getattr(n, "outputs", []):
+            buffers[o.name] = o
+    steps = fuse(nodes, deps, enable=options.get("fusion", True))
+    mark_locals(steps, deps, keep=out_names)
+    plan = plan_memory(steps, deps, out_names)
+    kernels = [s for s in steps if isinstance(s, Kernel)]
+    source, sigs = generate_tu(kernels, deps, buffers)
+    wrapper = WrapperCodegen(g.inputs, steps, plan, sigs, buffers, g.outputs,
+                             lambda s: step_reads(s, deps), step_writes)
+    wsrc = wrapper.generate()
+    gid = next(_ids)
+    stats = {"graph": gid, "kernels": len(kernels),
+             "externs": sum(isinstance(s, ExternStep) for s in steps),
+             "fallbacks": list(g.fallbacks), "nodes": len(nodes)}
+    with _lock:
+        STATS.append(stats)
+    _report(gid, gm, source if kernels else "", wsrc)
+    future = build_async(source) if kernels else None
+    perf_log.info("graph %d: %d kernels, %d externs, fallbacks %s, lowered in %.3fs", gid,
+                  stats["kernels"], stats["externs"], g.fallbacks, time.perf_counter() - t0)
+    return _Compiled(wsrc, wrapper.globals, future, sigs, stats).entry()
+
+
+class _Compiled:
+    def __init__(self, wsrc, globs, future, sigs, stats):
+        self.wsrc, self.globs, self.future, self.sigs, self.stats = wsrc, globs, future, sigs, stats
+        self.call = self._first_call
+        self.lock = threading.Lock()
+
+    def _first_call(self, args):
+        with self.lock:
+            if self.call == self._first_call:
+                globs = dict(self.globs)
+                if self.future is not None:
+                    fns = load(self.future.result(), self.sigs)
+                    globs.update(fns)
+                exec(compile(self.wsrc, f"<ember wrapper {self.stats['graph']}>", "exec"), globs)
+                self.call = globs["call"]
+        return self.call(args)
+
+    def entry(self):
+        compiled = self
+
+        def run(*args):
+            return compiled.call(args)
+        run.ember_stats = self.stats
+        run.ember_wrapper = self.wsrc
+        return run
+
+
+def _report(gid, gm, source, wsrc):
+    if code_log.isEnabledFor(20):
+        code_log.info("graph %d C++:\n%s\ngraph %d wrapper:\n%s", gid, source, gid, wsrc)
+    d = config.debug_dir()
+    if d is not None:
+        d.mkdir(parents=True, exist_ok=True)
+        (d / f"graph{gid}_aten.py").write_text(f"# aten graph given to ember.lower\n{gm.code}")
+        if source:
+            (d / f"graph{gid}_kernels.cpp").write_text(source)
+        (d / f"graph{gid}_wrapper.py").write_text(f"# ember wrapper, graph {gid}\n{wsrc}")

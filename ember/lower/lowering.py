@@ -1,0 +1,207 @@
+"""Stage 4, lower: interpret an aten-prim FX graph into loop IR.
+
+`GraphLowering(gm, example_inputs).run()` walks the graph once. Each call_function node is
+looked up in `rules.RULES` (one function per aten overload); an op without a rule becomes an
+aten extern call ("fallback op", listed under EMBER_LOGS=perf). Pointwise results stay
+`Pending` and are inlined into their users; `maybe_realize` stores them in a buffer when several
+users would recompute a body with several reads, or when the body grew large. Externs and
+outputs force realization.
+
+Consumes: fx.GraphModule (aten graph contract, docs/design/001). Produces: `self.inputs`
+(InputBuffer), `self.nodes` (ComputedBuffer/ExternBuffer in topological order), `self.outputs`.
+"""
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import sympy
+import torch
+import torch.fx
+
+from ..codegen.common import compute_dtype, contiguous_strides, count_body, ops
+from ..errors import InternalError
+from ..logging import get_logger
+from .ir import (Buffer, ComputedBuffer, ExternBuffer, InputBuffer, MultiOutput, Pending,
+                 Pointwise, Reindex, TensorArg, TensorValue, View, dense_view)
+
+aten = torch.ops.aten
+perf_log = get_logger("perf")
+
+# Realize a multiply-used pending value when its body is at least this heavy.
+REALIZE_READS = 2
+REALIZE_OPS = 6
+MAX_INLINE_OPS = 120
+
+
+def meta_of(x):
+    if isinstance(x, torch.fx.Node):
+        return x.meta.get("val", x.meta.get("example_value"))
+    return x
+
+
+class GraphLowering:
+    def __init__(self, gm: torch.fx.GraphModule, example_inputs=None):
+        self.gm = gm
+        self.example_inputs = list(example_inputs or [])
+        self.inputs: list[InputBuffer] = []
+        self.nodes: list[Buffer] = []
+        self.outputs: list[Any] = []
+        self.env: dict[torch.fx.Node, Any] = {}
+        self.fallbacks: list[str] = []
+        self._count = 0
+        self.current_node = None
+
+    # --- naming and buffers -----------------------------------------------------------------
+    def new_name(self, prefix="buf") -> str:
+        self._count += 1
+        return f"{prefix}{self._count - 1}"
+
+    def add_computed(self, body, dtype=None, stride=None) -> ComputedBuffer:
+        size = tuple(int(s) for s in body.size)
+        stride = tuple(stride) if stride is not None else contiguous_strides(size)
+        buf = ComputedBuffer(self.new_name(), dtype or body.dtype, size, stride, body=body)
+        self.nodes.append(buf)
+        return buf
+
+    # --- realization --------------------------------------------------------------------------
+    def realize(self, value: TensorValue, stride=None) -> View:
+        """A strided View of a buffer holding `value` (storing it if needed)."""
+        if isinstance(value, View):
+            return value
+        if isinstance(value, Pending):
+            if value.realized is None:
+                buf = self.add_computed(value.node, stride=stride)
+                value.realized = dense_view(buf)
+            return value.realized
+        if isinstance(value, Reindex):
+            body = Pointwise(value.size, value.dtype, value.loader())
+            return dense_view(self.add_computed(body, stride=stride))
+        raise InternalError(f"cannot realize {type(value).__name__}")
+
+    def to_arg(self, value) -> TensorArg:
+        return self.realize(value).arg()
+
+    def maybe_realize(self, node: torch.fx.Node, value) -> None:
+        if not isinstance(value, Pending) or value.realized is not None:
+            return
+        counts = count_body(value.node.inner_fn, [sympy.Integer(0)] * len(value.size))
+        users = len(node.users)
+        if counts.ops > MAX_INLINE_OPS or (
+                users > 1 and (counts.loads >= REALIZE_READS or counts.ops >= REALIZE_OPS)):
+            self.realize(value)
+
+    # --- externs --------------------------------------------------------------------------------
+    def extern(self, op, args, kwargs, val, *, out_variant=None, fallback=False):
+        """An aten call on realized tensors. `val` is the node's meta value (layout of results)."""
+        def conv(a):
+            if isinstance(a, TensorValue):
+                return self.to_arg(a)
+            if isinstance(a, (list, tuple)):
+                return type(a)(conv(x) for x in a)
+            return a
+        args = tuple(conv(a) for a in args)
+        kwargs = {k: conv(v) for k, v in kwargs.items()}
+        name = self.new_name()
+        if isinstance(val, torch.Tensor):
+            buf = ExternBuffer(name, val.dtype, tuple(val.shape), tuple(val.stride()), op=op,
+                               args=args, kwargs=kwargs, out_variant=out_variant,
+                               fallback=fallback)
+            self.nodes.append(buf)
+            return View(buf, buf.size, buf.stride, 0)
+        buf = ExternBuffer(name, None, None, None, op=op, args=args, kwargs=kwargs,
+                           fallback=fallback)
+        self.nodes.append(buf)
+
+        def wrap(v, path):
+            if isinstance(v, torch.Tensor):
+                out = MultiOutput(f"{name}_{'_'.join(map(str, path))}", v.dtype, tuple(v.shape),
+                                  tuple(v.stride()), parent=buf, path=path)
+                buf.outputs.append(out)
+                return View(out, out.size, out.stride, 0)
+            if isinstance(v, (list, tuple)):
+                return tuple(wrap(x, path + (i,)) for i, x in enumerate(v))
+            return v
+        return wrap(val, ())
+
+    def fallback(self, node: torch.fx.Node, args, kwargs):
+        name = str(node.target)
+        if name not in self.fallbacks:
+            self.fallbacks.append(name)
+            perf_log.info("fallback op %s (no ember lowering; runs as an aten extern)", name)
+        return self.extern(node.target, args, kwargs, meta_of(node), fallback=True)
+
+    # --- the interpreter ------------------------------------------------------------------------
+    def run(self):
+        from .rules import RULES
+        placeholders = 0
+        for node in self.gm.graph.nodes:
+            self.current_node = node
+            if node.op == "placeholder":
+                val = meta_of(node)
+                if val is None and placeholders < len(self.example_inputs):
+                    val = self.example_inputs[placeholders]
+                if isinstance(val, torch.Tensor):
+                    buf = InputBuffer(f"arg{placeholders}", val.dtype, tuple(val.shape),
+                                      tuple(val.stride()), position=placeholders)
+                    self.inputs.append(buf)
+                    self.env[node] = dense_view(buf)
+                else:
+                    self.inputs.append(InputBuffer(f"arg{placeholders}", None, None, None,
+                                                   position=placeholders))
+                    self.env[node] = val
+                placeholders += 1
+            elif node.op == "get_attr":
+                t = getattr(self.gm, node.target)
+                if isinstance(t, torch.Tensor):
+                    buf = InputBuffer(self.new_name("const"), t.dtype, tuple(t.shape),
+                                      tuple(t.stride()), constant=t)
+                    self.inputs.append(buf)
+                    self.env[node] = dense_view(buf)
+                else:
+                    self.env[node] = t
+            elif node.op == "call_function":
+                args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), self.env.__getitem__)
+                if node.target is operator.getitem:
+                    value = args[0][args[1]]
+                else:
+                    rule = RULES.get(node.target)
+                    value = rule(self, node, *args, **kwargs) if rule is not None else None
+                    if value is NotImplemented or rule is None:
+                        value = self.fallback(node, args, kwargs)
+                self.env[node] = value
+                self.maybe_realize(node, value)
+            elif node.op == "output":
+                outs = torch.fx.node.map_arg(node.args[0], self.env.__getitem__)
+                metas = torch.fx.node.map_arg(node.args[0], meta_of)
+                if not isinstance(outs, (list, tuple)):
+                    outs, metas = (outs,), (metas,)
+                self.outputs = [self._output(v, m) for v, m in zip(outs, metas)]
+            else:
+                raise InternalError(f"unexpected node {node.op} {node.target}")
+        return self
+
+    def _output(self, value, meta):
+        if not isinstance(value, TensorValue):
+            return value
+        if isinstance(value, View):
+            return value.arg()
+        stride = None
+        if isinstance(meta, torch.Tensor) and _dense_permutation(meta):
+            stride = tuple(meta.stride())
+        return self.realize(value, stride=stride).arg()
+
+
+def _dense_permutation(t: torch.Tensor) -> bool:
+    """True when t's strides are a dense (non-overlapping, gap-free) permutation of its dims."""
+    dims = sorted((st, s) for s, st in zip(t.shape, t.stride()) if s != 1)
+    expect = 1
+    for st, s in dims:
+        if st != expect:
+            return False
+        expect *= s
+    return True
+
+
+def as_value(x) -> Any:
+    return x

@@ -1,0 +1,76 @@
+"""Stage 7, runtime: build a C++ translation unit with g++ (OpenMP) and load it with ctypes.
+
+`build_async(source)` returns a Future of the .so path; builds run in a small thread pool (g++
+is a subprocess, so several graphs compile in parallel) and hit the disk cache first.
+`load(path, signatures)` returns ctypes functions whose arguments are raw pointers.
+
+Consumes: C++ source. Produces: loaded kernels.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import shutil
+import subprocess
+import tempfile
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+
+from ..errors import InternalError
+from . import cache
+
+CXX = os.environ.get("CXX", "g++")
+FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17",
+         "-fno-math-errno", "-fno-trapping-math", "-w"]
+_pool = ThreadPoolExecutor(max_workers=max(2, min(8, os.cpu_count() or 2)),
+                           thread_name_prefix="ember-build")
+
+
+@functools.lru_cache(None)
+def compiler_version() -> str:
+    try:
+        return subprocess.run([CXX, "--version"], capture_output=True, text=True).stdout.split("\n")[0]
+    except OSError as exc:  # pragma: no cover
+        raise InternalError(f"C++ compiler {CXX!r} not found: {exc}") from exc
+
+
+def cache_key(source: str) -> str:
+    return cache.key_of(source, " ".join(FLAGS), compiler_version(), torch.__version__)
+
+
+def build(source: str) -> Path:
+    key = cache_key(source)
+    hit = cache.lookup(key)
+    if hit is not None:
+        return hit
+    d = cache.entry_dir(key)
+    tmpdir = Path(tempfile.mkdtemp(dir=d, prefix="build-"))
+    try:
+        cpp = tmpdir / "kernel.cpp"
+        cpp.write_text(source)
+        so = tmpdir / "kernel.so"
+        proc = subprocess.run([CXX, *FLAGS, str(cpp), "-o", str(so)], capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise InternalError(f"g++ failed:\n{proc.stderr[-4000:]}")
+        return cache.commit(key, so, source)
+    finally:
+        shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+def build_async(source: str) -> Future:
+    return _pool.submit(build, source)
+
+
+def load(path: Path, signatures: dict) -> dict:
+    lib = ctypes.CDLL(str(path))
+    fns = {}
+    for name, args in signatures.items():
+        fn = getattr(lib, name)
+        fn.argtypes = [ctypes.c_void_p] * len(args)
+        fn.restype = None
+        fns[name] = fn
+    fns["__lib__"] = lib
+    return fns

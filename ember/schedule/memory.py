@@ -1,0 +1,74 @@
+"""Stage 5, schedule: buffer lifetimes.
+
+`plan_memory` marks kernel-local buffers (written and read only inside one kernel, at the
+written index, and either a reduction result or read in the writer's own loop), and computes
+for every step the buffers whose last use it is, so the wrapper can free or reuse them.
+
+Consumes: steps from fuse(), NodeDeps, the names of graph outputs. Produces: `MemoryPlan`.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from .deps import tensor_args
+from .fuse import ExternStep, Kernel
+
+
+@dataclasses.dataclass
+class MemoryPlan:
+    last_use: dict        # buffer name -> index of the last step reading or writing it
+    frees: dict           # step index -> [buffer names dying after it]
+
+
+def step_reads(step, deps) -> list:
+    if isinstance(step, ExternStep):
+        return list(dict.fromkeys(a.buffer.name for a in tensor_args(step.node)))
+    names = []
+    for n in step.nodes:
+        for b in deps[n.name].reads:
+            if b not in step.local and b not in names:
+                names.append(b)
+    return names
+
+
+def step_writes(step) -> list:
+    if isinstance(step, ExternStep):
+        node = step.node
+        return [o.name for o in node.outputs] if node.outputs else [node.name]
+    return [n.name for n in step.nodes if n.name not in step.local]
+
+
+def mark_locals(steps, deps, keep: set) -> None:
+    readers: dict = {}
+    for i, step in enumerate(steps):
+        for n in step.nodes:
+            for b in (deps[n.name].reads or {}):
+                readers.setdefault(b, []).append((i, n))
+    for i, step in enumerate(steps):
+        if not isinstance(step, Kernel):
+            continue
+        stage_of = {n.name: s for s in step.stages for n in s.nodes}
+        for n in step.nodes:
+            if n.name in keep:
+                continue
+            rs = readers.get(n.name, [])
+            if not rs:
+                continue
+            ok = all(j == i and all(idx == deps[n.name].write_index
+                                    for idx in deps[r.name].reads[n.name]) for j, r in rs)
+            if ok and n.kind == "pointwise":
+                ok = all(stage_of[r.name] is stage_of[n.name] for _, r in rs)
+            if ok:
+                step.local.add(n.name)
+
+
+def plan_memory(steps, deps, outputs: set) -> MemoryPlan:
+    last: dict = {}
+    for i, step in enumerate(steps):
+        for b in step_reads(step, deps) + step_writes(step):
+            last[b] = i
+    frees: dict = {}
+    for b, i in last.items():
+        if b not in outputs:
+            frees.setdefault(i, []).append(b)
+    return MemoryPlan(last, frees)

@@ -1,0 +1,38 @@
+"""Compile a function through trace_aten + decomps + ember.lower and compare with eager."""
+import torch
+
+from ember.aot import trace_aten
+from ember.decomp import get_decompositions
+from ember.lower import STATS, compile_aten_graph
+
+
+def compile_fn(fn, *args, decompose=True):
+    gm = trace_aten(fn, args, decompositions=get_decompositions() if decompose else None)
+    consts = list(gm.meta.get("constants") or [])
+    STATS.clear()
+    compiled = compile_aten_graph(gm, list(args) + consts)
+    stats = dict(STATS[-1])
+
+    def run(*a):
+        return compiled(*a, *consts)
+    return run, stats
+
+
+def check(fn, *args, atol=1e-5, rtol=1e-5, kernels=None, max_kernels=None, decompose=True):
+    run, stats = compile_fn(fn, *args, decompose=decompose)
+    got = run(*args)
+    ref = fn(*args)
+    refs = ref if isinstance(ref, (tuple, list)) else (ref,)
+    assert len(got) >= len(refs)
+    for g, r in zip(got, refs):
+        assert g.shape == r.shape, (g.shape, r.shape)
+        assert g.dtype == r.dtype, (g.dtype, r.dtype)
+        if r.dtype == torch.bfloat16 or r.dtype == torch.float16:
+            torch.testing.assert_close(g.float(), r.float(), atol=max(atol, 2e-2), rtol=max(rtol, 2e-2))
+        else:
+            torch.testing.assert_close(g, r, atol=atol, rtol=rtol, equal_nan=True)
+    if kernels is not None:
+        assert stats["kernels"] == kernels, stats
+    if max_kernels is not None:
+        assert stats["kernels"] <= max_kernels, stats
+    return stats

@@ -1,0 +1,88 @@
+"""Pointwise lowerings vs eager: dtypes, layouts (contiguous, transposed, broadcast, sliced),
+empty and size-1 dims; each fused chain is one kernel."""
+import pytest
+import torch
+
+from .helpers import check
+
+DTYPES = [torch.float32, torch.float64, torch.bfloat16]
+
+
+def inputs(kind, dtype):
+    g = torch.Generator().manual_seed(0)
+    base = torch.randn(33, 20, generator=g).to(dtype)
+    other = torch.randn(33, 20, generator=g).to(dtype)
+    if kind == "contiguous":
+        return base, other
+    if kind == "transposed":
+        return base.t().contiguous().t(), other
+    if kind == "broadcast":
+        return base, other[:1]
+    if kind == "sliced":
+        big = torch.randn(40, 50, generator=g).to(dtype)
+        return big[3:36, 5:45:2], other
+    if kind == "empty":
+        return torch.randn(0, 20).to(dtype), torch.randn(0, 20).to(dtype)
+    if kind == "size1":
+        return torch.randn(1, 20).to(dtype), torch.randn(33, 1).to(dtype)
+    raise ValueError(kind)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("kind", ["contiguous", "transposed", "broadcast", "sliced", "empty", "size1"])
+def test_binary_chain(kind, dtype):
+    a, b = inputs(kind, dtype)
+
+    def fn(x, y):
+        return torch.sigmoid(x * y + 1.5) - torch.tanh(x) / (y.abs() + 1)
+    check(fn, a, b, kernels=1, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("op", ["exp", "log", "sqrt", "rsqrt", "erf", "tanh", "sigmoid", "sin",
+                                "cos", "abs", "neg", "reciprocal", "floor", "ceil", "relu",
+                                "expm1", "log1p"])
+def test_unary(op, dtype):
+    x = torch.randn(257, dtype=dtype) * 3
+    if op in ("log", "sqrt", "rsqrt", "log1p"):
+        x = x.abs() + 0.1
+    check(getattr(torch, op), x, atol=2e-6, rtol=2e-6)
+
+
+def test_math_accuracy_wide_range():
+    x = torch.linspace(-90, 90, 100003)
+    check(torch.exp, x, atol=1e-44, rtol=3e-7)
+    check(torch.tanh, torch.linspace(-10, 10, 10001), atol=2e-7, rtol=2e-6)
+    check(torch.erf, torch.linspace(-5, 5, 10001), atol=2e-7, rtol=2e-6)
+    y = torch.cat([torch.logspace(-30, 30, 10001), torch.tensor([0.0, float("inf"), -1.0, float("nan")])])
+    check(torch.log, y, atol=0, rtol=3e-7)
+
+
+def test_special_values():
+    x = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 1e-40, 100.0, -100.0])
+    check(lambda t: (torch.exp(t), torch.erf(t), torch.tanh(t), torch.sigmoid(t),
+                     torch.maximum(t, t.flip(0)), torch.relu(t)), x)
+
+
+def test_compare_where_and_ints():
+    a = torch.randint(-5, 5, (7, 9))
+    b = torch.randn(7, 9)
+    check(lambda x, y: (torch.where(x > 0, y, -y), (x == 2) | (y < 0), x * 3 - 1, x // 2, x % 3),
+          a, b)
+
+
+def test_casts():
+    x = torch.randn(10, 10) * 100
+    check(lambda t: (t.to(torch.int32), t.to(torch.bfloat16), t.to(torch.float64) * 2,
+                     (t > 0).to(torch.float32)), x)
+
+
+def test_scalar_and_0d():
+    x = torch.randn(5, 6)
+    s = torch.tensor(2.5)
+    check(lambda t, u: (t * u + 1, u.exp()), x, s)
+
+
+def test_float16_roundtrip():
+    x = torch.randn(64, 16).half()
+    check(lambda t: torch.relu(t) * 2 + 1, x)
