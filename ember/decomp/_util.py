@@ -1,0 +1,104 @@
+"""Stage 3, decomp: helpers shared by the family modules (dtype rules, dims, in-place variants)."""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+aten = torch.ops.aten
+
+LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
+def opmath_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype eager computes in: fp16/bf16 math runs in fp32 (like ATen's opmath_type)."""
+    return torch.float32 if dtype in LOW_PRECISION else dtype
+
+
+def to(x, dtype):
+    """Cast through the `_to_copy` primitive, a no-op when the dtype already matches."""
+    if not isinstance(x, torch.Tensor) or x.dtype == dtype:
+        return x
+    return aten._to_copy.default(x, dtype=dtype)
+
+
+def upcast(x):
+    return to(x, opmath_dtype(x.dtype)) if isinstance(x, torch.Tensor) else x
+
+
+def opmath(fn):
+    """Run fn with fp16/bf16 tensor arguments upcast to fp32 and cast tensor results back to the
+    dtype of the first tensor argument (eager's pointwise kernels round once, at the end)."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        first = next((a for a in args if isinstance(a, torch.Tensor)), None)
+        if first is None or first.dtype not in LOW_PRECISION:
+            return fn(*args, **kwargs)
+        out_dtype = first.dtype
+        args = [upcast(a) if isinstance(a, torch.Tensor) and a.is_floating_point() else a
+                for a in args]
+        out = fn(*args, **kwargs)
+        if isinstance(out, (tuple, list)):
+            return type(out)(to(o, out_dtype) if isinstance(o, torch.Tensor) and o.is_floating_point()
+                             else o for o in out)
+        return to(out, out_dtype)
+    return wrapper
+
+
+def canonical_dim(dim: int, ndim: int) -> int:
+    nd = max(ndim, 1)
+    if not -nd <= dim < nd:
+        raise IndexError(f"Dimension out of range (expected to be in range of [{-nd}, {nd - 1}], "
+                         f"but got {dim})")
+    return dim % nd
+
+
+def canonical_dims(dims, ndim: int) -> list[int]:
+    if dims is None:
+        return list(range(ndim))
+    if isinstance(dims, int):
+        dims = [dims]
+    if len(dims) == 0:
+        return list(range(ndim))
+    return [canonical_dim(d, ndim) for d in dims]
+
+
+def numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def full(shape, value, like: torch.Tensor, dtype=None):
+    return aten.full.default(list(shape), value, dtype=dtype or like.dtype, device=like.device,
+                             pin_memory=False)
+
+
+def zeros_like(x, dtype=None):
+    return full(x.shape, 0, x, dtype)
+
+
+def scalar(value, like: torch.Tensor, dtype=None):
+    return aten.full.default([], value, dtype=dtype or like.dtype, device=like.device)
+
+
+def inplace_of(functional_op):
+    """Decomposition of `op_(self, *args)`: compute `op(self, *args)` and copy it back into self
+    (the aot functionalizer turns the copy_ into an input mutation)."""
+    def fn(self, *args, **kwargs):
+        return aten.copy_.default(self, functional_op(self, *args, **kwargs))
+    fn.__name__ = f"inplace_{functional_op}"
+    return fn
+
+
+def where(cond, a, b):
+    """where.self accepting Python scalars on either side (cast to the tensor side's dtype, the
+    way eager's where(cond, tensor, scalar) keeps the tensor's dtype)."""
+    if not isinstance(a, torch.Tensor) and not isinstance(b, torch.Tensor):
+        raise TypeError("where: at least one branch must be a tensor")
+    if not isinstance(a, torch.Tensor):
+        a = scalar(a, b)
+    if not isinstance(b, torch.Tensor):
+        b = scalar(b, a)
+    return aten.where.self(cond, a, b)

@@ -1,0 +1,343 @@
+"""Stage 3, decomp: normalization layers (layer/batch/group/rms norm) and their backwards.
+
+Statistics are computed with the `var_mean` primitive in the opmath dtype (fp32 for fp16/bf16),
+like ATen's CPU kernels; outputs are cast back to the input dtype. Batch norm's running-stat
+update is written as `copy_` into the buffers (the aot functionalizer turns it into an input
+mutation); `_native_batch_norm_legit_functional` returns the new stats instead.
+"""
+from __future__ import annotations
+
+import torch
+
+from ._util import numel, opmath_dtype, to
+from .registry import register
+
+aten = torch.ops.aten
+
+
+def _bcast(t, ndim, axis=1):
+    """Reshape a per-channel vector [C] to broadcast against an ndim tensor along `axis`."""
+    shape = [1] * ndim
+    shape[axis] = -1
+    return aten.view.default(t, shape)
+
+
+# ---------------------------------------------------------------------------------- layer norm
+
+@register(aten.native_layer_norm.default)
+def native_layer_norm(input, normalized_shape, weight, bias, eps):
+    axis = input.dim() - len(normalized_shape)
+    dims = list(range(axis, input.dim()))
+    acc = opmath_dtype(input.dtype)
+    x = to(input, acc)
+    if numel(input.shape[axis:]) == 0 or input.numel() == 0:
+        var = aten.full.default(list(input.shape[:axis]) + [1] * len(dims), float("nan"), dtype=acc,
+                                device=input.device)
+        mean = var
+    else:
+        var, mean = aten.var_mean.correction(x, dims, correction=0, keepdim=True)
+    rstd = aten.rsqrt.default(aten.add.Tensor(var, eps))
+    out = aten.mul.Tensor(aten.sub.Tensor(x, mean), rstd)
+    if weight is not None:
+        out = aten.mul.Tensor(out, weight)
+    if bias is not None:
+        out = aten.add.Tensor(out, bias)
+    return to(out, input.dtype), to(mean, input.dtype if input.device.type == "cpu" else acc), \
+        to(rstd, input.dtype if input.device.type == "cpu" else acc)
+
+
+@register(aten.native_layer_norm_backward.default)
+def native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd, weight, bias,
+                               output_mask):
+    acc = opmath_dtype(input.dtype)
+    g, x, mean_, rstd_ = (to(t, acc) for t in (grad_out, input, mean, rstd))
+    w = to(weight, acc) if weight is not None else None
+    axis = input.dim() - len(normalized_shape)
+    inner = list(range(axis, input.dim()))
+    outer = list(range(axis))
+    n = numel(input.shape[axis:])
+    x_hat = aten.mul.Tensor(aten.sub.Tensor(x, mean_), rstd_)
+    d_input = d_weight = d_bias = None
+    if output_mask[0]:
+        gx = aten.mul.Tensor(g, w) if w is not None else g
+        if n == 0:
+            d_input = aten.full.default(list(input.shape), 0, dtype=input.dtype, device=input.device)
+        else:
+            a = aten.mul.Tensor(gx, n)
+            b = aten.sum.dim_IntList(gx, inner, True)
+            c = aten.mul.Tensor(x_hat, aten.sum.dim_IntList(aten.mul.Tensor(x_hat, gx), inner, True))
+            d = aten.sub.Tensor(aten.sub.Tensor(a, b), c)
+            d_input = to(aten.mul.Tensor(aten.div.Tensor(rstd_, n), d), input.dtype)
+    if output_mask[1] and weight is not None:
+        gw = aten.mul.Tensor(g, x_hat)
+        d_weight = to(aten.sum.dim_IntList(gw, outer, False) if outer else gw, weight.dtype)
+    if output_mask[2] and bias is not None:
+        d_bias = to(aten.sum.dim_IntList(g, outer, False) if outer else aten.clone.default(g),
+                    bias.dtype)
+    return d_input, d_weight, d_bias
+
+
+# ------------------------------------------------------------------------------------ rms norm
+
+@register(aten._fused_rms_norm.default)
+def fused_rms_norm(input, normalized_shape, weight, eps):
+    axis = input.dim() - len(normalized_shape)
+    dims = list(range(axis, input.dim()))
+    acc = opmath_dtype(input.dtype)
+    x = to(input, acc)
+    if eps is None:
+        eps = torch.finfo(acc).eps
+    ms = aten.div.Tensor(aten.sum.dim_IntList(aten.mul.Tensor(x, x), dims, True), numel(input.shape[axis:]))
+    rstd = aten.rsqrt.default(aten.add.Tensor(ms, eps))
+    out = aten.mul.Tensor(x, rstd)
+    if weight is not None:
+        out = aten.mul.Tensor(out, weight)
+    return to(out, input.dtype), rstd
+
+
+@register(aten._fused_rms_norm_backward.default)
+def fused_rms_norm_backward(grad_out, input, normalized_shape, rstd, weight, output_mask):
+    acc = opmath_dtype(input.dtype)
+    g, x, r = to(grad_out, acc), to(input, acc), to(rstd, acc)
+    axis = input.dim() - len(normalized_shape)
+    inner = list(range(axis, input.dim()))
+    outer = list(range(axis))
+    n = numel(input.shape[axis:])
+    d_input = d_weight = None
+    if output_mask[0]:
+        gx = aten.mul.Tensor(g, weight) if weight is not None else g
+        dot = aten.sum.dim_IntList(aten.mul.Tensor(gx, x), inner, True)
+        corr = aten.mul.Tensor(aten.mul.Tensor(x, aten.mul.Tensor(aten.mul.Tensor(r, r), r)),
+                               aten.div.Tensor(dot, n))
+        d_input = to(aten.sub.Tensor(aten.mul.Tensor(gx, r), corr), input.dtype)
+    if output_mask[1] and weight is not None:
+        gw = aten.mul.Tensor(g, aten.mul.Tensor(x, r))
+        d_weight = to(aten.sum.dim_IntList(gw, outer, False) if outer else gw, weight.dtype)
+    return d_input, d_weight
+
+
+# ---------------------------------------------------------------------------------- group norm
+
+@register(aten.native_group_norm.default)
+def native_group_norm(input, weight, bias, N, C, HxW, group, eps):
+    acc = opmath_dtype(input.dtype)
+    x = to(aten.view.default(aten.clone.default(input, memory_format=torch.contiguous_format),
+                             [N, group, -1]), acc)
+    if x.numel() == 0 or x.shape[-1] == 0:
+        var = mean = aten.full.default([N, group, 1], float("nan"), dtype=acc, device=input.device)
+    else:
+        var, mean = aten.var_mean.correction(x, [2], correction=0, keepdim=True)
+    rstd = aten.rsqrt.default(aten.add.Tensor(var, eps))
+    out = aten.view.default(aten.mul.Tensor(aten.sub.Tensor(x, mean), rstd), list(input.shape))
+    if weight is not None:
+        out = aten.mul.Tensor(out, _bcast(weight, input.dim()))
+    if bias is not None:
+        out = aten.add.Tensor(out, _bcast(bias, input.dim()))
+    mean = aten.view.default(mean, [N, group])
+    rstd = aten.view.default(rstd, [N, group])
+    return to(out, input.dtype), to(mean, input.dtype), to(rstd, input.dtype)
+
+
+@register(aten.native_group_norm_backward.default)
+def native_group_norm_backward(grad_output, input, mean, rstd, gamma, N, C, HxW, group,
+                               output_mask):
+    acc = opmath_dtype(input.dtype)
+    g = to(aten.reshape.default(grad_output, [N, C, HxW]), acc)
+    x = to(aten.reshape.default(input, [N, C, HxW]), acc)
+    mean, rstd = to(mean, acc), to(rstd, acc)
+    cpg = C // group
+    ds = aten.sum.dim_IntList(aten.mul.Tensor(g, x), [2])
+    db = aten.sum.dim_IntList(g, [2])
+    d_input = d_gamma = d_bias = None
+    if output_mask[0]:
+        s = 1.0 / (HxW * cpg)
+        if gamma is not None:
+            gm = to(gamma, acc)
+            ds_val = aten.sum.dim_IntList(aten.view.default(aten.mul.Tensor(ds, gm), [N, group, cpg]), [2])
+            db_val = aten.sum.dim_IntList(aten.view.default(aten.mul.Tensor(db, gm), [N, group, cpg]), [2])
+            c1 = aten.mul.Tensor(aten.unsqueeze.default(rstd, -1), aten.view.default(gm, [1, group, cpg]))
+        else:
+            ds_val = aten.sum.dim_IntList(aten.view.default(ds, [N, group, cpg]), [2])
+            db_val = aten.sum.dim_IntList(aten.view.default(db, [N, group, cpg]), [2])
+            c1 = aten.expand.default(aten.unsqueeze.default(rstd, -1), [N, group, cpg])
+        r3 = aten.mul.Tensor(aten.mul.Tensor(rstd, rstd), rstd)
+        c2 = aten.mul.Tensor(aten.mul.Tensor(aten.sub.Tensor(aten.mul.Tensor(db_val, mean), ds_val), r3), s)
+        c3 = aten.sub.Tensor(aten.mul.Tensor(aten.neg.default(c2), mean),
+                             aten.mul.Tensor(aten.mul.Tensor(db_val, rstd), s))
+        c1 = aten.unsqueeze.default(c1, -1)
+        c2 = aten.view.default(c2, [N, group, 1, 1])
+        c3 = aten.view.default(c3, [N, group, 1, 1])
+        d = aten.add.Tensor(aten.add.Tensor(
+            aten.mul.Tensor(aten.view.default(g, [N, group, cpg, HxW]), c1),
+            aten.mul.Tensor(aten.view.default(x, [N, group, cpg, HxW]), c2)), c3)
+        d_input = to(aten.view.default(d, list(input.shape)), input.dtype)
+    wdt = gamma.dtype if gamma is not None else input.dtype
+    if output_mask[1]:
+        t = aten.sub.Tensor(aten.view.default(ds, [N, group, cpg]),
+                            aten.mul.Tensor(aten.view.default(db, [N, group, cpg]),
+                                            aten.unsqueeze.default(mean, -1)))
+        d_gamma = to(aten.view.default(aten.sum.dim_IntList(
+            aten.mul.Tensor(t, aten.unsqueeze.default(rstd, -1)), [0]), [C]), wdt)
+    if output_mask[2]:
+        d_bias = to(aten.sum.dim_IntList(db, [0]), wdt)
+    return d_input, d_gamma, d_bias
+
+
+# ---------------------------------------------------------------------------------- batch norm
+
+def _batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps):
+    """(out, save_mean, save_invstd, new_running_mean, new_running_var) without mutation."""
+    nd = input.dim()
+    dims = [0] + list(range(2, nd))
+    acc = opmath_dtype(input.dtype)
+    x = to(input, acc)
+    new_rm, new_rv = running_mean, running_var
+    if training:
+        var, mean = aten.var_mean.correction(x, dims, correction=0, keepdim=True)
+        rstd = aten.rsqrt.default(aten.add.Tensor(var, eps))
+        out = aten.mul.Tensor(aten.sub.Tensor(x, mean), rstd)
+        save_mean = aten.view.default(mean, [-1])
+        save_rstd = aten.view.default(rstd, [-1])
+        if running_mean is not None:
+            new_rm = aten.add.Tensor(aten.mul.Tensor(save_mean, momentum),
+                                     aten.mul.Tensor(running_mean, 1 - momentum))
+        if running_var is not None:
+            n = input.numel() / input.shape[1]
+            unbiased = aten.mul.Tensor(aten.view.default(var, [-1]), n / max(n - 1, 1e-300) if n > 1
+                                       else float("inf"))
+            new_rv = aten.add.Tensor(aten.mul.Tensor(unbiased, momentum),
+                                     aten.mul.Tensor(running_var, 1 - momentum))
+    else:
+        rm, rv = to(running_mean, acc), to(running_var, acc)
+        invstd = aten.rsqrt.default(aten.add.Tensor(rv, eps))
+        out = aten.mul.Tensor(aten.sub.Tensor(x, _bcast(rm, nd)), _bcast(invstd, nd))
+        if input.device.type == "cpu":
+            save_mean = aten.full.default([0], 0, dtype=acc, device=input.device)
+            save_rstd = save_mean
+        else:
+            save_mean, save_rstd = rm, invstd
+    if weight is not None:
+        out = aten.mul.Tensor(out, _bcast(aten.reshape.default(weight, [-1]), nd))
+    if bias is not None:
+        out = aten.add.Tensor(out, _bcast(aten.reshape.default(bias, [-1]), nd))
+    if input.device.type == "cpu":
+        save_mean, save_rstd = to(save_mean, input.dtype), to(save_rstd, input.dtype)
+    return to(out, input.dtype), save_mean, save_rstd, new_rm, new_rv
+
+
+def _update_stats(running_mean, running_var, new_rm, new_rv, training):
+    if training and running_mean is not None:
+        aten.copy_.default(running_mean, new_rm)
+    if training and running_var is not None:
+        aten.copy_.default(running_var, new_rv)
+
+
+@register(aten.native_batch_norm.default, aten._native_batch_norm_legit.default)
+def native_batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps):
+    out, sm, sr, rm, rv = _batch_norm(input, weight, bias, running_mean, running_var, training,
+                                      momentum, eps)
+    _update_stats(running_mean, running_var, rm, rv, training)
+    return out, sm, sr
+
+
+@register(aten._native_batch_norm_legit.no_stats)
+def native_batch_norm_no_stats(input, weight, bias, training, momentum, eps):
+    return _batch_norm(input, weight, bias, None, None, True, momentum, eps)[:3]
+
+
+@register(aten._native_batch_norm_legit_functional.default)
+def native_batch_norm_functional(input, weight, bias, running_mean, running_var, training,
+                                 momentum, eps):
+    return _batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps)
+
+
+@register(aten._native_batch_norm_legit_no_training.default)
+def native_batch_norm_no_training(input, weight, bias, running_mean, running_var, momentum, eps):
+    return _batch_norm(input, weight, bias, running_mean, running_var, False, momentum, eps)[:3]
+
+
+def _reserve(input):
+    return aten.full.default([0], 0, dtype=torch.uint8, device=input.device)
+
+
+@register(aten._batch_norm_with_update.default)
+def batch_norm_with_update(input, weight, bias, running_mean, running_var, momentum, eps):
+    out, sm, sr, rm, rv = _batch_norm(input, weight, bias, running_mean, running_var, True,
+                                      momentum, eps)
+    _update_stats(running_mean, running_var, rm, rv, True)
+    return out, sm, sr, _reserve(input)
+
+
+@register(aten._batch_norm_with_update_functional.default)
+def batch_norm_with_update_functional(input, weight, bias, running_mean, running_var, momentum,
+                                      eps):
+    out, sm, sr, rm, rv = _batch_norm(input, weight, bias, running_mean, running_var, True,
+                                      momentum, eps)
+    return out, sm, sr, _reserve(input), rm, rv
+
+
+@register(aten._batch_norm_no_update.default)
+def batch_norm_no_update(input, weight, bias, running_mean, running_var, momentum, eps):
+    out, sm, sr, _, _ = _batch_norm(input, weight, bias, running_mean, running_var, False,
+                                    momentum, eps)
+    return out, sm, sr, _reserve(input)
+
+
+@register(aten.native_batch_norm_backward.default)
+def native_batch_norm_backward(grad_out, input, weight, running_mean, running_var, save_mean,
+                               save_invstd, train, eps, output_mask):
+    acc = opmath_dtype(input.dtype)
+    wdt = weight.dtype if weight is not None else input.dtype
+    g, x = to(grad_out, acc), to(input, acc)
+    nd = input.dim()
+    dims = [d for d in range(nd) if d != 1]
+    n = input.numel() / input.shape[1]
+    if train:
+        mean, invstd = to(save_mean, acc), to(save_invstd, acc)
+    else:
+        mean = to(running_mean, acc)
+        invstd = aten.rsqrt.default(aten.add.Tensor(to(running_var, acc), eps))
+    xc = aten.sub.Tensor(x, _bcast(mean, nd))
+    g_sum = aten.sum.dim_IntList(g, dims)
+    dot_p = aten.sum.dim_IntList(aten.mul.Tensor(g, xc), dims)
+    scale = invstd if weight is None else aten.mul.Tensor(invstd, to(weight, acc))
+    grad_input = grad_weight = grad_bias = None
+    if output_mask[0]:
+        if train:
+            proj_scale = aten.mul.Tensor(aten.div.Tensor(dot_p, n), aten.mul.Tensor(invstd, invstd))
+            proj = aten.mul.Tensor(xc, _bcast(proj_scale, nd))
+            grad_mean = _bcast(aten.div.Tensor(g_sum, n), nd)
+            gi = aten.mul.Tensor(aten.sub.Tensor(aten.sub.Tensor(g, proj), grad_mean), _bcast(scale, nd))
+        else:
+            gi = aten.mul.Tensor(g, _bcast(scale, nd))
+        grad_input = to(gi, input.dtype)
+    if output_mask[1]:
+        grad_weight = to(aten.mul.Tensor(dot_p, invstd), wdt)
+    if output_mask[2]:
+        grad_bias = to(g_sum, wdt)
+    return grad_input, grad_weight, grad_bias
+
+
+@register(aten.batch_norm_backward.default)
+def batch_norm_backward(grad_out, input, weight, running_mean, running_var, save_mean, save_var,
+                        update, eps, output_mask, reserve):
+    return native_batch_norm_backward(grad_out, input, weight, running_mean, running_var,
+                                      save_mean, save_var, update, eps, output_mask)
+
+
+@register(aten.cudnn_batch_norm.default)
+def cudnn_batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps):
+    out, sm, sr, rm, rv = _batch_norm(input, weight, bias, running_mean, running_var, training,
+                                      momentum, eps)
+    _update_stats(running_mean, running_var, rm, rv, training)
+    if not training:
+        sm = aten.full.default([0], 0, dtype=input.dtype, device=input.device)
+        sr = sm
+    return out, sm, sr, _reserve(input)
+
+
+@register(aten.cudnn_batch_norm_backward.default)
+def cudnn_batch_norm_backward(input, grad_output, weight, running_mean, running_var, save_mean,
+                              save_var, epsilon, reserve):
+    return native_batch_norm_backward(grad_output, input, weight, running_mean, running_var,
+                                      save_mean, save_var, True, epsilon, [True, True, True])

@@ -1,0 +1,1 @@
+"""Test support for ember (conformance harnesses, reports). Not imported by the pipeline."""
