@@ -302,10 +302,11 @@ def _make_agg(f):
             items = list(args)
         else:
             items = iterate(tr, args[0]) if args else []
-        if all(isinstance(i, ObjV) for i in items) and _all_obj(kwargs):
+        from .handlers.ops import _const_like
+        if all(_const_like(i) for i in items) and _all_obj(kwargs):
             extra = [real(tr, a) for a in args[1:]] if f not in (min, max) or len(args) == 1 else []
             try:
-                return tr.const_value(f([i.value for i in items], *extra,
+                return tr.const_value(f([real(tr, i) for i in items], *extra,
                                         **{k: real(tr, x) for k, x in kwargs.items()}))
             except Exception as e:  # noqa: BLE001
                 raise tr.unsupported(f"{f.__name__}() raised {type(e).__name__}: {e}")

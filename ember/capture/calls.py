@@ -9,6 +9,7 @@ Consumes a callee value, positional and keyword argument values; produces the re
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import operator
 import types
@@ -59,7 +60,7 @@ _TENSOR_BLOCKED = {"item", "tolist", "numpy", "data_ptr", "storage", "untyped_st
                    "retain_grad", "requires_grad_", "share_memory_", "pin_memory", "record_stream",
                    "set_", "resize_", "resize_as_", "__array__", "storage_offset"}
 
-_GRAD_CTX = {torch.no_grad: ("grad", False), torch.enable_grad: ("grad", True)}
+_GRAD_CTX = {torch.no_grad: ("grad", (False,)), torch.enable_grad: ("grad", (True,))}
 _AUTOCAST_CLASSES = tuple(c for c in (torch.autocast, getattr(torch.amp, "autocast", None),
                                       getattr(torch.cpu.amp, "autocast", None),
                                       getattr(torch.cuda.amp, "autocast", None)) if c is not None)
@@ -156,7 +157,7 @@ def call_obj(tr, fn: ObjV, args: list, kwargs: dict) -> V:
 def call_torch(tr, f, args, kwargs) -> V:
     name = getattr(f, "__name__", "")
     if f in _GRAD_CTX:
-        return ContextV(*_GRAD_CTX[f], ())
+        return ContextV(*_GRAD_CTX[f])
     if not _any_tensor(args) and not _any_tensor(kwargs.values()):
         # factory functions go in the graph; metadata queries fold
         return tr.call_graph(f, args, kwargs)
@@ -186,7 +187,7 @@ def call_class(tr, fn: ObjV, args, kwargs) -> V:
     from .builtins import BUILTINS, fold
     cls = fn.value
     if cls in _GRAD_CTX:
-        return ContextV(*_GRAD_CTX[cls], ())
+        return ContextV(*_GRAD_CTX[cls])
     if cls is torch.set_grad_enabled:
         mode = args[0] if args else kwargs["mode"]
         if not isinstance(mode, ObjV):
@@ -204,6 +205,12 @@ def call_class(tr, fn: ObjV, args, kwargs) -> V:
         if _all_const(args):
             return ObjV(cls(*[a.value for a in args]))
         return ObjV(cls("<traced>"))
+    if cls in (dict, collections.OrderedDict, collections.defaultdict) and not args \
+            or cls in (dict, collections.OrderedDict) and (not args or not isinstance(args[0], ObjV)):
+        from .builtins import BUILTINS as B
+        d = B[dict](tr, args, kwargs)
+        d.cls = cls
+        return d
     if cls.__module__ == "contextlib" and cls.__name__ == "nullcontext":
         return ContextV("null", (args[0] if args else ObjV(None),))
     if issubclass(cls, torch.nn.Module):

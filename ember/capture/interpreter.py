@@ -333,7 +333,7 @@ class Tracer:
         return self._result(target, args, kwargs, out, margs, mkw, device)
 
     def _result(self, target, args, kwargs, out, margs, mkw, device):
-        if not _has_tensor(out):
+        if not _has_tensor(out) and not (out is None and target in _SIDE_EFFECT_FNS):
             return self.const_value(out)
         # in-place / out= results keep the identity of their input value
         node = self.graph.call_function(target, tuple(self.to_node(a) for a in args),
@@ -356,6 +356,8 @@ class Tracer:
             if isinstance(out, list):
                 return ListV(items)
             return TupleV(items, cls=type(out))
+        if out is None:
+            return ObjV(None)
         raise self.unsupported(f"{_fname(target)} returned {type(out).__name__}")
 
     def const_value(self, x) -> V:
@@ -485,6 +487,7 @@ class Tracer:
 
 
 _TO_METHODS = {torch.Tensor.to}
+_SIDE_EFFECT_FNS = {operator.setitem, torch.Tensor.__setitem__}
 
 
 def _is_device_str(s: str) -> bool:

@@ -46,11 +46,14 @@ def call_function_ex(tr, f, ins):
 def make_function(tr, f, ins):
     code = f.pop().value
     flags = ins.arg
-    closure = f.pop().items if flags & 0x08 else ()
+    closure = tuple(tr.iterate(f.pop())) if flags & 0x08 else ()
     if flags & 0x04:
         f.pop()
-    kwdefaults = f.pop().items if flags & 0x02 else {}
-    defaults = f.pop().items if flags & 0x01 else ()
+    kwdefaults = {}
+    if flags & 0x02:
+        kw = f.pop()
+        kwdefaults = dict(kw.items) if isinstance(kw, DictV) else {k: ObjV(x) for k, x in kw.value.items()}
+    defaults = tuple(tr.iterate(f.pop())) if flags & 0x01 else ()
     f.push(FuncV(code, f.globals, code.co_name, code.co_qualname, defaults, kwdefaults, closure))
 
 
