@@ -22,7 +22,6 @@ from .partition import partition
 from .runtime import InferenceRuntime, TrainingRuntime
 from .tracer import graph_device, specs_of
 
-log = get_logger("aot")
 
 
 def _module(graph: fx.Graph, device: torch.device, name: str) -> fx.GraphModule:
@@ -75,6 +74,7 @@ def aot_compile(gm, example_inputs, *, fw_compiler, bw_compiler=None, decomposit
 
 
 def _log_graph(what: str, gm: fx.GraphModule, start: float) -> None:
+    log = get_logger("aot")
     if log.isEnabledFor(20):
         n = sum(1 for x in gm.graph.nodes if x.op == "call_function")
         log.info("# after aot: %s graph, %d ops, took %.1f ms", what, n,

@@ -28,7 +28,6 @@ from ..errors import InternalError
 from ..logging import get_logger
 
 aten = torch.ops.aten
-log = get_logger("aot")
 
 
 @dataclasses.dataclass
@@ -173,6 +172,7 @@ def partition(joint: fx.Graph, *, n_primals: int, n_fw_outputs: int, policy: str
     saved_nodes = [primals[i] for i in saved_inputs] + saved_values
     fw = _extract(joint, primals, fw_outs + saved_values)
     bw = _extract(joint, saved_nodes + tangents, grads)
+    log = get_logger("aot")            # per call: EMBER_LOGS is read when asked
     if log.isEnabledFor(20):
         total = sum(nbytes(n) for n in saved_values)
         log.info("partition (%s): fwd %d nodes, bwd %d nodes, saved %d inputs + %d activations "

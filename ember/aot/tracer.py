@@ -398,12 +398,32 @@ def _native_batch_norm(tracer: Tracer, func, args, kwargs):
     return out
 
 
+def _bernoulli_mask(tracer: Tracer, func, args, kwargs):
+    # bernoulli draws 0/1: keep the draw (same RNG stream as eager) but route its value through a
+    # bool mask, so the partitioner can save 1 byte per element and recompute the float in backward
+    form = functional_variant(func)
+    bound = bind_args(func, args, kwargs)
+    fargs = [bound[a.name] for a in form.op._schema.arguments if not a.kwarg_only]
+    fkwargs = {a.name: bound[a.name] for a in form.op._schema.arguments if a.kwarg_only and a.name in bound}
+    fout, margs, mkwargs = tracer._run_meta(form.op, fargs, fkwargs)
+    if not fout.dtype.is_floating_point:
+        return NotImplemented
+    drawn = tracer.emit(form.op, tree_map(tracer._node_arg, margs), tree_map(tracer._node_arg, mkwargs), fout)
+    mask = tracer.call(aten.ne.Scalar, tracer.tensor_of(drawn), 0)
+    value = tracer.node_of(tracer.call(aten._to_copy.default, mask, dtype=fout.dtype))
+    self_t = bound["self"]
+    out, _, _ = tracer._run_meta(func, args, kwargs)
+    tracer.mutate(self_t, value)
+    return out
+
+
 def _data_dependent(tracer, func, args, kwargs):
     raise Unsupported(f"ember.aot: data-dependent op {func} (a tensor value read back to Python)")
 
 
 SPECIAL: dict[Any, Callable] = {
     aten.native_batch_norm.default: _native_batch_norm,
+    aten.bernoulli_.float: _bernoulli_mask,
     aten._local_scalar_dense.default: _data_dependent,
     aten.nonzero.default: _data_dependent,
     aten.equal.default: _data_dependent,

@@ -5,6 +5,7 @@ import torch
 import torch.fx as fx
 
 import ember
+import ember.decomp
 
 aten = torch.ops.aten
 
