@@ -1,0 +1,113 @@
+"""Models through torch.compile(backend=ember.get_backend("ember")) (Dynamo capture + ember aot +
+ember kernels), inference and training, compared with eager; kernel counts from ember.lower.STATS."""
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+
+import ember
+from ember.lower import STATS
+
+
+def _compile(model):
+    torch._dynamo.reset()
+    return torch.compile(model, backend=ember.get_backend("ember"))
+
+
+class MLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.LayerNorm(64), nn.Linear(64, 64),
+                                 nn.ReLU(), nn.Linear(64, 10))
+
+    def forward(self, x):
+        return torch.log_softmax(self.net(x), -1)
+
+
+def _train_steps(model, x, y, steps=3):
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = nn.functional.nll_loss(model(x), y) if y.dtype == torch.long else (
+            (model(x) - y).pow(2).mean())
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def test_mlp_inference():
+    torch.manual_seed(0)
+    m = MLP().eval()
+    x = torch.randn(16, 32)
+    STATS.clear()
+    with torch.no_grad():
+        ref = m(x)
+        got = _compile(m)(x)
+    torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
+    assert STATS and STATS[-1]["kernels"] >= 1 and not STATS[-1]["fallbacks"]
+
+
+def test_mlp_training_matches_eager():
+    torch.manual_seed(0)
+    m = MLP()
+    m2 = copy.deepcopy(m)
+    x, y = torch.randn(16, 32), torch.randint(0, 10, (16,))
+    ref = _train_steps(m, x, y)
+    STATS.clear()
+    got = _train_steps(_compile(m2), x, y)
+    assert len(STATS) >= 2  # forward and backward graphs went through ember.lower
+    torch.testing.assert_close(torch.tensor(got), torch.tensor(ref), atol=1e-5, rtol=1e-4)
+    for p, q in zip(m.parameters(), m2.parameters()):
+        torch.testing.assert_close(p, q, atol=1e-5, rtol=1e-4)
+
+
+def test_layernorm_gelu_and_softmax_module():
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln = nn.LayerNorm(128)
+
+        def forward(self, x):
+            return torch.softmax(nn.functional.gelu(self.ln(x)), -1)
+    torch.manual_seed(0)
+    m = M().eval()
+    x = torch.randn(64, 128)
+    STATS.clear()
+    with torch.no_grad():
+        torch.testing.assert_close(_compile(m)(x), m(x), atol=1e-5, rtol=1e-4)
+    assert STATS[-1]["kernels"] <= 2, STATS[-1]
+
+
+def _resnet18():
+    tv = pytest.importorskip("torchvision")
+    return tv.models.resnet18(num_classes=10)
+
+
+def test_resnet18_inference():
+    torch.manual_seed(0)
+    m = _resnet18().eval()
+    x = torch.randn(2, 3, 64, 64)
+    STATS.clear()
+    with torch.no_grad():
+        ref = m(x)
+        got = _compile(m)(x)
+    torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)
+    assert STATS[-1]["externs"] >= 20
+
+
+@pytest.mark.slow
+def test_resnet18_training():
+    torch.manual_seed(0)
+    m = _resnet18()
+    m2 = copy.deepcopy(m)
+    x, y = torch.randn(4, 3, 64, 64), torch.randint(0, 10, (4,))
+    ref = _train_steps(m, x, y, steps=2)
+    got = _train_steps(_compile(m2), x, y, steps=2)
+    torch.testing.assert_close(torch.tensor(got), torch.tensor(ref), atol=1e-3, rtol=1e-3)
+    for (n, p), q in zip(m.named_parameters(), m2.parameters()):
+        torch.testing.assert_close(p, q, atol=2e-3, rtol=2e-3, msg=n)
+    for b1, b2 in zip(m.buffers(), m2.buffers()):
+        torch.testing.assert_close(b1.float(), b2.float(), atol=1e-3, rtol=1e-3)

@@ -1,0 +1,97 @@
+"""Reductions, views/broadcast/strided inputs, indexing ops and externs vs eager."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from .helpers import check
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("dim,keepdim", [(1, False), (0, True), ((0, 1), False), (-1, True)])
+def test_sum_amax_mean(dim, keepdim, dtype):
+    x = torch.randn(37, 65).to(dtype)
+    check(lambda t: (t.sum(dim, keepdim=keepdim), t.amax(dim, keepdim=keepdim),
+                     t.amin(dim, keepdim=keepdim), t.mean(dim, keepdim=keepdim)), x,
+          atol=1e-4, rtol=1e-4)
+
+
+def test_full_reduction_parallel():
+    x = torch.randn(300000)
+    check(lambda t: (t.sum(), t.amax(), (t * t).sum()), x, atol=1e-2, rtol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+def test_var_mean(dtype):
+    x = torch.randn(16, 7, 33, dtype=dtype)
+    check(lambda t: torch.var_mean(t, dim=[1, 2], correction=1, keepdim=True), x)
+    check(lambda t: torch.var_mean(t, dim=-1, correction=0), x)
+
+
+def test_argmax_argmin():
+    x = torch.randn(13, 40)
+    x[3, 7] = float("nan")
+    check(lambda t: (t.argmax(1), t.argmin(0), t.argmax()), x)
+
+
+def test_reduction_transposed_and_sliced_input():
+    x = torch.randn(40, 64).t()
+    y = torch.randn(50, 70)[5:45, ::2]
+    check(lambda a, b: (a.sum(1), b.amax(0), a.exp().sum(0)), x, y, atol=1e-4)
+
+
+def test_empty_and_size1_reductions():
+    check(lambda t: t.sum(1), torch.randn(0, 5))
+    check(lambda t: t.sum(0), torch.randn(0, 5))
+    check(lambda t: (t.sum(1), t.amax(0)), torch.randn(1, 5))
+
+
+def test_views_reshape_permute_expand():
+    x = torch.randn(4, 6, 10)
+    check(lambda t: (t.permute(2, 0, 1).reshape(10, 24) * 2,
+                     t.transpose(0, 1).reshape(6, 40).sum(1),
+                     t[:, 1:5:2, ::3] + 1, t.unsqueeze(1).expand(4, 3, 6, 10) * 1.0,
+                     t.select(1, 2).exp(), t.reshape(24, 10)[3:7]), x)
+
+
+def test_reshape_of_computed_then_reduce():
+    x = torch.randn(8, 12)
+    check(lambda t: (t.exp().t().reshape(4, 24).sum(0), (t + 1).view(2, 4, 12).amax(1)), x)
+
+
+def test_cat_pad_gather():
+    a, b = torch.randn(5, 3), torch.randn(5, 4)
+    idx = torch.randint(0, 7, (5, 6))
+    check(lambda x, y, i: (torch.cat([x, y], 1) * 2, F.pad(x, (1, 2, 0, 1), value=3.0),
+                           torch.gather(torch.cat([x, y], 1), 1, i), F.pad(x, (-1, 0))),
+          a, b, idx)
+
+
+def test_embedding():
+    w = torch.randn(10, 4)
+    i = torch.tensor([[0, 3, 9], [1, 1, 2]])
+    check(lambda ww, ii: F.embedding(ii, ww) * 2, w, i)
+
+
+def test_mm_addmm_bmm_externs():
+    a, b = torch.randn(17, 9), torch.randn(9, 11)
+    bias = torch.randn(11)
+    p, q = torch.randn(3, 5, 7), torch.randn(3, 7, 2)
+    stats = check(lambda x, y, c, u, v: (torch.relu(x @ y + c), torch.addmm(c, x, y).tanh(),
+                                         torch.bmm(u, v) * 2, x.t().t() @ y.t().contiguous().t()),
+                  a, b, bias, p, q, atol=1e-4)
+    assert stats["externs"] >= 3 and not stats["fallbacks"]
+
+
+def test_convolution_extern_with_epilogue():
+    x = torch.randn(2, 3, 12, 12)
+    w = torch.randn(8, 3, 3, 3)
+    bias = torch.randn(8)
+    stats = check(lambda a, b, c: torch.relu(F.conv2d(a, b, c, padding=1) * 0.5), x, w, bias,
+                  atol=1e-4)
+    assert stats["kernels"] == 1
+
+
+def test_unknown_op_becomes_fallback_extern():
+    x = torch.randn(6, 8)
+    stats = check(lambda t: torch.topk(t * 2, 3, dim=1).values + 1, x)
+    assert stats["fallbacks"], stats

@@ -1,0 +1,62 @@
+"""Fusion decisions, asserted as kernel counts (and checked against eager)."""
+import torch
+import torch.nn.functional as F
+
+from lower.helpers import check, compile_fn
+
+
+def test_pointwise_chain_is_one_kernel():
+    x = torch.randn(64, 128)
+
+    def chain(t):
+        for _ in range(5):
+            t = torch.sigmoid(t * 1.1 + 0.1)
+        return t
+    check(chain, x, kernels=1)
+
+
+def test_layernorm_gelu_at_most_two_kernels():
+    x = torch.randn(64, 256)
+    w, b = torch.randn(256), torch.randn(256)
+    check(lambda t, ww, bb: F.gelu(F.layer_norm(t, (256,), ww, bb)), x, w, b, max_kernels=2,
+          atol=1e-4)
+
+
+def test_softmax_one_or_two_kernels():
+    x = torch.randn(32, 100)
+    check(lambda t: torch.softmax(t, -1), x, max_kernels=2)
+    check(lambda t: torch.log_softmax(t * 2, 1), x, max_kernels=2, atol=1e-5)
+
+
+def test_softmax_over_dim0_is_correct():
+    check(lambda t: torch.softmax(t, 0), torch.randn(30, 20), max_kernels=4)
+
+
+def test_horizontal_fusion_shares_input():
+    x = torch.randn(50, 60)
+    check(lambda t: (t.exp(), t.sin(), t * 2), x, kernels=1)
+
+
+def test_reduction_then_broadcast_epilogue():
+    x = torch.randn(40, 70)
+    check(lambda t: t - t.mean(1, keepdim=True), x, kernels=1)
+
+
+def test_transposed_consumer_is_not_fused_wrongly():
+    x = torch.randn(30, 40)
+
+    def f(t):
+        y = torch.exp(t) * 2
+        return y + y.t().contiguous().t() * 0, (y @ y.t())
+    check(f, x, atol=1e-3)
+
+
+def test_no_fusion_option_gives_more_kernels():
+    from ember.aot import trace_aten
+    from ember.decomp import get_decompositions
+    from ember.lower import STATS, compile_aten_graph
+    x = torch.randn(8, 8)
+    gm = trace_aten(lambda t: (t * 2 + 1).exp(), (x,), decompositions=get_decompositions())
+    STATS.clear()
+    fn = compile_aten_graph(gm, [x], options={"fusion": False})
+    torch.testing.assert_close(fn(x)[0], (x * 2 + 1).exp())
