@@ -187,7 +187,9 @@ def _bind_class_attr(tr, cls_attr, self_v: V, name: str, owner) -> V:
     if isinstance(cls_attr, types.WrapperDescriptorType) or isinstance(
             cls_attr, types.MethodDescriptorType) or isinstance(cls_attr, types.BuiltinFunctionType):
         if isinstance(self_v, ObjV):
-            return ObjV(getattr(self_v.value, name))
+            # bind the descriptor found in the MRO (super() must not re-dispatch to overrides)
+            return ObjV(cls_attr.__get__(self_v.value, owner) if hasattr(cls_attr, "__get__")
+                        else getattr(self_v.value, name))
         return BuiltinMethodV(self_v, name)
     if isinstance(cls_attr, torch.Tensor):
         return tr.wrap(cls_attr, None)

@@ -46,8 +46,8 @@ def fold(tr, f, args, kwargs) -> V:
     try:
         out = f(*[real(tr, a) for a in args], **{k: real(tr, x) for k, x in kwargs.items()})
     except Exception as e:  # noqa: BLE001 - the user's code raises here eagerly too
-        raise tr.unsupported(f"{getattr(f, '__qualname__', f)} raised {type(e).__name__}: {e}",
-                             hint="the same call raises eagerly")
+        from .interpreter import TracedRaise
+        raise TracedRaise(e) from None
     return tr.const_value(out)
 
 
@@ -360,7 +360,8 @@ def _next(tr, args, kwargs):
         return it.items[it.pos - 1]
     if len(args) > 1:
         return args[1]
-    raise tr.unsupported("next() on an exhausted iterator (StopIteration)")
+    from .interpreter import TracedRaise
+    raise TracedRaise(StopIteration())
 
 
 @builtin(enumerate)
@@ -551,3 +552,29 @@ def _dict_method(tr, d: DictV, name, args, kwargs):
 
 
 __all__ = ["BUILTINS", "fold", "iterate", "truth", "real", "builtins", "ContextV"]
+
+
+def _real_callable(tr, v):
+    if isinstance(v, ObjV):
+        return v.value
+    if isinstance(v, MethodV) and isinstance(v.func, ObjV) and isinstance(v.self_v, ObjV):
+        return types.MethodType(v.func.value, v.self_v.value)
+    if isinstance(v, FuncV):
+        import types as _t
+        return _t.FunctionType(v.code, v.globals, v.name)
+    raise tr.unsupported(f"inspecting a {type(v).__name__}")
+
+
+def _signature(tr, args, kwargs):
+    import inspect
+    return ObjV(inspect.signature(_real_callable(tr, args[0])))
+
+
+import inspect as _inspect  # noqa: E402
+
+BUILTINS[_inspect.signature] = _signature
+BUILTINS[_inspect.isfunction] = lambda tr, a, k: ObjV(isinstance(a[0], FuncV) or isinstance(
+    a[0], ObjV) and _inspect.isfunction(a[0].value))
+BUILTINS[_inspect.ismethod] = lambda tr, a, k: ObjV(isinstance(a[0], MethodV) or isinstance(
+    a[0], ObjV) and _inspect.ismethod(a[0].value))
+BUILTINS[_inspect.isclass] = lambda tr, a, k: ObjV(isinstance(a[0], ObjV) and isinstance(a[0].value, type))

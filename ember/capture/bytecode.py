@@ -96,6 +96,7 @@ def decode(code: CodeType) -> tuple[list[Instr], list[ExceptionEntry]]:
         name, arg, argval = ins.opname, ins.arg, ins.argval
         lineno = ins.positions.lineno if ins.positions else None
         if name in ("CACHE", "EXTENDED_ARG"):
+            off_to_idx.setdefault(ins.offset, len(out))
             continue
         if name == "PRECALL":          # 3.11 only: folded into CALL
             off_to_idx[ins.offset] = len(out)

@@ -60,6 +60,11 @@ _TENSOR_BLOCKED = {"item", "tolist", "numpy", "data_ptr", "storage", "untyped_st
                    "retain_grad", "requires_grad_", "share_memory_", "pin_memory", "record_stream",
                    "set_", "resize_", "resize_as_", "__array__", "storage_offset"}
 
+# matched by name so product code never imports these modules
+_IS_COMPILING = {"is_compiling": ("torch.compiler", "torch._dynamo.external_utils", "torch._utils",
+                                  "torch._dynamo.eval_frame"),
+                 "is_dynamo_compiling": ("torch.compiler",),
+                 "is_exporting": ()}
 _GRAD_CTX = {torch.no_grad: ("grad", (False,)), torch.enable_grad: ("grad", (True,))}
 _AUTOCAST_CLASSES = tuple(c for c in (torch.autocast, getattr(torch.amp, "autocast", None),
                                       getattr(torch.cpu.amp, "autocast", None),
@@ -105,6 +110,9 @@ def call_obj(tr, fn: ObjV, args: list, kwargs: dict) -> V:
         raise tr.unsupported(f"call to {f.__qualname__}, marked ember.disable")
     if isinstance(f, torch.nn.Module):
         return call_module(tr, fn, args, kwargs)
+    if getattr(f, "__name__", None) in _IS_COMPILING and \
+            getattr(f, "__module__", None) in _IS_COMPILING[f.__name__]:
+        return ObjV(True)    # library code asks "am I being traced?": yes
     try:
         h = BUILTINS.get(f)
     except TypeError:
@@ -135,7 +143,7 @@ def call_obj(tr, fn: ObjV, args: list, kwargs: dict) -> V:
         self_obj = getattr(f, "__self__", None)
         if _all_const(args) and _all_const(kwargs.values()) and (
                 mod in ("math", "operator", "_operator", "builtins", "_functools", "itertools")
-                or is_literal(self_obj) or type(self_obj) in (dict, list, str, tuple, set)
+                or is_literal(self_obj) or isinstance(self_obj, (dict, list, str, tuple, set))
                 and self_obj is not None):
             return fold(tr, f, args, kwargs)
         if mod.startswith("torch") or mod == "_operator" and _any_tensor(args):
@@ -237,6 +245,13 @@ def call_class(tr, fn: ObjV, args, kwargs) -> V:
             else:
                 raise tr.unsupported(f"{cls.__name__}() missing field {name}")
         return TupleV(vals, cls=cls)
+    if dataclasses.is_dataclass(cls) and _is_model_output(cls):
+        kwargs = dict(kwargs)
+        names = {f.name for f in dataclasses.fields(cls)}
+        for old in ("past_key_values", "cache_params"):
+            if old in kwargs and old not in names and "cache" in names:
+                kwargs["cache"] = kwargs.pop(old)
+        return _new_dataclass(tr, cls, args, kwargs)
     if dataclasses.is_dataclass(cls) and cls.__dict__.get("__init__") is not None and \
             getattr(cls.__init__, "__qualname__", "").endswith("__init__") and \
             _is_generated_init(cls):

@@ -221,7 +221,14 @@ class Runner:
                       ObjV(fn, ConstSource("__fn")))
         if co.co_flags & 0x20:
             raise tr.unsupported("compiling a generator function")
-        return tr.run_frame(frame)
+        from .interpreter import TracedRaise
+        try:
+            return tr.run_frame(frame)
+        except TracedRaise as e:
+            tr.frames.append(frame)
+            raise tr.unsupported(f"the traced code raises {type(e.exc).__name__}: {e.exc}",
+                                 hint="it raises eagerly too; graph breaks are not "
+                                      "implemented yet") from None
 
 
 def _call_with_locals(fn, code, locals_):
@@ -265,13 +272,15 @@ def _first_failed_guard(entries, fn, locals_) -> str | None:
 class _Binder:
     def __init__(self, ns):
         self.ns = ns
+        self.names: dict = {}
 
     def __call__(self, obj):
-        for k, v in self.ns.items():
-            if v is obj and k.startswith("__g"):
-                return k
+        name = self.names.get(id(obj))
+        if name is not None:
+            return name
         name = f"__g{len(self.ns)}"
         self.ns[name] = obj
+        self.names[id(obj)] = (name)
         return name
 
 

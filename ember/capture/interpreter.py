@@ -36,6 +36,14 @@ LIBRARY_PREFIXES = ("torch", "torchvision", "transformers", "timm", "typing", "c
                     "numbers", "types", "ember", "importlib", "packaging", "einops")
 
 
+class TracedRaise(Exception):
+    """An exception raised by the traced program (not by ember); handled by its try blocks."""
+
+    def __init__(self, exc: BaseException):
+        super().__init__(exc)
+        self.exc = exc
+
+
 class Return:
     __slots__ = ("value",)
 
@@ -92,6 +100,7 @@ class Tracer:
         self.roots: list[Source] = []                    # module-valued locals of the entry frame
         self.state0 = global_state()
         self._n_const = 0
+        self._const_names: dict = {}
         self.real_contexts: list = []
 
     # ---- dispatch helpers (implemented in calls/builtins/handlers) --------------------
@@ -153,12 +162,15 @@ class Tracer:
 
     def bind_const(self, obj, hint="k") -> str:
         """Put a real object into the generated code's namespace; returns its name."""
-        for k, v in self.ns.items():
-            if v is obj and k.startswith("__" + hint):
-                return k
+        key = (id(obj), hint)
+        name = self._const_names.get(key)
+        if name is not None:
+            return name
         self._n_const += 1
         name = f"__{hint}{self._n_const}"
         self.ns[name] = obj
+        self._const_names[key] = name
+        self.keepalive.append(obj)
         return name
 
     def gid_for(self, gdict: dict) -> str:
@@ -386,11 +398,28 @@ class Tracer:
                 h = HANDLERS.get(ins.opname)
                 if h is None:
                     raise self.unsupported(f"bytecode {ins.opname} is not supported")
-                r = h(self, frame, ins)
+                try:
+                    r = h(self, frame, ins)
+                except TracedRaise as e:
+                    self._unwind(frame, e)       # jumps to the handler or re-raises
+                    continue
                 if r is not None:
                     return r.value
         finally:
             self.frames.pop()
+
+    def _unwind(self, frame: Frame, e: "TracedRaise") -> None:
+        """A traced `raise`: continue at the frame's exception handler (3.11+ table)."""
+        i = frame.pc - 1
+        for ent in decode(frame.code)[1]:
+            if ent.start <= i <= ent.end:
+                del frame.stack[ent.depth:]
+                if ent.lasti:
+                    frame.push(ObjV(frame.instrs[i].offset))
+                frame.push(ObjV(e.exc))
+                frame.pc = ent.target
+                return
+        raise e
 
     def inline(self, code: CodeType, globals_: dict, closure: tuple, args: list, kwargs: dict,
                defaults: tuple, kwdefaults: dict, fn_v: V | None = None, name="") -> V:
@@ -536,7 +565,8 @@ def _placeholder_name(source: Source, i: int) -> str:
     name = source.name()
     name = re.sub(r"[^0-9a-zA-Z_]+", "_", name).strip("_")
     name = re.sub(r"^(L_|G_)", "", name)
-    return (name or f"arg{i}")[:60]
+    name = name or f"arg{i}"
+    return name if len(name) <= 48 else f"{name[:24]}_{name[-20:]}_{i}"
 
 
 def func_signature_ok(fn) -> bool:

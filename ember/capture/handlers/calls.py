@@ -61,8 +61,8 @@ def _load(tr, v, name):
     try:
         return load_attr(tr, v, name)
     except TraceAttributeError:
-        raise tr.unsupported(f"{_what(v)} has no attribute {name!r}",
-                             hint="the same access raises AttributeError eagerly") from None
+        from ..interpreter import TracedRaise
+        raise TracedRaise(AttributeError(f"{_what(v)} has no attribute {name!r}")) from None
 
 
 def _what(v):

@@ -5,7 +5,7 @@ Unsupported, so only the normal path of try/with is interpreted.
 """
 from __future__ import annotations
 
-from ..interpreter import Return
+from ..interpreter import Return, TracedRaise
 from ..values import DictV, ListV, NewObjV, ObjV, TupleV
 from . import handler
 
@@ -86,15 +86,51 @@ def yield_value(tr, f, ins):
 
 @handler("RAISE_VARARGS")
 def raise_varargs(tr, f, ins):
+    if ins.arg == 2:
+        f.pop()                       # `raise X from Y`: the cause does not change control flow
     exc = f.pop() if ins.arg else None
-    what = ""
     if isinstance(exc, ObjV):
         e = exc.value
-        what = f" {type(e).__name__ if isinstance(e, BaseException) else getattr(e, '__name__', e)}"
-        if isinstance(e, BaseException) and str(e):
-            what += f": {e}"
-    raise tr.unsupported(f"raise{what} in traced code",
-                         hint="the code raises eagerly; graph breaks are not implemented yet")
+        if isinstance(e, type) and issubclass(e, BaseException):
+            e = e()
+        if isinstance(e, BaseException):
+            raise TracedRaise(e)
+    raise tr.unsupported("re-raise or raise of a non-constant exception in traced code")
+
+
+@handler("PUSH_EXC_INFO")
+def push_exc_info(tr, f, ins):
+    v = f.pop()
+    f.push(ObjV(None))
+    f.push(v)
+
+
+@handler("POP_EXCEPT")
+def pop_except(tr, f, ins):
+    f.pop()
+
+
+@handler("CHECK_EXC_MATCH")
+def check_exc_match(tr, f, ins):
+    typ = f.pop()
+    exc = f.stack[-1]
+    f.push(ObjV(isinstance(exc.value, typ.value)))
+
+
+@handler("RERAISE")
+def reraise(tr, f, ins):
+    exc = f.pop()
+    if ins.arg:
+        f.pop()
+    raise TracedRaise(exc.value)
+
+
+@handler("WITH_EXCEPT_START")
+def with_except_start(tr, f, ins):
+    exc = f.stack[-1]
+    exit_fn = f.stack[-4]
+    e = exc.value
+    f.push(tr.call(exit_fn, [ObjV(type(e)), ObjV(e), ObjV(None)], {}))
 
 
 @handler("LOAD_ASSERTION_ERROR")

@@ -48,6 +48,7 @@ def binary(tr, op, a, b):
         from ..builtins import fold
         return fold(tr, op, [a, b], {})
     plain = _INPLACE_TO_PLAIN.get(op, op)
+    a, b = _as_seq(a, b), _as_seq(b, a)
     if isinstance(a, ListV) and op is operator.iadd:
         from ..builtins import _mutate, iterate
         _mutate(tr, a)
@@ -78,6 +79,15 @@ def binary(tr, op, a, b):
             if isinstance(d, types.FunctionType):
                 return tr.call(ObjV(d), [v, other], {})
     raise tr.unsupported(f"operator {op.__name__} on {type(a).__name__} and {type(b).__name__}")
+
+
+def _as_seq(v, other):
+    """A constant tuple/list next to a traced one becomes a container value."""
+    if isinstance(v, ObjV) and isinstance(other, (ListV, TupleV)) and type(v.value) in (
+            tuple, list, __import__("torch").Size):
+        items = [ObjV(i) for i in v.value]
+        return ListV(items) if type(v.value) is list else TupleV(items)
+    return v
 
 
 def _py_dunder(x, op, idx):
@@ -190,15 +200,18 @@ def getitem(tr, c, k):
         try:
             r = c.items[idx]
         except (IndexError, TypeError) as e:
-            raise tr.unsupported(f"{type(e).__name__}: {e}", hint="fails eagerly") from None
+            from ..interpreter import TracedRaise
+            raise TracedRaise(e) from None
         if isinstance(idx, slice):
             return ListV(r) if isinstance(c, ListV) else TupleV(r)
         return r
     if isinstance(c, DictV):
         key = real(tr, k)
         if key not in c.items:
-            gi = getattr(c.cls, "__missing__", None)
-            raise tr.unsupported(f"KeyError: {key!r}" + (" (__missing__)" if gi else ""))
+            if getattr(c.cls, "__missing__", None) is not None:
+                raise tr.unsupported(f"missing key {key!r} in a {c.cls.__name__}")
+            from ..interpreter import TracedRaise
+            raise TracedRaise(KeyError(key))
         return c.items[key]
     if isinstance(c, NewObjV):
         if c.dataclass:
@@ -225,7 +238,8 @@ def getitem(tr, c, k):
             try:
                 r = x[key]
             except Exception as e:  # noqa: BLE001
-                raise tr.unsupported(f"{type(e).__name__}: {e}", hint="fails eagerly") from None
+                from ..interpreter import TracedRaise
+                raise TracedRaise(e) from None
             from ..sources import ItemSource
             if c.source is not None and not isinstance(key, slice):
                 return tr.wrap(r, ItemSource(c.source, key))
