@@ -131,6 +131,13 @@ class CppHandler:
         self.cse: dict = {}
         self.stored: dict = {}
         self.n = 0
+        self.subs: dict = {}      # merged loop dims: var -> 0 (see plan_loops)
+
+    def idx(self, index) -> str:
+        index = sympy.expand(index)
+        if self.subs:
+            index = index.xreplace(self.subs)
+        return cexpr(index)
 
     def fresh(self, prefix="tmp") -> str:
         self.n += 1
@@ -156,7 +163,7 @@ class CppHandler:
 
     # --- memory ---
     def load(self, name, index):
-        idx = cexpr(sympy.expand(index))
+        idx = self.idx(index)
         hit = self.stored.get((name, idx))
         if hit is not None:
             return hit
@@ -170,7 +177,7 @@ class CppHandler:
         return self.emit(f"{name}[{idx}]", dt)
 
     def store(self, name, index, value):
-        idx = cexpr(sympy.expand(index))
+        idx = self.idx(index)
         dt = self.buffers[name].dtype
         value = self._as(value, compute_dtype(dt))
         self.stored[(name, idx)] = value
@@ -192,7 +199,7 @@ class CppHandler:
 
     def index_expr(self, expr, dtype):
         dtype = compute_dtype(dtype)
-        return self.emit(f"static_cast<{ctype(dtype)}>({cexpr(sympy.expand(expr))})", dtype)
+        return self.emit(f"static_cast<{ctype(dtype)}>({self.idx(expr)})", dtype)
 
     def to_dtype(self, x, dtype):
         if dtype == torch.bfloat16:
@@ -307,6 +314,76 @@ def _red_clause(rtypes_accs) -> str:
     return " ".join(parts)
 
 
+# --- loop planning: order and merge dims ---------------------------------------------------
+
+class IndexCollector:
+    """Records every index expression a body uses (loads, stores, index_expr)."""
+
+    def __init__(self):
+        self.exprs: list = []
+        self.stores: list = []
+        self.n = 0
+
+    def load(self, name, index):
+        self.exprs.append(sympy.expand(index))
+
+    def store(self, name, index, value):
+        self.exprs.append(sympy.expand(index))
+        self.stores.append(sympy.expand(index))
+
+    def index_expr(self, expr, dtype):
+        self.exprs.append(sympy.expand(expr))
+
+    def masked(self, mask, body, other):
+        return body()
+
+    def indirect_indexing(self, value, size, check=True):
+        self.n += 1
+        return sym(f"indirect{self.n}")
+
+    def __getattr__(self, name):
+        return lambda *a, **k: None
+
+
+def collect(fn) -> IndexCollector:
+    c = IndexCollector()
+    with set_handler(c):
+        fn()
+    return c
+
+
+def _coeff(e, v):
+    return e.coeff(v) if e.has(v) else 0
+
+
+def plan_loops(ranges, vars_, exprs, order=None):
+    """Loop nest (sizes, vars) after reordering dims by `order` and merging adjacent dims
+    that every index treats as one (coef[outer] == coef[inner] * size[inner], no div/mod).
+    Returns (sizes, vars, subs) where subs maps merged-away vars to 0 and the surviving var
+    of a group ranges over the product."""
+    dims = list(order if order is not None else range(len(ranges)))
+    opaque = set()
+    for e in exprs:
+        for f in e.atoms(FloorDiv, ModularIndexing):
+            opaque |= f.free_symbols
+    groups = []
+    for d in dims:
+        v = vars_[d]
+        if groups and v not in opaque and vars_[groups[-1][-1]] not in opaque:
+            last = vars_[groups[-1][-1]]
+            if all(_coeff(e, last) == _coeff(e, v) * ranges[d] for e in exprs):
+                groups[-1].append(d)
+                continue
+        groups.append([d])
+    sizes, out_vars, subs = [], [], {}
+    for g in groups:
+        sizes.append(numel([ranges[d] for d in g]))
+        out_vars.append(vars_[g[-1]])
+        for d in g[:-1]:
+            subs[vars_[d]] = sympy.Integer(0)
+    return sizes, out_vars, subs
+
+
 # --- kernels -------------------------------------------------------------------------------
 
 def loop_var(i):
@@ -340,8 +417,15 @@ class KernelCodegen:
         parallel = self.work() >= PARALLEL_MIN_WORK
         scalar_reduce = (m == 0 or numel(outer) == 1) and parallel and self._partials_ok()
         if k.pure_pointwise and m > 0:
-            self._loops(outer, xv, parallel, simd_last=True,
-                        body=lambda: [n.store_pointwise(xv) for n in k.stages[0].nodes])
+            nodes = k.stages[0].nodes
+            c = collect(lambda: [n.store_pointwise(xv) for n in nodes])
+            first = c.stores[0] if c.stores else sympy.Integer(0)
+            order = sorted(range(m), key=lambda d: -int(_coeff(first, xv[d])))
+            sizes, lvars, subs = plan_loops(outer, xv, c.exprs, order)
+            h.subs = subs
+            self._loops(sizes, lvars, parallel, simd_last=True,
+                        body=lambda: [n.store_pointwise(xv) for n in nodes])
+            h.subs = {}
         elif scalar_reduce:
             xv0 = [sympy.Integer(0)] * m
             for stage in k.stages:
@@ -415,8 +499,13 @@ class KernelCodegen:
                     n.store_pointwise(xv)
                 return
             par = parallel_inner and numel(stage.inner) >= PARALLEL_MIN_WORK
-            self._loops(stage.inner, rv, par, simd_last=True,
+            c = collect(lambda: [n.store_pointwise(xv + rv) for n in stage.nodes])
+            sizes, lvars, subs = plan_loops(stage.inner, rv, c.exprs)
+            h.subs = {**h.subs, **subs}
+            self._loops(sizes, lvars, par, simd_last=True,
                         body=lambda: [n.store_pointwise(xv + rv) for n in stage.nodes])
+            for v in subs:
+                h.subs.pop(v, None)
             return
         accs = []
         for n in stage.nodes:
@@ -428,7 +517,6 @@ class KernelCodegen:
                 code.writeline(f"int64_t {acc}_i = 0;")
             accs.append((n, acc, rt, dt))
         clause = _red_clause([(rt, acc, dt) for _, acc, rt, dt in accs])
-        rstr = [sympy.Integer(1)] * len(rv)
         strides = []
         acc_st = 1
         for s in reversed(stage.inner):
@@ -487,8 +575,15 @@ class KernelCodegen:
             code.writeline("}")
         else:
             simd = clause is not None
-            self._loops(stage.inner, rv, False, simd_last=simd, reduction=clause,
+            sizes, lvars, subs = list(stage.inner), rv, {}
+            if simd:
+                c = collect(lambda: [n.reduction_value(xv, rv) for n in stage.nodes])
+                sizes, lvars, subs = plan_loops(stage.inner, rv, c.exprs)
+            h.subs = {**h.subs, **subs}
+            self._loops(sizes, lvars, False, simd_last=simd, reduction=clause,
                         body=lambda: body([acc for _, acc, _, _ in accs]))
+            for v in subs:
+                h.subs.pop(v, None)
         for n, acc, rt, dt in accs:
             result = CppVal(f"{acc}_i" if rt in ("argmax", "argmin") else acc,
                             torch.int64 if rt in ("argmax", "argmin") else dt)
@@ -514,8 +609,6 @@ def generate_tu(kernels, deps, buffers: dict) -> tuple[str, dict]:
     for k in kernels:
         args = kernel_args(k, deps)
         signatures[k.name] = args
-        with set_handler(None):
-            pass
         cg = KernelCodegen(k, buffers)
         with set_handler(cg.h):
             out.append(cg.generate(args))

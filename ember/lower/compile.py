@@ -13,6 +13,8 @@ import itertools
 import threading
 import time
 
+import torch
+
 from .. import config
 from ..codegen.cpp import generate_tu
 from ..codegen.wrapper import WrapperCodegen
@@ -96,8 +98,11 @@ class _Compiled:
     def entry(self):
         compiled = self
 
+        no_grad = torch.no_grad
+
         def run(*args):
-            return compiled.call(args)
+            with no_grad():   # autograd is aot's job; externs' out= variants refuse grad inputs
+                return compiled.call(args)
         run.ember_stats = self.stats
         run.ember_wrapper = self.wsrc
         return run

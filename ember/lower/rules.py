@@ -879,9 +879,28 @@ def addmm(ctx, node, bias, a, b, *, beta=1, alpha=1):
                       out_meta(node), out_variant=aten.addmm.out)
 
 
-@rule(aten.convolution.default, aten.convolution_backward.default,
-      aten._scaled_dot_product_flash_attention_for_cpu.default,
-      aten._scaled_dot_product_efficient_attention.default,
-      aten.scaled_dot_product_attention.default)
+# Compute-bound / library ops the decomp contract (ember.decomp.prims, "extern" kind) leaves to
+# the backend: called functionally, not reported as fallbacks.
+EXTERNS = (
+    "convolution.default", "convolution_backward.default",
+    "_scaled_dot_product_flash_attention_for_cpu.default",
+    "_scaled_dot_product_flash_attention_for_cpu_backward.default",
+    "_scaled_dot_product_efficient_attention.default",
+    "_scaled_dot_product_efficient_attention_backward.default",
+    "_scaled_dot_product_flash_attention.default",
+    "_scaled_dot_product_flash_attention_backward.default",
+    "scaled_dot_product_attention.default",
+    "max_pool2d_with_indices.default", "max_pool2d_with_indices_backward.default",
+    "sort.default", "sort.stable", "cumsum.default", "rand.default", "randn.default",
+    "empty_strided.default",
+)
+
+
 def extern_functional(ctx, node, *args, **kwargs):
     return ctx.extern(node.target, args, kwargs, out_meta(node))
+
+
+for _name in EXTERNS:
+    _packet, _, _ov = _name.rpartition(".")
+    if hasattr(aten, _packet) and _ov in getattr(aten, _packet).overloads():
+        RULES[getattr(getattr(aten, _packet), _ov)] = extern_functional
