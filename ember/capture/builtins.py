@@ -450,7 +450,7 @@ def container_method(tr, recv: V, name: str, args, kwargs) -> V:
 
 
 def _mutate(tr, v: V):
-    if v.source is not None and not any(m is v for m in tr.mutated):
+    if v.source is not None and id(v) not in tr.fresh and not any(m is v for m in tr.mutated):
         tr.mutated.append(v)
 
 

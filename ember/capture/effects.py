@@ -79,7 +79,7 @@ class _Rebuild:
                 return f"{self.bind(v.cls, 'c')}({inner})"
             return f"{self.bind(v.cls, 'c')}(({inner},))"
         if isinstance(v, DictV):
-            if v.source is not None:
+            if v.source is not None and id(v) not in self.tr.fresh:
                 return v.source.expr()
             inner = ", ".join(f"{self._key(k)}: {self.expr(x)}" for k, x in v.items.items())
             if v.cls is dict:

@@ -88,6 +88,7 @@ class Runner:
         self.nargs = co.co_argcount + co.co_kwonlyargcount + bool(co.co_flags & CO_VARARGS) + \
             bool(co.co_flags & CO_VARKEYWORDS)
         self.argnames = co.co_varnames[:self.nargs]
+        self.fresh_names = set(self.argnames[co.co_argcount + co.co_kwonlyargcount:])
         self.simple = not (co.co_flags & (CO_VARARGS | CO_VARKEYWORDS)) and not co.co_kwonlyargcount
         self.cache = _cache_for(co)
 
@@ -210,6 +211,8 @@ class Runner:
         for i, name in enumerate(self.argnames):
             v = tr.wrap(locals_[i], LocalSource(name, i))
             frame_locals[name] = v
+            if name in self.fresh_names:
+                tr.fresh.add(id(v))      # *args / **kwargs are new objects: no caller effects
             if isinstance(locals_[i], torch.nn.Module):
                 tr.roots.append(v.source)
         cells = {}

@@ -102,6 +102,7 @@ class Tracer:
         self._n_const = 0
         self._const_names: dict = {}
         self.real_contexts: list = []
+        self.fresh: set[int] = set()                    # ids of containers the call created
 
     # ---- dispatch helpers (implemented in calls/builtins/handlers) --------------------
     def call(self, fn, args, kwargs):
@@ -326,8 +327,11 @@ class Tracer:
         if target in _TO_METHODS:
             margs = [("meta" if isinstance(a, str) and _is_device_str(a) else a) for a in margs]
         try:
-            with torch.device("meta"):
+            if _has_tensor(margs) or _has_tensor(mkw):
                 out = target(*margs, **mkw)
+            else:
+                with torch.device("meta"):      # factories: allocate on meta
+                    out = target(*margs, **mkw)
         except Unsupported:
             raise
         except NotImplementedError as e:
