@@ -102,3 +102,37 @@ def where(cond, a, b):
     if not isinstance(b, torch.Tensor):
         b = scalar(b, a)
     return aten.where.self(cond, a, b)
+
+
+def _category(dtype_or_value):
+    if isinstance(dtype_or_value, torch.dtype):
+        d = dtype_or_value
+        return 0 if d == torch.bool else 3 if d.is_complex else 2 if d.is_floating_point else 1
+    v = dtype_or_value
+    return 0 if isinstance(v, bool) else 1 if isinstance(v, int) else 3 if isinstance(v, complex) else 2
+
+
+_DTYPES = [torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
+           torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex64,
+           torch.complex128]
+# computed at import, outside any dispatch mode: torch.promote_types is an aten op
+_PROMOTE = {(a, b): torch.promote_types(a, b) for a in _DTYPES for b in _DTYPES}
+
+
+def promote(a: torch.dtype, b: torch.dtype) -> torch.dtype:
+    return _PROMOTE[(a, b)]
+
+
+def scalar_result_dtype(tensor_dtype, value):
+    """Eager's result dtype of `tensor op python_scalar` (a scalar only wins across categories),
+    computed here because torch.result_type would be dispatched as an op while tracing."""
+    if isinstance(value, torch.Tensor):
+        return promote(tensor_dtype, value.dtype) if value.dim() else tensor_dtype
+    ct, cv = _category(tensor_dtype), _category(value)
+    if cv <= ct:
+        return tensor_dtype
+    if cv == 1:
+        return torch.int64
+    if cv == 2:
+        return torch.get_default_dtype()
+    return torch.complex128 if torch.get_default_dtype() == torch.float64 else torch.complex64

@@ -127,6 +127,9 @@ def elu_backward(grad_output, alpha, scale, input_scale, is_result, self_or_resu
     return where(aten.le.Scalar(self_or_result, 0), neg, mul(grad_output, poscoef))
 
 
+_ONE_SIXTH_F32 = float(torch.tensor(1 / 6, dtype=torch.float32))
+
+
 def _relu6_shifted(x):
     y = add(x, 3)
     return where(aten.lt.Scalar(y, 0), 0, where(aten.gt.Scalar(y, 6), 6, y))
@@ -155,7 +158,8 @@ def hardsigmoid(x):
 @opmath
 def hardsigmoid_backward(grad_output, x):
     inside = aten.bitwise_and.Tensor(aten.gt.Scalar(x, -3), aten.lt.Scalar(x, 3))
-    return where(inside, div(grad_output, 6), 0)
+    # ATen multiplies by a float (not double) 1/6 constant; match it bit for bit
+    return where(inside, mul(grad_output, _ONE_SIXTH_F32), 0)
 
 
 @register(aten.softplus.default)
@@ -192,7 +196,8 @@ def mish_backward(grad_output, x):
 def log_sigmoid_forward(x):
     min_ = where(aten.lt.Scalar(x, 0), x, 0)
     z = aten.exp.default(aten.neg.default(aten.abs.default(x)))
-    buffer = aten.full.default([0], 0, dtype=x.dtype, device=x.device)
+    # the CPU kernel returns exp(-|x|) as its buffer; other devices an empty one
+    buffer = z if x.device.type == "cpu" else aten.full.default([0], 0, dtype=x.dtype, device=x.device)
     return sub(min_, aten.log1p.default(z)), buffer
 
 

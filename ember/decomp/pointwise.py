@@ -2,7 +2,8 @@
 
 Scalar overloads become their `.Tensor` prims (a Python scalar, or a 0-dim tensor whose dtype is
 the op's result dtype); clamp/masked_fill/where variants/addcmul/addcdiv/lerp/logical ops/etc.
-Result dtypes follow eager type promotion (`torch.result_type`).
+Result dtypes follow eager type promotion (computed in _util: torch.result_type and
+torch.promote_types are themselves aten ops and would be traced).
 """
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import math
 
 import torch
 
-from ._util import opmath, scalar, to, where
+from ._util import opmath, promote, scalar, scalar_result_dtype, to, where
 from .registry import register
 
 aten = torch.ops.aten
@@ -18,7 +19,7 @@ aten = torch.ops.aten
 
 def _num(value, like, dtype=None):
     """A 0-dim tensor holding a Python number, typed as eager would promote `like op value`."""
-    return aten.full.default([], value, dtype=dtype or torch.result_type(like, value),
+    return aten.full.default([], value, dtype=dtype or scalar_result_dtype(like.dtype, value),
                              device=like.device)
 
 
@@ -149,7 +150,7 @@ def _py_dtype(v):
 
 @register(aten.where.Scalar)
 def where_scalar(condition, self, other):
-    dtype = torch.promote_types(_py_dtype(self), _py_dtype(other))
+    dtype = promote(_py_dtype(self), _py_dtype(other))
     return aten.where.self(condition, _num(self, condition, dtype), _num(other, condition, dtype))
 
 
@@ -248,7 +249,8 @@ def nan_to_num(self, nan=None, posinf=None, neginf=None):
 
 @register(aten.xlogy.Tensor)
 def xlogy(self, other):
-    dtype = torch.result_type(self, other)
+    dtype = promote(self.dtype, other.dtype) if isinstance(other, torch.Tensor) \
+        else scalar_result_dtype(self.dtype, other)
     if not dtype.is_floating_point:
         dtype = torch.get_default_dtype()
     x, y = to(self, dtype), to(other, dtype)
@@ -285,7 +287,7 @@ def sinc(self):
 
 @register(aten.heaviside.default)
 def heaviside(self, values):
-    pos = to(aten.gt.Scalar(self, 0), torch.result_type(self, values))
+    pos = to(aten.gt.Scalar(self, 0), promote(self.dtype, values.dtype))
     return aten.where.self(aten.eq.Scalar(self, 0), to(values, pos.dtype), pos)
 
 

@@ -86,14 +86,18 @@ def min_all(self):
     return aten.amin.default(self, list(range(self.dim())))
 
 
+def _arg_input(x):
+    return to(x, torch.uint8) if x.dtype == torch.bool else x   # argmax/argmin reject bool
+
+
 @register(aten.max.dim)
 def max_dim(self, dim, keepdim=False):
-    return aten.amax.default(self, [dim], keepdim), aten.argmax.default(self, dim, keepdim)
+    return aten.amax.default(self, [dim], keepdim), aten.argmax.default(_arg_input(self), dim, keepdim)
 
 
 @register(aten.min.dim)
 def min_dim(self, dim, keepdim=False):
-    return aten.amin.default(self, [dim], keepdim), aten.argmin.default(self, dim, keepdim)
+    return aten.amin.default(self, [dim], keepdim), aten.argmin.default(_arg_input(self), dim, keepdim)
 
 
 @register(aten.max.other)

@@ -1,0 +1,271 @@
+"""OpInfo conformance harness: PyTorch's OpInfo database through an ember backend vs eager.
+
+For each (op, dtype) it takes up to `max_samples` sample inputs and checks
+- forward: `torch.compile(fn, backend=<counting ember backend>)` outputs vs eager outputs;
+- backward (differentiable ops, floating dtypes): grads of sum(out * cotangent) w.r.t. every
+  input that requires grad, vs eager.
+Backends: "aot_eager", "ember" (through Dynamo's capture, so only our backend stages are
+tested) and "decomp" (ember.testing.DecompMode on real tensors: the table alone, no tracer).
+
+A case is (op name, dtype, "fwd"|"bwd"); it passes when every sample passes. Cases whose samples
+all fail in eager, or that our backend never saw (Dynamo ran them eagerly), are "skip".
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import traceback
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_leaves, tree_unflatten
+
+# Ops whose results are random draws or depend on memory/uninitialised data: the forward
+# cannot be compared elementwise with eager (as in PyTorch's own compiler OpInfo tests).
+NONDETERMINISTIC = {
+    "bernoulli", "normal", "normal_", "rand_like", "randn_like", "randint_like", "randint", "randn",
+    "rand", "multinomial", "nn.functional.dropout", "nn.functional.dropout2d",
+    "nn.functional.dropout3d", "nn.functional.alpha_dropout", "nn.functional.feature_alpha_dropout",
+    "nn.functional.rrelu", "uniform", "cauchy", "exponential", "geometric", "log_normal",
+    "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "empty_permuted",
+    "torch.empty", "nn.functional.fractional_max_pool2d", "nn.functional.fractional_max_pool3d",
+    "bernoulli_", "nn.functional.scaled_dot_product_attention",
+}
+
+
+@dataclasses.dataclass
+class CaseResult:
+    op: str
+    variant: str
+    dtype: str
+    kind: str             # "fwd" | "bwd"
+    status: str           # "pass" | "fail" | "skip"
+    samples: int = 0
+    passed: int = 0
+    reason: str = ""
+
+    @property
+    def key(self) -> str:
+        return case_key(self.op, self.variant, self.dtype, self.kind)
+
+
+def case_key(op, variant, dtype, kind) -> str:
+    name = op + ("." + variant if variant else "")
+    return f"{name}|{dtype}|{kind}"
+
+
+def op_db():
+    from torch.testing._internal.common_methods_invocations import op_db as db
+    return db
+
+
+def family(opinfo) -> str:
+    from torch.testing._internal.opinfo.core import BinaryUfuncInfo, ReductionOpInfo, UnaryUfuncInfo
+    for prefix in ("nn.functional.", "linalg.", "special.", "fft.", "sparse.", "masked.", "signal."):
+        if opinfo.name.startswith(prefix):
+            return prefix[:-1]
+    if isinstance(opinfo, UnaryUfuncInfo):
+        return "unary"
+    if isinstance(opinfo, BinaryUfuncInfo):
+        return "binary"
+    if isinstance(opinfo, ReductionOpInfo):
+        return "reduction"
+    return "other"
+
+
+# ------------------------------------------------------------------------------ backends
+
+class CountingBackend:
+    """Wraps a raw (no eager fallback) ember backend and counts the graphs it compiled."""
+
+    def __init__(self, name: str):
+        from ember.backends.registry import _raw_backend
+        self.name = name
+        self.inner = _raw_backend(name)
+        self.graphs = 0
+
+    def __call__(self, gm, example_inputs):
+        self.graphs += 1
+        return self.inner(gm, example_inputs)
+
+
+def _compiled(fn, backend_name):
+    """(callable, counter) running fn through the named backend."""
+    if backend_name == "decomp":
+        from .decomp_mode import DecompMode
+
+        class _Counter:
+            graphs = 1
+
+        def run(*args):
+            with DecompMode():
+                return fn(*args)
+        return run, _Counter()
+    import torch._dynamo
+    backend = CountingBackend(backend_name)
+    return torch.compile(fn, backend=backend, dynamic=False), backend
+
+
+def _reset():
+    if "torch._dynamo" in __import__("sys").modules:
+        import torch._dynamo
+        torch._dynamo.reset()
+
+
+# ------------------------------------------------------------------------------ one sample
+
+def _as_fn(opinfo, sample):
+    """fn(*tensors) calling the op on the sample, and the sample's tensors."""
+    leaves, spec = tree_flatten((sample.input, sample.args, sample.kwargs))
+    idx = [i for i, v in enumerate(leaves) if isinstance(v, torch.Tensor)]
+    op = opinfo.op
+
+    def fn(*tensors):
+        vals = list(leaves)
+        for i, t in zip(idx, tensors):
+            vals[i] = t
+        inp, args, kwargs = tree_unflatten(vals, spec)
+        return op(inp, *args, **kwargs)
+    return fn, [leaves[i] for i in idx]
+
+
+def _fresh(tensors, grad):
+    out = []
+    for t in tensors:
+        c = t.detach().clone()
+        if grad and t.requires_grad:
+            c.requires_grad_(True)
+        out.append(c)
+    return out
+
+
+def _tols(dtype):
+    # torch.testing defaults, a little looser: decompositions reassociate sums
+    return {torch.float32: (1e-5, 1e-5), torch.float64: (1e-7, 1e-7),
+            torch.float16: (1e-3, 1e-3), torch.bfloat16: (1.6e-2, 1e-2)}.get(dtype, (0, 0))
+
+
+def _compare(got, ref, dtype):
+    rtol, atol = _tols(dtype)
+    g_leaves, r_leaves = tree_leaves(got), tree_leaves(ref)
+    if len(g_leaves) != len(r_leaves):
+        raise AssertionError(f"output structure differs: {len(g_leaves)} vs {len(r_leaves)} leaves")
+    for g, r in zip(g_leaves, r_leaves):
+        if isinstance(r, torch.Tensor):
+            if not isinstance(g, torch.Tensor):
+                raise AssertionError(f"expected a tensor, got {type(g).__name__}")
+            if r.is_floating_point() or r.is_complex():
+                torch.testing.assert_close(g, r, rtol=rtol, atol=atol, equal_nan=True,
+                                           check_device=True, check_stride=False)
+            else:
+                torch.testing.assert_close(g, r, rtol=0, atol=0, check_stride=False)
+        elif isinstance(r, float) and isinstance(g, float):
+            torch.testing.assert_close(g, r, rtol=rtol, atol=atol, equal_nan=True)
+        elif g != r:
+            raise AssertionError(f"non-tensor output differs: {g!r} vs {r!r}")
+
+
+def _grads(fn, tensors, cotangent_seed=0):
+    inputs = [t for t in tensors if t.requires_grad]
+    out = fn(*tensors)
+    outs = [o for o in tree_leaves(out) if isinstance(o, torch.Tensor) and o.requires_grad]
+    if not outs or not inputs:
+        return None
+    gen = torch.Generator().manual_seed(cotangent_seed)
+    cots = [torch.randn(o.shape, generator=gen, dtype=o.dtype).to(o.device) for o in outs]
+    return torch.autograd.grad(outs, inputs, cots, allow_unused=True)
+
+
+def check_sample(opinfo, sample, dtype, kind, backend_name):
+    """None when the sample passes; "skip: ..." when eager itself fails or the backend never
+    compiled it; otherwise a one-line failure reason."""
+    fn, tensors = _as_fn(opinfo, sample)
+    grad = kind == "bwd"
+    torch.manual_seed(0)
+    try:
+        ref = _grads(fn, _fresh(tensors, True)) if grad else fn(*_fresh(tensors, False))
+    except Exception as e:  # noqa: BLE001 - eager rejects the sample: nothing to compare
+        return f"skip: eager raised {type(e).__name__}"
+    if grad and ref is None:
+        return "skip: no differentiable output"
+    _reset()
+    compiled, counter = _compiled(fn, backend_name)
+    torch.manual_seed(0)
+    try:
+        got = _grads(compiled, _fresh(tensors, True)) if grad else compiled(*_fresh(tensors, False))
+    except Exception as e:  # noqa: BLE001
+        return _reason(e)
+    if counter.graphs == 0:
+        return "skip: not captured (Dynamo ran it eagerly)"
+    try:
+        _compare(got, ref, dtype)
+    except AssertionError as e:
+        first = str(e).strip().splitlines()
+        return "mismatch: " + (" ".join(first[:3]) if first else "values differ")[:300]
+    return None
+
+
+def _reason(e: BaseException) -> str:
+    inner = e
+    while getattr(inner, "inner_exception", None) is not None:
+        inner = inner.inner_exception
+    while inner.__cause__ is not None and type(inner).__name__ in ("BackendCompilerFailed",
+                                                                     "InternalTorchDynamoError"):
+        inner = inner.__cause__
+    msg = str(inner).strip().splitlines()
+    text = msg[0] if msg else ""
+    if os.environ.get("EMBER_OPINFO_TRACE"):
+        traceback.print_exception(e)
+    return f"error: {type(inner).__name__}: {text}"[:300]
+
+
+# ------------------------------------------------------------------------------ one case
+
+def run_case(opinfo, dtype, kind, backend_name="aot_eager", max_samples=4) -> CaseResult:
+    res = CaseResult(opinfo.name, opinfo.variant_test_name, str(dtype).replace("torch.", ""), kind,
+                     "skip")
+    if opinfo.name in NONDETERMINISTIC:
+        res.reason = "skip: nondeterministic op"
+        return res
+    if kind == "bwd" and not (opinfo.supports_autograd and (dtype.is_floating_point or dtype.is_complex)):
+        res.reason = "skip: not differentiable"
+        return res
+    try:
+        samples = list(opinfo.sample_inputs("cpu", dtype, requires_grad=(kind == "bwd")))
+    except Exception as e:  # noqa: BLE001
+        res.reason = f"skip: sample_inputs raised {type(e).__name__}"
+        return res
+    reasons = []
+    for sample in samples:
+        if res.samples >= max_samples:
+            break
+        r = check_sample(opinfo, sample, dtype, kind, backend_name)
+        if r is not None and r.startswith("skip"):
+            reasons.append(r)
+            continue
+        res.samples += 1
+        if r is None:
+            res.passed += 1
+        else:
+            reasons.append(r)
+    if res.samples == 0:
+        res.reason = reasons[0] if reasons else "skip: no samples"
+        return res
+    fails = [r for r in reasons if not r.startswith("skip")]
+    res.status = "pass" if not fails else "fail"
+    res.reason = fails[0] if fails else ""
+    _reset()
+    return res
+
+
+def select_ops(names=None):
+    ops = []
+    for o in op_db():
+        full = o.name + ("." + o.variant_test_name if o.variant_test_name else "")
+        if names is None or o.name in names or full in names:
+            ops.append(o)
+    return ops
+
+
+def supported_dtypes(opinfo, wanted):
+    have = opinfo.supported_dtypes("cpu")
+    return [d for d in wanted if d in have]
