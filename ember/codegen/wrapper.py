@@ -20,13 +20,16 @@ def _sig(buf):
 
 
 class WrapperCodegen:
-    def __init__(self, inputs, steps, plan, signatures, buffers, outputs, step_reads, step_writes):
+    def __init__(self, inputs, steps, plan, signatures, buffers, outputs, step_reads, step_writes,
+                 inplace_ok=None):
         self.inputs, self.steps, self.plan = inputs, steps, plan
         self.signatures, self.buffers, self.outputs = signatures, buffers, outputs
         self.step_reads, self.step_writes = step_reads, step_writes
         self.globals: dict = {"torch": torch, "empty_strided": torch.empty_strided,
                               "as_strided": torch.as_strided}
         self.owned: set = set()   # buffers we allocated (safe to reuse)
+        self.donated: set = set()  # buffers whose memory an output took over (in place)
+        self.inplace_ok = inplace_ok or (lambda step, src, dst: False)
         self.code = IndentedBuffer()
 
     def tensor_arg(self, a) -> str:
@@ -70,7 +73,9 @@ class WrapperCodegen:
                 self._step(i, step, pool)
                 for name in self.plan.frees.get(i, []):
                     buf = self.buffers.get(name)
-                    if name in self.owned and buf is not None:
+                    if name in self.donated:
+                        code.writeline(f"del {name}")
+                    elif name in self.owned and buf is not None:
                         pool.setdefault(_sig(buf), []).append(name)
                     elif name not in {b.name for b in self.inputs}:
                         code.writeline(f"del {name}")
@@ -93,8 +98,19 @@ class WrapperCodegen:
         code = self.code
         node = getattr(step, "node", None)
         if node is None:  # a kernel
+            dying = [b for b in self.plan.frees.get(i, []) if b in self.owned
+                     and b not in self.donated and b in self.step_reads(step)]
             for name in self.step_writes(step):
-                self._alloc(self.buffers[name], pool)
+                buf = self.buffers[name]
+                src = next((d for d in dying if _sig(self.buffers[d]) == _sig(buf)
+                            and self.inplace_ok(step, d, name)), None)
+                if src is not None:
+                    dying.remove(src)
+                    self.donated.add(src)
+                    self.owned.add(name)
+                    code.writeline(f"{name} = {src}  # in place")
+                    continue
+                self._alloc(buf, pool)
             if any(numel(self.buffers[n].size) == 0 for n in self.step_writes(step)):
                 return
             args = ", ".join(f"{n}.data_ptr()" for n in self.signatures[step.name])

@@ -22,7 +22,8 @@ from ..logging import get_logger
 from ..runtime.build import build_async, load
 from ..schedule.deps import node_deps
 from ..schedule.fuse import ExternStep, Kernel, fuse
-from ..schedule.memory import mark_locals, plan_memory, step_reads, step_writes
+from ..schedule.memory import (can_write_in_place, mark_locals, plan_memory, step_reads,
+                               step_writes)
 from .ir import TensorArg
 from .lowering import GraphLowering
 
@@ -63,7 +64,8 @@ def compile_aten_graph(gm, example_inputs, *, options=None):
     kernels = [s for s in steps if isinstance(s, Kernel)]
     source, sigs = generate_tu(kernels, deps, buffers)
     wrapper = WrapperCodegen(g.inputs, steps, plan, sigs, buffers, g.outputs,
-                             lambda s: step_reads(s, deps), step_writes)
+                             lambda s: step_reads(s, deps), step_writes,
+                             inplace_ok=lambda s, src, dst: can_write_in_place(s, deps, src, dst))
     wsrc = wrapper.generate()
     gid = next(_ids)
     stats = {"graph": gid, "kernels": len(kernels),

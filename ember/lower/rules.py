@@ -861,6 +861,33 @@ def embedding(ctx, node, weight, indices, padding_idx=-1, scale_grad=False, spar
     return Pending(Pointwise(size, out.dtype, inner))
 
 
+@rule(aten.index.Tensor)
+def index(ctx, node, x, indices):
+    out = out_meta(node)
+    size = tuple(out.shape)
+    if any(t is not None and (not isinstance(t, TensorValue) or t.dtype in (torch.bool, torch.uint8))
+           for t in indices):
+        return NotImplemented
+    pos = [i for i, t in enumerate(indices) if t is not None]
+    bshape = tuple(torch.broadcast_shapes(*[indices[i].size for i in pos]))
+    nb = len(bshape)
+    start = pos[0] if pos == list(range(pos[0], pos[-1] + 1)) else 0
+    lx = x.loader()
+    loaders = {i: broadcast_loader(indices[i], bshape) for i in pos}
+
+    def inner(idx):
+        bidx = list(idx[start:start + nb])
+        rest = iter(list(idx[:start]) + list(idx[start + nb:]))
+        full = []
+        for d in range(len(x.size)):
+            if d in loaders:
+                full.append(ops.indirect_indexing(loaders[d](bidx), x.size[d]))
+            else:
+                full.append(next(rest))
+        return lx(full)
+    return Pending(Pointwise(size, out.dtype, inner))
+
+
 # --- externs ---------------------------------------------------------------------------------
 
 @rule(aten.mm.default)
@@ -892,7 +919,8 @@ EXTERNS = (
     "scaled_dot_product_attention.default",
     "max_pool2d_with_indices.default", "max_pool2d_with_indices_backward.default",
     "sort.default", "sort.stable", "cumsum.default", "rand.default", "randn.default",
-    "empty_strided.default",
+    "empty_strided.default", "index_put.default", "scatter.src", "scatter.value",
+    "scatter_add.default",
 )
 
 

@@ -72,3 +72,24 @@ def plan_memory(steps, deps, outputs: set) -> MemoryPlan:
         if b not in outputs:
             frees.setdefault(i, []).append(b)
     return MemoryPlan(last, frees)
+
+
+def can_write_in_place(step, deps, src: str, dst: str) -> bool:
+    """May kernel `step` store buffer `dst` into `src`'s memory (src dies here)? Only in a plain
+    pointwise loop where src is read exactly at dst's write index and by no node after dst."""
+    if not isinstance(step, Kernel) or not step.pure_pointwise or len(step.stages) != 1:
+        return False
+    nodes = step.stages[0].nodes
+    names = [n.name for n in nodes]
+    if dst not in names:
+        return False
+    write = deps[dst].write_index
+    after = False
+    for n in nodes:
+        reads = deps[n.name].reads.get(src)
+        if reads is not None:
+            if after or any(idx != write for idx in reads):
+                return False
+        if n.name == dst:
+            after = True
+    return True

@@ -95,3 +95,15 @@ def test_unknown_op_becomes_fallback_extern():
     x = torch.randn(6, 8)
     stats = check(lambda t: torch.topk(t * 2, 3, dim=1).values + 1, x)
     assert stats["fallbacks"], stats
+
+
+def test_advanced_index_and_scatter_externs():
+    x = torch.randn(6, 7, 5)
+    i = torch.tensor([0, 5, 2, 2])
+    j = torch.tensor([[1], [3]])
+    check(lambda t, a, b: (t[a] * 2, t[:, a], t[b, :, a[:1]], t[a, 1:3]), x, i, j)
+    src = torch.randn(6, 7, 5)
+    idx = torch.randint(0, 6, (6, 7, 5))
+    stats = check(lambda t, s, ix: (t.scatter_add(0, ix, s) + 1, t.index_put((ix[0, 0],), s[0, 0, :1], True)),
+                  x, src, idx)
+    assert not stats["fallbacks"], stats

@@ -31,3 +31,15 @@ def test_wrapper_text_has_reuse_and_del():
     text = fn.ember_wrapper
     assert "# reuse" in text
     assert "empty_strided" in text
+
+
+def test_pointwise_after_extern_writes_in_place():
+    from ember.aot import trace_aten
+    from ember.decomp import get_decompositions
+    from ember.lower import compile_aten_graph
+    x, w = torch.randn(16, 16), torch.randn(16, 16)
+    f = lambda t, m: ((((t @ m).exp() @ m).relu() + 1) @ m).sin()  # noqa: E731
+    gm = trace_aten(f, (x, w), decompositions=get_decompositions())
+    fn = compile_aten_graph(gm, [x, w])
+    assert "# in place" in fn.ember_wrapper
+    torch.testing.assert_close(fn(x, w)[0], f(x, w), rtol=1e-4, atol=1e-3)
