@@ -68,10 +68,13 @@ class FrameCache:
         self.limit_hit = False
 
 
-def _cache_for(code) -> FrameCache:
-    c = CACHES.get(code)
+def _cache_for(code, settings: CompileSettings) -> FrameCache:
+    # One cache per (code object, compile settings): two instances of a class share compiled
+    # code, but a frame compiled for backend "eager" must never serve a call made for "ember".
+    key = (code, settings.backend, settings.mode, settings.fullgraph, settings.dynamic)
+    c = CACHES.get(key)
     if c is None:
-        c = CACHES[code] = FrameCache(code)
+        c = CACHES[key] = FrameCache(code)
     return c
 
 
@@ -90,7 +93,7 @@ class Runner:
         self.argnames = co.co_varnames[:self.nargs]
         self.fresh_names = set(self.argnames[co.co_argcount + co.co_kwonlyargcount:])
         self.simple = not (co.co_flags & (CO_VARARGS | CO_VARKEYWORDS)) and not co.co_kwonlyargcount
-        self.cache = _cache_for(co)
+        self.cache = _cache_for(co, settings)
 
     # ---- argument binding -----------------------------------------------------------------
     def bind(self, args, kwargs) -> tuple:
