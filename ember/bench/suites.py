@@ -126,7 +126,8 @@ _hf("distilbert", _cfg("DistilBertConfig", dim=256, n_layers=4, n_heads=4, hidde
                        vocab_size=1000, max_position_embeddings=256, dropout=0.0,
                        attention_dropout=0.0), "DistilBertModel")
 _hf("gpt2", _cfg("GPT2Config", n_embd=256, n_layer=4, n_head=4, vocab_size=1000, n_positions=256,
-                 resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False), "GPT2Model")
+                 resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False, bos_token_id=0,
+                 eos_token_id=0), "GPT2Model")
 _hf("llama", _cfg("LlamaConfig", hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
                   num_key_value_heads=2, intermediate_size=688, vocab_size=1000,
                   max_position_embeddings=256, use_cache=False), "LlamaModel")
