@@ -175,6 +175,11 @@ def plot(records: list[dict], path: str) -> str:
                     vals.append(r.get(key) if r.get("status") == "pass" and r.get(key) else 0.0)
                 xs = [i + (j - (len(comps) - 1) / 2) * width for i in range(len(models))]
                 ax.bar(xs, vals, width=width, color=colors[comp], label=labels[comp])
+                for x, m in zip(xs, models):     # say why a bar is missing
+                    st = idx.get((m, comp), {}).get("status")
+                    if st and st != "pass":
+                        ax.text(x, 0, STATUS_SHORT.get(st, st), rotation=90, ha="center",
+                                va="bottom", fontsize=6, color=colors[comp])
             if key == "speedup":
                 ax.axhline(1.0, color="black", linewidth=0.8)
             ax.set_xticks(range(len(models)))

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -74,3 +75,12 @@ def test_quick_real_models(tmp_path):
     assert {"tv_resnet18", "syn_mlp", "syn_nanogpt", "test_raises"} <= models
     assert all(r["status"] == "pass" for r in records if r["compiler"] == "eager"
                and r["model"] != "test_raises")
+
+
+def test_hanging_model_times_out(tmp_path):
+    t0 = time.monotonic()
+    _, records = _run(tmp_path, "--suite", "test_hang", "--compilers", "eager,ember", "--reps", "1",
+                      "--timeout", "12")
+    assert time.monotonic() - t0 < 90
+    assert {r["compiler"]: r["status"] for r in records} == {"eager": "timeout", "ember": "timeout"}
+    assert "timeout after 12 s" in records[0]["error"]
