@@ -62,6 +62,17 @@ def compile_aten_graph(gm, example_inputs, *, options=None):
     mark_locals(steps, deps, keep=out_names)
     plan = plan_memory(steps, deps, out_names)
     kernels = [s for s in steps if isinstance(s, Kernel)]
+    from ..codegen.triton_launch import compile_steps, selected  # Triton/GPU seam (issue 11)
+    if selected(gm, example_inputs, options):
+        run = compile_steps(g, steps, plan, deps, buffers, options, kernels=kernels,
+                            step_reads=lambda s: step_reads(s, deps), step_writes=step_writes,
+                            inplace_ok=lambda s, a, b: can_write_in_place(s, deps, a, b),
+                            stats={"kernels": len(kernels), "nodes": len(nodes),
+                                   "externs": sum(isinstance(s, ExternStep) for s in steps),
+                                   "fallbacks": list(g.fallbacks)})
+        with _lock:
+            STATS.append(run.ember_stats)
+        return run
     source, sigs = generate_tu(kernels, deps, buffers)
     wrapper = WrapperCodegen(g.inputs, steps, plan, sigs, buffers, g.outputs,
                              lambda s: step_reads(s, deps), step_writes,

@@ -1,0 +1,311 @@
+"""Stage 6/7, Triton: load generated kernels, choose launch configs, build the graph callable.
+
+`compile_steps(...)` is the Triton twin of the C++ path in ember.lower.compile: same lowering,
+fusion and memory plan, the same wrapper (`WrapperCodegen`, with kernels called on tensors
+instead of `data_ptr()`s and allocations on the graph's device), Triton kernels instead of a
+C++ TU. Launch configs come from heuristics (`heuristic_configs`) or, with autotuning on
+(options mode="max-autotune" or "triton.autotune"), from timing 2–6 candidates once per kernel
+source + argument shapes and caching the winner on disk (`<cache>/triton/autotune/<key>.json`).
+
+Device selection (`selected`): CUDA graphs run here; CPU graphs only with
+options["cpu_codegen"] == "triton", which needs TRITON_INTERPRET=1 (Triton's CPU interpreter).
+
+Consumes: lowering result, steps, memory plan, NodeDeps, buffers. Produces: callable(*inputs).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import importlib.util
+import itertools
+import json
+import os
+import re
+import tempfile
+import threading
+import time
+
+import torch
+
+from .. import config
+from ..errors import InternalError, Unsupported
+from ..logging import get_logger
+from .triton import MAX_PERSISTENT, LOOP_RBLOCK, generate_kernels, module_source
+from .wrapper import WrapperCodegen
+
+code_log = get_logger("output_code")
+perf_log = get_logger("perf")
+_ids = itertools.count()
+
+
+# --- device selection ----------------------------------------------------------------------
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def graph_devices(gm, example_inputs) -> set:
+    devs = set()
+    d = getattr(gm, "meta", {}).get("device")
+    if d is not None:
+        devs.add(torch.device(d).type)
+    for x in example_inputs:
+        if isinstance(x, torch.Tensor):
+            devs.add(x.device.type)
+    devs.discard("meta")
+    return devs
+
+
+def selected(gm, example_inputs, options) -> bool:
+    """Should this graph take the Triton path? Raises on graphs no backend can run."""
+    options = options or {}
+    devs = graph_devices(gm, example_inputs)
+    if len(devs) > 1:
+        raise Unsupported(f"graph mixes devices {sorted(devs)}; ember compiles one device per "
+                          f"graph (falls back to eager)")
+    want = options.get("cpu_codegen") == "triton"
+    if "cuda" in devs:
+        return True
+    if want:
+        if not interpreting():
+            raise Unsupported("options={'cpu_codegen': 'triton'} runs Triton kernels on CPU "
+                              "tensors, which needs Triton's interpreter: set TRITON_INTERPRET=1 "
+                              "before importing triton")
+        return True
+    return False
+
+
+# --- loading -------------------------------------------------------------------------------
+
+def load_module(source: str):
+    """Write `source` under the cache dir (Triton reads kernel source from files) and import it."""
+    key = hashlib.sha256(source.encode()).hexdigest()[:24]
+    d = config.cache_dir() / "triton"
+    d.mkdir(parents=True, exist_ok=True)
+    path = d / f"k{key}.py"
+    if not path.exists() or path.read_text() != source:
+        fd, tmp = tempfile.mkstemp(dir=d, suffix=".py")
+        with os.fdopen(fd, "w") as f:
+            f.write(source)
+        os.replace(tmp, path)
+    spec = importlib.util.spec_from_file_location(f"ember_triton_{key}", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+# --- launch configs ------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    XBLOCK: int
+    RBLOCK: int = 0          # 0 for pointwise kernels
+    num_warps: int = 4
+
+    def kwargs(self) -> dict:
+        kw = {"XBLOCK": self.XBLOCK, "num_warps": self.num_warps}
+        if self.RBLOCK:
+            kw["RBLOCK"] = self.RBLOCK
+        return kw
+
+
+def next_pow2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
+
+
+def heuristic_configs(ks, loop_rblock=LOOP_RBLOCK) -> list:
+    """Candidate configs, best guess first (the heuristic choice is element 0)."""
+    xp = next_pow2(ks.xnumel)
+    if ks.kind == "pointwise":
+        cands = [(min(xp, 1024), 4), (min(xp, 512), 4), (min(xp, 256), 4), (min(xp, 1024), 8),
+                 (min(xp, 128), 2)]
+        return list(dict.fromkeys(Config(x, 0, w) for x, w in cands))
+    if ks.persistent:
+        r = next_pow2(ks.rnumel)
+        cands = [(max(1, min(xp, 4096 // r)), 4 if r < 1024 else 8),
+                 (max(1, min(xp, 1024 // r)), 4), (max(1, min(xp, 8192 // r)), 8), (1, 4)]
+        return list(dict.fromkeys(Config(x, r, w) for x, w in cands))
+    r = min(loop_rblock, next_pow2(ks.rnumel))
+    cands = [(max(1, min(xp, 4096 // r)), r, 4), (1, r, 4), (max(1, min(xp, 8)), min(r, 256), 4),
+             (max(1, min(xp, 2)), min(2 * r, 2048), 8)]
+    return list(dict.fromkeys(Config(x, rb, w) for x, rb, w in cands))
+
+
+def _autotune_path(key: str):
+    return config.cache_dir() / "triton" / "autotune" / f"{key}.json"
+
+
+class Launcher:
+    """Calls one jit kernel on tensors: grid from xnumel and XBLOCK, config by heuristic or
+    autotuning (timed once, cached on disk per kernel source + shapes)."""
+
+    def __init__(self, fn, ks, configs, *, autotune=False, timer=None, writes=()):
+        self.fn, self.ks, self.configs = fn, ks, configs
+        self.writes = set(writes)
+        self.autotune = autotune and len(configs) > 1
+        self.best = None if self.autotune else configs[0]
+        self.timer = timer or _time_call
+        self.lock = threading.Lock()
+        self.tuned_from_cache = None
+
+    def grid(self, cfg):
+        return (max(1, -(-self.ks.xnumel // cfg.XBLOCK)),)
+
+    def launch(self, cfg, args):
+        self.fn[self.grid(cfg)](*args, **cfg.kwargs())
+
+    def __call__(self, *args):
+        cfg = self.best
+        if cfg is None:
+            with self.lock:
+                if self.best is None:
+                    self.best = self._tune(args)
+            cfg = self.best
+        self.launch(cfg, args)
+
+    def key(self, args) -> str:
+        h = hashlib.sha256(self.ks.source.encode())
+        for a in args:
+            h.update(f"{tuple(a.shape)}{tuple(a.stride())}{a.dtype}{a.device.type};".encode())
+        h.update(torch.cuda.get_device_name().encode() if args and args[0].is_cuda else b"cpu")
+        return h.hexdigest()[:32]
+
+    def _tune(self, args):
+        path = _autotune_path(self.key(args))
+        try:
+            saved = json.loads(path.read_text())
+            cfg = Config(**saved["config"])
+            if cfg in self.configs:
+                self.tuned_from_cache = True
+                return cfg
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+        writes = self.writes
+        timings = []
+        for cfg in self.configs:
+            # outputs may alias inputs (in-place kernels): time on scratch copies of them
+            trial = [a.clone() if n in writes else a for n, a in zip(self.ks.args, args)]
+            timings.append((self.timer(lambda: self.launch(cfg, trial), args), cfg))
+        best = min(timings, key=lambda t: t[0])[1]
+        perf_log.info("autotune %s: %s", self.ks.name,
+                      ", ".join(f"{c} {t * 1e6:.1f}us" for t, c in timings))
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".json")
+            with os.fdopen(fd, "w") as f:
+                json.dump({"kernel": self.ks.name, "config": dataclasses.asdict(best),
+                           "timings": [[t, dataclasses.asdict(c)] for t, c in timings]}, f)
+            os.replace(tmp, path)
+        except OSError:  # pragma: no cover - cache is an optimisation
+            pass
+        self.tuned_from_cache = False
+        return best
+
+
+def _time_call(fn, args) -> float:
+    if args and args[0].is_cuda:  # pragma: no cover - GPU only
+        import triton.testing
+        return triton.testing.do_bench(fn, warmup=5, rep=20) * 1e-3
+    fn()  # warm (first call builds/interprets)
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+# --- the graph callable --------------------------------------------------------------------
+
+_CALL = re.compile(r"^(\s*)(kernel\d+)\((.*)\)$")
+
+
+def tensor_calls(wsrc: str, kernel_names) -> str:
+    """The C++ wrapper passes `buf.data_ptr()`; Triton kernels take the tensors themselves."""
+    out = []
+    for line in wsrc.split("\n"):
+        m = _CALL.match(line)
+        if m and m.group(2) in kernel_names:
+            line = f"{m.group(1)}{m.group(2)}({m.group(3).replace('.data_ptr()', '')})"
+        out.append(line)
+    return "\n".join(out)
+
+
+def options_autotune(options) -> bool:
+    return bool(options.get("triton.autotune", options.get("mode") == "max-autotune"))
+
+
+def compile_steps(g, steps, plan, deps, buffers, options, *, step_reads, step_writes,
+                  inplace_ok, kernels, stats):
+    """The Triton path of compile_aten_graph. Returns the callable (same convention as C++)."""
+    devs = graph_devices_of(g, options)
+    device = "cuda" if "cuda" in devs else "cpu"
+    interpret = interpreting() or device == "cpu"
+    sources = generate_kernels(kernels, deps, buffers,
+                               max_persistent=int(options.get("triton.max_persistent",
+                                                              MAX_PERSISTENT)),
+                               interpret=interpret)
+    sigs = {s.name: s.args for s in sources}
+    wrapper = WrapperCodegen(g.inputs, steps, plan, sigs, buffers, g.outputs, step_reads,
+                             step_writes, inplace_ok=inplace_ok)
+    wsrc = tensor_calls(wrapper.generate(), set(sigs))
+    msrc = module_source(sources) if sources else ""
+    gid = next(_ids)
+    stats = dict(stats, backend="triton", device=device,
+                 persistent=sum(s.persistent for s in sources),
+                 looped=sum(s.kind == "reduction" and not s.persistent for s in sources))
+    _report(gid, msrc, wsrc)
+    globs = dict(wrapper.globals)
+    if device == "cuda":
+        globs["empty_strided"] = functools.partial(torch.empty_strided, device="cuda")
+    launchers = {}
+    if sources:
+        mod = load_module(msrc)
+        autotune = options_autotune(options)
+        loop_rblock = int(options.get("triton.rblock", LOOP_RBLOCK))
+        for s in sources:
+            launchers[s.name] = Launcher(getattr(mod, s.name), s,
+                                         heuristic_configs(s, loop_rblock), autotune=autotune,
+                                         writes=step_writes_of(s, kernels))
+    globs.update(launchers)
+    exec(compile(wsrc, f"<ember triton wrapper {gid}>", "exec"), globs)
+    call = globs["call"]
+    no_grad = torch.no_grad
+
+    def run(*args):
+        with no_grad():
+            return call(args)
+    run.ember_stats = stats
+    run.ember_wrapper = wsrc
+    run.ember_triton_source = msrc
+    run.ember_launchers = launchers
+    if device == "cuda" and options.get("mode") == "reduce-overhead":
+        from ..runtime.cudagraphs import cudagraphify
+        run = cudagraphify(run, g)
+    return run
+
+
+def graph_devices_of(g, options) -> set:
+    devs = set()
+    gm = getattr(g, "gm", None)
+    if gm is not None:
+        devs = graph_devices(gm, getattr(g, "example_inputs", []))
+    return devs
+
+
+def step_writes_of(ks, kernels) -> list:
+    k = next(k for k in kernels if k.name == ks.name)
+    return [n.name for n in k.nodes if n.name not in k.local]
+
+
+def _report(gid, msrc, wsrc):
+    if code_log.isEnabledFor(20):
+        code_log.info("graph %d Triton:\n%s\ngraph %d wrapper:\n%s", gid, msrc, gid, wsrc)
+    d = config.debug_dir()
+    if d is not None:
+        d.mkdir(parents=True, exist_ok=True)
+        if msrc:
+            (d / f"triton_graph{gid}_kernels.py").write_text(msrc)
+        (d / f"triton_graph{gid}_wrapper.py").write_text(f"# ember Triton wrapper {gid}\n{wsrc}")
+
+
+__all__ = ["selected", "compile_steps", "Launcher", "Config", "heuristic_configs",
+           "interpreting", "InternalError"]
