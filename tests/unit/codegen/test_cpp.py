@@ -1,0 +1,75 @@
+"""C++ codegen on small hand-built loop IR: loop planning, pragmas, tails and dtypes."""
+import sympy
+import torch
+
+from ember.codegen.common import FloorDiv, ModularIndexing, ops, sym
+from ember.codegen.cpp import cexpr, generate_tu, plan_loops
+from ember.lower.ir import ComputedBuffer, InputBuffer, Pointwise, Reduction
+from ember.runtime.build import build, load
+from ember.schedule.deps import node_deps
+from ember.schedule.fuse import fuse
+from ember.schedule.memory import mark_locals
+
+
+def test_plan_loops_merges_contiguous_dims_only():
+    v0, v1, v2 = sym("v0"), sym("v1"), sym("v2")
+    sizes, vars_, subs = plan_loops([4, 5, 6], [v0, v1, v2], [30 * v0 + 6 * v1 + v2])
+    assert sizes == [120] and vars_ == [v2] and subs == {v0: 0, v1: 0}
+    sizes, _, _ = plan_loops([4, 5, 6], [v0, v1, v2], [30 * v0 + 6 * v1 + v2, v0 + 4 * v1])
+    assert sizes == [4, 5, 6]
+    sizes, _, _ = plan_loops([4, 5, 6], [v0, v1, v2], [30 * v0 + 6 * v1 + v2, 6 * v1 + v2])
+    assert sizes == [4, 30]
+    sizes, _, _ = plan_loops([4, 6], [v0, v1], [FloorDiv(6 * v0 + v1, 4)])
+    assert sizes == [4, 6]
+
+
+def test_cexpr_prints_div_mod():
+    x = sym("v0")
+    assert cexpr(ModularIndexing(x, sympy.Integer(3), sympy.Integer(5))) == "((v0 / 3) % 5)"
+    assert cexpr(FloorDiv(x, sympy.Integer(4))) == "(v0 / 4)"
+    assert cexpr(sympy.Integer(2 ** 40)) == "1099511627776LL"
+
+
+def _compile(nodes, inputs):
+    deps = {n.name: node_deps(n) for n in nodes}
+    steps = fuse(nodes, deps)
+    mark_locals(steps, deps, keep={nodes[-1].name})
+    buffers = {b.name: b for b in inputs + nodes}
+    src, sigs = generate_tu(steps, deps, buffers)
+    return steps, src, load(build(src), sigs), sigs
+
+
+def test_handbuilt_softmax_rows_is_one_kernel_with_pragmas(tmp_path, monkeypatch):
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))
+    n, d = 300, 257   # odd sizes: SIMD tails
+    x = InputBuffer("arg0", torch.float32, (n, d), (d, 1), position=0)
+    xl = x.loader()
+    mx = ComputedBuffer("buf0", torch.float32, (n, 1), (1, 1), body=Reduction(
+        (n, 1), (d,), "max", torch.float32, torch.float32, lambda i, r: xl([i[0], r[0]])))
+    sm = ComputedBuffer("buf1", torch.float32, (n, 1), (1, 1), body=Reduction(
+        (n, 1), (d,), "sum", torch.float32, torch.float32,
+        lambda i, r: ops.exp(ops.sub(xl([i[0], r[0]]), mx.loader()([i[0], 0])))))
+    out = ComputedBuffer("buf2", torch.float32, (n, d), (d, 1), body=Pointwise(
+        (n, d), torch.float32, lambda i: ops.truediv(
+            ops.exp(ops.sub(xl(i), mx.loader()([i[0], 0]))), sm.loader()([i[0], 0]))))
+    steps, src, fns, sigs = _compile([mx, sm, out], [x])
+    assert len(steps) == 1 and steps[0].local == {"buf0", "buf1"}
+    assert "#pragma omp parallel for" in src and "#pragma omp simd" in src
+    t = torch.randn(n, d)
+    res = torch.empty(n, d)
+    fns[steps[0].name](*[{"arg0": t, "buf2": res}[a].data_ptr() for a in sigs[steps[0].name]])
+    torch.testing.assert_close(res, torch.softmax(t, -1))
+
+
+def test_bf16_storage_fp32_accumulation(tmp_path, monkeypatch):
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))
+    n = 4099
+    x = InputBuffer("arg0", torch.bfloat16, (n,), (1,), position=0)
+    s = ComputedBuffer("buf0", torch.bfloat16, (), (), body=Reduction(
+        (), (n,), "sum", torch.bfloat16, torch.float32, lambda i, r: x.loader()([r[0]])))
+    steps, src, fns, sigs = _compile([s], [x])
+    assert "float acc" in src
+    t = torch.ones(n, dtype=torch.bfloat16)
+    res = torch.empty((), dtype=torch.bfloat16)
+    fns[steps[0].name](t.data_ptr(), res.data_ptr())
+    assert res.item() == torch.tensor(float(n)).bfloat16().item()
