@@ -53,6 +53,7 @@ class Path:
     warnings: list[str] = dataclasses.field(default_factory=list)
     rejected: list[str] = dataclasses.field(default_factory=list)   # earlier paths and why
     problem: str | None = None        # set when no path worked: why this one is not trusted
+    stats: dict = dataclasses.field(default_factory=dict)        # ember.stats() after the call
 
     @property
     def label(self) -> str:
@@ -71,14 +72,28 @@ class Path:
         return [w for w in self.warnings if is_fallback_warning(w)]
 
     @property
+    def counted_fallbacks(self) -> int:
+        """Fallbacks ember's own counters saw (only meaningful for ember's backends)."""
+        if self.backend == "inductor" and self.front == "torch.compile":
+            return 0
+        return int(self.stats.get("counts", {}).get("fallbacks", 0) or 0)
+
+    @property
     def compiled(self) -> bool:
-        return self.front == "eager" or (self.graphs > 0 and not self.fallbacks)
+        return self.front == "eager" or (self.graphs > 0 and not self.fallbacks
+                                         and not self.counted_fallbacks)
+
+    def refresh_stats(self) -> None:
+        if self.front != "eager":
+            import ember
+            self.stats = ember.stats()
 
     def record(self) -> dict:
         return {"path": self.label, "front": self.front, "backend": self.backend,
                 "graphs": self.graphs, "graph_breaks": max(self.graphs - 1, 0),
                 "graph_nodes": self.counter.nodes if self.counter else 0,
                 "compiled": self.compiled, "problem": self.problem,
+                "counted_fallbacks": self.counted_fallbacks,
                 "fallback_warnings": self.fallbacks[:5],
                 "rejected_paths": self.rejected}
 
@@ -193,10 +208,12 @@ def first_working(compiler: str, build: Callable[[], torch.nn.Module],
             tried.append(f"{Path(f, b).label}: {describe_exception(exc)}")
             last_exc = exc
             continue
+        path.refresh_stats()
         problem = None
         if not path.compiled:
             problem = (f"fell back to eager ({path.fallbacks[0][:160]})" if path.fallbacks
-                       else "compiled no graph")
+                       else f"{path.counted_fallbacks} fallback(s) in ember.stats()"
+                       if path.counted_fallbacks else "compiled no graph")
         elif check is not None:
             problem = check(out)
         path.rejected = list(tried)

@@ -257,6 +257,10 @@ def measure(spec, mode: str, compiler_names: list[str], reps: int, warmup: int, 
             rec["speedup_of_medians"] = rec["eager_step_s"] / rec["step_s"]
             rec["compile_s"] = max(rec["first_call_s"] - rec["step_s"], 0.0)
         path = rec.pop("_path")
+        if c == "ember":
+            path.refresh_stats()          # a fallback or recompile during warm-up shows here
+            rec["ember_stats"] = path.stats
+            rec["counted_fallbacks"] = path.counted_fallbacks
         rec["fallback_warnings"] = path.fallbacks[:5]
         if rec.get("status") == "pass" and not path.compiled:
             rec["status"], rec["error"] = "fallback", "fell back to eager after the first call"
