@@ -10,6 +10,7 @@ raises under fullgraph=True, else the frame runs eagerly with one warning (file:
 from __future__ import annotations
 
 import collections
+import threading
 import types
 
 import torch
@@ -66,6 +67,9 @@ class FrameCache:
         self.entries: list[Entry] = []
         self.n_compiled = 0
         self.limit_hit = False
+        # Held while a miss compiles, so threads racing on a cold frame compile it once.
+        # Re-entrant: compiling may call back into the same frame (recursion, nested compile).
+        self.lock = threading.RLock()
 
 
 def _cache_for(code, settings: CompileSettings) -> FrameCache:
@@ -94,6 +98,7 @@ class Runner:
         self.fresh_names = set(self.argnames[co.co_argcount + co.co_kwonlyargcount:])
         self.simple = not (co.co_flags & (CO_VARARGS | CO_VARKEYWORDS)) and not co.co_kwonlyargcount
         self.cache = _cache_for(co, settings)
+        self.fast_n = co.co_argcount - (bound_self is not None) if self.simple else -1
 
     # ---- argument binding -----------------------------------------------------------------
     def bind(self, args, kwargs) -> tuple:
@@ -136,7 +141,29 @@ class Runner:
         return tuple(out)
 
     def __call__(self, *args, **kwargs):
-        locals_ = self.bind(args, kwargs)
+        # fast path: positional call, MRU entry hits
+        if kwargs or len(args) != self.fast_n:
+            locals_ = self.bind(args, kwargs)
+        elif self.bound_self is not None:
+            locals_ = (self.bound_self,) + args
+        else:
+            locals_ = args
+        entries = self.cache.entries
+        if entries:
+            r = entries[0].run(self.fn, *locals_)
+            if r is not MISS and r is not EAGER:
+                return r
+        return self._slow(locals_)
+
+    def _slow(self, locals_):
+        r = self._lookup(locals_)
+        if r is not MISS:
+            return r
+        with self.cache.lock:
+            r = self._lookup(locals_)  # another thread may have compiled it meanwhile
+            return self.miss(locals_) if r is MISS else r
+
+    def _lookup(self, locals_):
         entries = self.cache.entries
         fn = self.fn
         for i, e in enumerate(entries):
@@ -147,7 +174,7 @@ class Runner:
                 if r is EAGER:
                     return self.run_eager(locals_)
                 return r
-        return self.miss(locals_)
+        return MISS
 
     def run_eager(self, locals_):
         STATS["eager_calls"] += 1
