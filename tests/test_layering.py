@@ -11,7 +11,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1] / "ember"
 STAGES = ["capture", "backends", "aot", "decomp", "lower", "schedule", "codegen", "runtime"]
-SHARED = {"config", "errors", "logging", "counters", "progress"}
+SHARED = {"config", "errors", "logging", "counters", "progress", "debug"}
 # Tooling that may use anything (benchmarks measure against torch.compile); nothing imports it.
 TOOLING = {"bench"}
 TOP = {"__init__", "api", "cli"}

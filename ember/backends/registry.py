@@ -15,7 +15,7 @@ import importlib
 import threading
 from typing import Any, Callable
 
-from .. import config, counters, progress
+from .. import config, counters, debug, progress
 from ..errors import BackendCompilerFailed
 from ..logging import get_logger, warn_once
 
@@ -88,7 +88,10 @@ def _with_fallback(name: str, fn: Callable) -> Callable:
     @functools.wraps(fn)
     def compile_graph(gm, example_inputs, **kwargs: Any):
         try:
-            with progress.compiling(), counters.timed(f"backend:{name}"):
+            with progress.compiling(), counters.timed(f"backend:{name}"), debug.graph_scope():
+                debug.dump("captured", gm.print_readable(print_output=False),
+                           summary=f"{len(gm.graph.nodes)} nodes, {len(example_inputs)} inputs, "
+                                   f"backend {name}")
                 return fn(gm, example_inputs, **kwargs)
         except Exception as exc:  # noqa: BLE001 - the fallback policy is exactly this
             from ..errors import Unsupported
