@@ -81,9 +81,9 @@ def _remainder(a, b):
 @triton.jit
 def _pow(a, b):
     r = tl.exp2(b * tl.log2(tl.abs(a)))
-    odd = (tl.floor(b) == b) & (b - 2 * tl.floor(b * 0.5) != 0)
-    r = tl.where((a < 0) & odd, -r, r)
-    r = tl.where((a < 0) & (tl.floor(b) != b), _NAN, r)
+    # nested where, not &: b is often a 0-d constant, which `&` rejects in the interpreter
+    odd = (b - 2 * tl.floor(b * 0.5)) != 0
+    r = tl.where(a < 0, tl.where(tl.floor(b) == b, tl.where(odd, -r, r), _NAN), r)
     return tl.where(b == 0, 1.0, r)
 
 
