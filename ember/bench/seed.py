@@ -220,7 +220,15 @@ def seed_cifar10(args: argparse.Namespace) -> int:
         for epoch in range(args.epochs):
             model.train()
             t = time.perf_counter()
-            losses = [train_step(model, opt, x, y) for x, y in batches(epoch)]
+            losses = []
+            n_steps = len(xtr) // args.batch
+            for x, y in batches(epoch):
+                losses.append(train_step(model, opt, x, y))
+                if epoch == 0 and len(losses) == 6 and n_steps > 30:
+                    per = (time.perf_counter() - t) / 6
+                    print(f"   {label:6} ~{per:.2f} s/step, {n_steps} steps/epoch: about "
+                          f"{per * n_steps * args.epochs / 60:.0f} min for {args.epochs} epochs "
+                          "(--samples makes it shorter)", flush=True)
             train_s = time.perf_counter() - t
             model.eval()
             correct = 0
