@@ -17,6 +17,12 @@ aten = torch.ops.aten
 _MUTATION_PRIMITIVES = {aten.copy_.default}
 
 
+def _same_signature(functional, inplace) -> bool:
+    fa, ia = functional._schema.arguments, inplace._schema.arguments
+    return len(fa) == len(ia) and all(str(a.type) == str(b.type) and a.name == b.name
+                                      for a, b in zip(fa, ia))
+
+
 def _register_all():
     for op in list(DECOMPS) + sorted(PRIMS, key=str):
         packet_name = op._schema.name.split("::")[1]
@@ -24,6 +30,10 @@ def _register_all():
         if inplace_packet is None or op._overloadname not in inplace_packet.overloads():
             continue
         ov = getattr(inplace_packet, op._overloadname)
+        if torch.Tag.inplace_view in ov.tags or op.is_view:
+            continue  # squeeze_/t_/... change metadata, not data: not a copy_ of a result
+        if not _same_signature(op, ov):
+            continue  # e.g. pow.Scalar(Scalar self, Tensor exponent) vs pow_.Scalar(Tensor self, ...)
         if ov in DECOMPS or ov in PRIMS or ov in _MUTATION_PRIMITIVES:
             continue
         register(ov)(inplace_of(op))

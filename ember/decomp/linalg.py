@@ -53,7 +53,10 @@ def baddbmm(self, batch1, batch2, *, beta=1, alpha=1):
 
 @register(aten.addbmm.default)
 def addbmm(self, batch1, batch2, *, beta=1, alpha=1):
-    prod = aten.sum.dim_IntList(aten.bmm.default(batch1, batch2), [0])
+    # one mm with K = b*m: [n, b*m] @ [b*m, p] (a single extern call, like eager's accumulation)
+    b, n, m = batch1.shape
+    lhs = aten.reshape.default(aten.permute.default(batch1, [1, 0, 2]), [n, b * m])
+    prod = aten.mm.default(lhs, aten.reshape.default(batch2, [b * m, batch2.shape[2]]))
     out = _plus(_beta_term(self, beta, batch1), _scale(prod, alpha))
     shape = [batch1.shape[1], batch2.shape[2]]
     return out if list(out.shape) == shape else aten.clone.default(aten.expand.default(out, shape))

@@ -15,6 +15,8 @@ def _dims(x, dim):
 
 
 def _count(x, dims):
+    if x.dim() == 0:
+        return 1
     n = 1
     for d in dims:
         n *= x.shape[d]

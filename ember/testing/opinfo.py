@@ -7,6 +7,8 @@ For each (op, dtype) it takes up to `max_samples` sample inputs and checks
 Backends: "aot_eager", "ember" (through Dynamo's capture, so only our backend stages are
 tested) and "decomp" (ember.testing.DecompMode on real tensors: the table alone, no tracer).
 
+By default the backend is called directly on a one-node torch-level graph that calls the op
+(fast: no Dynamo); EMBER_OPINFO_DYNAMO=1 goes through torch.compile(fn, backend=...) instead.
 A case is (op name, dtype, "fwd"|"bwd"); it passes when every sample passes. Cases whose samples
 all fail in eager, or that our backend never saw (Dynamo ran them eagerly), are "skip".
 """
@@ -88,8 +90,22 @@ class CountingBackend:
         return self.inner(gm, example_inputs)
 
 
-def _compiled(fn, backend_name):
-    """(callable, counter) running fn through the named backend."""
+def _graph_module(fn, n_inputs):
+    """A torch-level GraphModule `(t0, ..., tn) -> tuple(tree_leaves(fn(t0, ..., tn)))`: the one
+    node calls fn, so the backend traces fn itself (no Dynamo capture in between)."""
+    import torch.fx as fx
+
+    def flat(*ts):
+        return tuple(tree_leaves(fn(*ts)))
+    g = fx.Graph()
+    phs = [g.placeholder(f"t{i}") for i in range(n_inputs)]
+    g.output(g.call_function(flat, tuple(phs)))
+    return fx.GraphModule(torch.nn.Module(), g)
+
+
+def _compiled(fn, backend_name, n_inputs=0, via_dynamo=False):
+    """(callable, counter) running fn through the named backend: directly (the backend gets a
+    one-node torch-level graph calling fn; fast) or through torch.compile (Dynamo's capture)."""
     if backend_name == "decomp":
         from .decomp_mode import DecompMode
 
@@ -100,8 +116,17 @@ def _compiled(fn, backend_name):
             with DecompMode():
                 return fn(*args)
         return run, _Counter()
-    import torch._dynamo
     backend = CountingBackend(backend_name)
+    if not via_dynamo:
+        gm = _graph_module(fn, n_inputs)
+        state = {}
+
+        def run(*args):
+            if "compiled" not in state:
+                state["compiled"] = backend(gm, list(args))
+            return tuple(state["compiled"](*args))
+        return run, backend
+    import torch._dynamo  # noqa: F401
     return torch.compile(fn, backend=backend, dynamic=False), backend
 
 
@@ -175,7 +200,10 @@ def _grads(fn, tensors, cotangent_seed=0):
     return torch.autograd.grad(outs, inputs, cots, allow_unused=True)
 
 
-def check_sample(opinfo, sample, dtype, kind, backend_name):
+VIA_DYNAMO = os.environ.get("EMBER_OPINFO_DYNAMO") == "1"
+
+
+def check_sample(opinfo, sample, dtype, kind, backend_name, via_dynamo=None):
     """None when the sample passes; "skip: ..." when eager itself fails or the backend never
     compiled it; otherwise a one-line failure reason."""
     fn, tensors = _as_fn(opinfo, sample)
@@ -187,8 +215,18 @@ def check_sample(opinfo, sample, dtype, kind, backend_name):
         return f"skip: eager raised {type(e).__name__}"
     if grad and ref is None:
         return "skip: no differentiable output"
-    _reset()
-    compiled, counter = _compiled(fn, backend_name)
+    via_dynamo = VIA_DYNAMO if via_dynamo is None else via_dynamo
+    if not via_dynamo:
+        # the direct path returns the flat tuple of tensor leaves; non-tensor outputs need Dynamo
+        leaves = tree_leaves(ref)
+        if all(isinstance(v, torch.Tensor) for v in leaves) and leaves:
+            if not grad:
+                ref = tuple(leaves)
+        else:
+            via_dynamo = True
+    if via_dynamo:
+        _reset()
+    compiled, counter = _compiled(fn, backend_name, len(tensors), via_dynamo)
     torch.manual_seed(0)
     try:
         got = _grads(compiled, _fresh(tensors, True)) if grad else compiled(*_fresh(tensors, False))

@@ -70,6 +70,20 @@ def summarize(results):
     return out
 
 
+def update_xfail_table(path, backend, results):
+    """Failed cases enter the table with their reason; cases that ran and passed leave it."""
+    table = json.load(open(path)) if os.path.exists(path) else {}
+    entries = table.setdefault(backend, {})
+    for r in results:
+        if r.status == "fail":
+            entries[r.key] = r.reason
+        elif r.status == "pass":
+            entries.pop(r.key, None)
+    table[backend] = dict(sorted(entries.items()))
+    with open(path, "w") as f:
+        f.write(json.dumps(table, indent=1, sort_keys=True) + "\n")
+
+
 def _reason_class(reason: str) -> str:
     import re
     r = re.sub(r"\d+(\.\d+)?(e-?\d+)?", "N", reason)
@@ -111,6 +125,9 @@ def main(argv=None):
     ap.add_argument("--max-samples", type=int, default=3)
     ap.add_argument("--json", default=None, help="summary path (default opinfo_<backend>.json)")
     ap.add_argument("--quiet", action="store_true")
+    ap.add_argument("--update-xfail", default=None, metavar="PATH",
+                    help="merge this run's results into an expected-failure table "
+                         "(tests/conformance/opinfo_xfail.json), as EMBER_COLLECT_XFAIL=1 does")
     a = ap.parse_args(argv)
     os.environ.setdefault("EMBER_STRICT", "1")
     names = FAST_OPS if a.fast else (a.ops.split(",") if a.ops else None)
@@ -134,6 +151,8 @@ def main(argv=None):
     path = a.json or f"opinfo_{a.backend}.json"
     with open(path, "w") as f:
         json.dump(summary, f, indent=1)
+    if a.update_xfail:
+        update_xfail_table(a.update_xfail, a.backend, results)
     print_report(summary, a.backend)
     print(f"  {summary['seconds']} s; summary written to {path}")
     return 0
