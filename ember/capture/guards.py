@@ -48,9 +48,15 @@ class Guard:
             return f"{e} is {self.expected.expr()}"
         if k == "TENSOR":
             cls, dtype, device, shape, stride, rg = self.expected
+            if device.type == "cpu":
+                dev = f"{e}.is_cpu"
+            elif device.type == "cuda":
+                dev = f"{e}.is_cuda and {e}.get_device() == {device.index or 0}"
+            else:
+                dev = f"{e}.device == {bind(device)}"
             return (f"type({e}) is {bind(cls)} and {e}.dtype is {bind(dtype)} and "
                     f"{e}.shape == {bind(torch.Size(shape))} and {e}.stride() == {stride!r} and "
-                    f"{e}.requires_grad is {rg} and {e}.device == {bind(device)}")
+                    f"{e}.requires_grad is {rg} and {dev}")
         if k == "GLOBAL_STATE":
             return f"{bind(global_state)}() == {bind(self.expected)}"
         if k == "NO_HOOKS":
@@ -74,15 +80,21 @@ class Guard:
         elif self.kind == "ID":
             exp = f"id {id(exp):#x} ({type(exp).__name__})"
         elif self.kind == "GLOBAL_STATE":
-            exp = dict(zip(("grad_enabled", "autocast_cpu", "autocast_cuda", "default_dtype",
-                            "inference_mode"), exp))
+            exp = dict(zip(("grad_enabled", "inference_mode", "default_dtype", "autocast"), exp))
         return f"{self.kind}: {name} {exp}"
 
 
+_any_autocast = torch._C._is_any_autocast_enabled
+
+
 def global_state():
-    return (torch.is_grad_enabled(), torch.is_autocast_enabled("cpu"),
-            torch.is_autocast_enabled("cuda"), torch.get_default_dtype(),
-            torch.is_inference_mode_enabled())
+    """(grad mode, inference mode, default dtype, autocast details or None): one cheap tuple."""
+    ac = None
+    if _any_autocast():
+        ac = tuple((d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d))
+                   for d in ("cpu", "cuda"))
+    return (torch.is_grad_enabled(), torch.is_inference_mode_enabled(),
+            torch.get_default_dtype(), ac)
 
 
 # ---- module mutation epoch -------------------------------------------------------------------
