@@ -427,6 +427,10 @@ class TritonKernelCodegen:
         self.kernel, self.buffers = kernel, buffers
         self.max_persistent = max_persistent
         self.h = TritonHandler(buffers, kernel.local, interpret=interpret)
+        # persistent kernels keep one row decoded across consecutive stages with the same
+        # inner dims, so a later stage reuses the earlier stage's values (no reload, no barrier)
+        self.row_scope = None
+        self.row_written: set = set()   # stored in the current row scope (values still live)
 
     def generate(self, args: list) -> TritonKernelSource:
         k, h = self.kernel, self.h
@@ -461,6 +465,9 @@ class TritonKernelCodegen:
             for stage in k.stages:
                 self._stage(stage, xv, m, persistent, written)
                 written.update(n.name for n in stage.nodes)
+                if persistent and (stage.inner or stage.kind == "reduction"):
+                    self.row_written.update(n.name for n in stage.nodes
+                                            if stage.kind == "pointwise")
         header = f"@triton.jit\ndef {k.name}({', '.join(params)}):\n"
         return TritonKernelSource(k.name, header + code.getvalue(), list(args),
                                   "pointwise" if pointwise else "reduction", xnumel, rnumel,
@@ -473,7 +480,10 @@ class TritonKernelCodegen:
         reads = set()
         for n in stage.nodes:
             reads |= _reads(n, xv, rv, stage)
-        if reads & (written - self.kernel.local):
+        if persistent and (stage.inner or stage.kind == "reduction") and \
+                self.row_scope != tuple(stage.inner):
+            self._new_row(stage, rv)
+        if reads & (written - self.kernel.local - self.row_written):
             code.writeline("tl.debug_barrier()  # this stage reads what an earlier one stored")
         if stage.kind == "pointwise" and not stage.inner:
             h.loop_mask = TVal("xmask", torch.bool, 1)
@@ -491,19 +501,17 @@ class TritonKernelCodegen:
                 if rt in ("argmax", "argmin"):
                     code.writeline(f"{acc}_i = tl.full([XBLOCK, RBLOCK], {INT32_LIMIT - 1}, tl.int64)")
                 accs.append((n, acc, rt, dt))
-        saved = h.push()
         if persistent:
-            code.writeline("rindex = rbase")
-            body_level = code.level
+            h.loop_mask = h.emit("xmask & rmask", torch.bool, 2)
         else:
+            saved = h.push()
             code.writeline(f"for roffset in range(0, {rn}, RBLOCK):")
             code.level += 1
-            body_level = code.level
             code.writeline("rindex = roffset + rbase")
-        code.writeline(f"rmask = rindex < {rn}")
-        h.levels["rindex"] = 2
-        _decode(code, "rindex", list(stage.inner), rv, h, 2)
-        h.loop_mask = h.emit("xmask & rmask", torch.bool, 2)
+            code.writeline(f"rmask = rindex < {rn}")
+            h.levels["rindex"] = 2
+            _decode(code, "rindex", list(stage.inner), rv, h, 2)
+            h.loop_mask = h.emit("xmask & rmask", torch.bool, 2)
         if stage.kind == "pointwise":
             for n in stage.nodes:
                 n.store_pointwise(xv + rv)
@@ -511,8 +519,10 @@ class TritonKernelCodegen:
             for n, acc, rt, dt in accs:
                 v = h._as(n.reduction_value(xv, rv), dt)
                 self._accumulate(acc, rt, dt, v)
-        code.level = body_level - (0 if persistent else 1)
-        h.pop(saved)
+        if not persistent:
+            code.level -= 1
+            h.pop(saved)
+            self.row_written = set()
         h.loop_mask = TVal("xmask", torch.bool, 1)
         for n, acc, rt, dt in accs:
             res = h.fresh("red")
@@ -520,6 +530,19 @@ class TritonKernelCodegen:
             out_dt = torch.int64 if rt in ("argmax", "argmin") else (
                 torch.bool if rt == "any" else dt)
             h.store(n.name, n.store_index(xv), TVal(res, out_dt, 1))
+
+    def _new_row(self, stage, rv):
+        """Decode a new row (persistent): values that varied along the old row are dead."""
+        h = self.h
+        h.cse = {k: v for k, v in h.cse.items() if v.level < 2}
+        h.stored = {k: v for k, v in h.stored.items() if v.level < 2}
+        self.row_written = set()
+        code = h.code
+        code.writeline("rindex = rbase")
+        code.writeline(f"rmask = rindex < {_row_rnumel(stage)}")
+        h.levels["rindex"] = 2
+        _decode(code, "rindex", list(stage.inner), rv, h, 2)
+        self.row_scope = tuple(stage.inner)
 
     def _accumulate(self, acc, rt, dt, v):
         code = self.h.code

@@ -31,6 +31,8 @@ class WrapperCodegen:
         self.donated: set = set()  # buffers whose memory an output took over (in place)
         self.inplace_ok = inplace_ok or (lambda step, src, dst: False)
         self.code = IndentedBuffer()
+        self.input_names = {b.name for b in inputs}
+        self.ops: dict = {}        # global name -> "namespace::op.overload" (for the graph cache)
 
     def tensor_arg(self, a) -> str:
         name = a.buffer.name
@@ -54,13 +56,17 @@ class WrapperCodegen:
     def op_name(self, op) -> str:
         name = str(op).replace(".", "_").replace("::", "_")
         self.globals[name] = op
+        self.ops[name] = f"{op._schema.name}.{op._overloadname}" 
         return name
 
     def generate(self) -> str:
         code = self.code
         code.writeline("def call(args):")
         with code.indent():
-            names = [b.name for b in self.inputs]
+            names = [b.name for b in self.inputs if b.position >= 0]
+            for b in self.inputs:
+                if b.position < 0 and b.constant is not None:
+                    self.globals[b.name] = b.constant
             if names:
                 code.writeline(f"{', '.join(names)}, = args")
             for b in self.inputs:
@@ -77,7 +83,7 @@ class WrapperCodegen:
                         code.writeline(f"del {name}")
                     elif name in self.owned and buf is not None:
                         pool.setdefault(_sig(buf), []).append(name)
-                    elif name not in {b.name for b in self.inputs}:
+                    elif name not in self.input_names:
                         code.writeline(f"del {name}")
             outs = ", ".join(self.value(o) for o in self.outputs)
             code.writeline(f"return ({outs}{',' if len(self.outputs) == 1 else ''})")

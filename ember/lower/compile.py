@@ -19,6 +19,7 @@ from .. import config
 from ..codegen.cpp import generate_tu
 from ..codegen.wrapper import WrapperCodegen
 from ..logging import get_logger
+from ..runtime import graph_cache
 from ..runtime.build import build_async, load
 from ..schedule.deps import node_deps
 from ..schedule.fuse import ExternStep, Kernel, fuse
@@ -49,6 +50,18 @@ def _dce(nodes, deps, keep: set):
 def compile_aten_graph(gm, example_inputs, *, options=None):
     options = options or {}
     t0 = time.perf_counter()
+    key = graph_cache.graph_key(gm, options)
+    entry = graph_cache.load(key) if key else None
+    if entry is not None:
+        stats = dict(entry["stats"], graph=next(_ids), cached=True)
+        with _lock:
+            STATS.append(stats)
+        globs = {"torch": torch, "empty_strided": torch.empty_strided, "as_strided": torch.as_strided}
+        globs.update({k: graph_cache.resolve_op(v) for k, v in entry["ops"].items()})
+        future = build_async(entry["source"]) if entry["source"] else None
+        perf_log.info("graph %d: graph cache hit (%d kernels), fallbacks %s", stats["graph"],
+                      stats["kernels"], stats["fallbacks"])
+        return _Compiled(entry["wrapper"], globs, future, entry["sigs"], stats).entry()
     g = GraphLowering(gm, example_inputs).run()
     deps = {n.name: node_deps(n) for n in g.nodes}
     out_names = {o.buffer.name for o in g.outputs if isinstance(o, TensorArg)}
@@ -85,6 +98,9 @@ def compile_aten_graph(gm, example_inputs, *, options=None):
     with _lock:
         STATS.append(stats)
     _report(gid, gm, source if kernels else "", wsrc)
+    if key and not any(b.constant is not None for b in g.inputs):
+        graph_cache.store(key, {"wrapper": wsrc, "source": source if kernels else "",
+                                "sigs": sigs, "ops": wrapper.ops, "stats": stats})
     future = build_async(source) if kernels else None
     perf_log.info("graph %d: %d kernels, %d externs, fallbacks %s, lowered in %.3fs", gid,
                   stats["kernels"], stats["externs"], g.fallbacks, time.perf_counter() - t0)

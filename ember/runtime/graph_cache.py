@@ -1,0 +1,78 @@
+"""Stage 7, runtime: whole-graph cache, so a warm process skips lowering and codegen too.
+
+Key: the aten graph's code, its placeholders' shapes/strides/dtypes, the backend options,
+torch's version and a hash of ember's lower/schedule/codegen/runtime sources (a compiler change
+invalidates every entry). Value (JSON): wrapper source, C++ source, kernel signatures, the aten
+ops the wrapper calls (by qualified name) and the graph's stats. Written atomically; an entry
+that does not parse is ignored (and overwritten by the next compile).
+
+Consumes: fx.GraphModule. Produces: entries for ember.lower.compile.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+
+from .. import config
+from . import cache
+
+
+@functools.lru_cache(None)
+def _compiler_hash() -> str:
+    root = Path(__file__).resolve().parents[1]
+    parts = []
+    for pkg in ("lower", "schedule", "codegen", "runtime"):
+        for f in sorted((root / pkg).glob("*.py")):
+            parts.append(f.read_text())
+    return cache.key_of(*parts)
+
+
+def graph_key(gm, options) -> str | None:
+    try:
+        specs = []
+        for n in gm.graph.nodes:
+            if n.op == "placeholder":
+                v = n.meta.get("val", n.meta.get("example_value"))
+                if isinstance(v, torch.Tensor):
+                    specs.append((tuple(v.shape), tuple(v.stride()), str(v.dtype), str(v.device)))
+                else:
+                    specs.append(repr(v))
+            elif n.op == "get_attr":
+                return None
+        return cache.key_of(gm.code, repr(specs), repr(sorted(options.items())), torch.__version__,
+                            _compiler_hash())
+    except Exception:  # noqa: BLE001 - an uncachable graph just compiles
+        return None
+
+
+def _path(key: str) -> Path:
+    d = config.cache_dir() / "graphs" / key[:2]
+    d.mkdir(parents=True, exist_ok=True)
+    return d / f"{key}.json"
+
+
+def load(key: str):
+    try:
+        return json.loads(_path(key).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def store(key: str, entry: dict) -> None:
+    path = _path(key)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        json.dump(entry, f)
+    os.replace(tmp, path)
+
+
+def resolve_op(qualname: str):
+    """'aten::mm.out' -> torch.ops.aten.mm.out"""
+    ns_name, _, overload = qualname.rpartition(".")
+    ns, _, name = ns_name.partition("::")
+    return getattr(getattr(getattr(torch.ops, ns), name), overload or "default")
