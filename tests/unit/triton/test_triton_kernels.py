@@ -178,6 +178,35 @@ def test_softmax_one_kernel(options):
     check(lambda v: torch.log_softmax(v, 0), x, options=options, atol=1e-5)
 
 
+def test_persistent_softmax_reuses_the_row():
+    c = check(lambda v: torch.softmax(v, -1), randn(17, 40), kernels=1, persistent=1)
+    src = c.ember_triton_source
+    assert src.count("tl.load(") == 1 and "debug_barrier" not in src, src
+    c = check(lambda v: torch.softmax(v, -1), randn(17, 40), options=LOOPED, looped=1)
+    assert c.ember_triton_source.count("for roffset") >= 3
+
+
+EDGE = {
+    "scalar_out": (lambda a: a.sum() * 2 + a.mean(), (randn(7, 5),)),
+    "zero_d": (lambda a: a * 2 + 1, (randn(()),)),
+    "empty": (lambda a: (a * 2, a.sum(1)), (randn(0, 5),)),
+    "empty_row": (lambda a: a.sum(1), (randn(5, 0),)),
+    "int": (lambda a: (a.sum(1), a.amax(0), a.argmin(1)), (torch.randint(-9, 9, (6, 7)),)),
+    "fp16": (lambda a: (a * 2).sum(1), (randn(6, 30, dtype=torch.float16),)),
+    "bool": (lambda a: (a > 0, (a > 0).sum(1)), (randn(6, 7),)),
+    "outer_long": (lambda a: a.sum(0), (randn(2100, 3),)),
+    "extern_conv": (lambda a, w: F.relu(F.conv2d(a, w)), (randn(1, 2, 6, 6), randn(3, 2, 3, 3))),
+    "embedding": (lambda w, i: F.embedding(i, w) * 2, (randn(10, 4), torch.tensor([[1, 9], [0, 3]]))),
+}
+
+
+@pytest.mark.parametrize("options", [TRITON, LOOPED], ids=["persistent", "looped"])
+@pytest.mark.parametrize("case", list(EDGE))
+def test_edge_cases(case, options):
+    fn, args = EDGE[case]
+    check(fn, *args, options=options)
+
+
 @pytest.mark.parametrize("options", [TRITON, LOOPED], ids=["persistent", "looped"])
 def test_layer_norm_forward(options):
     x, w, b = randn(16, 48), randn(48, seed=1), randn(48, seed=2)
