@@ -153,17 +153,31 @@ def assemble(code: CodeType) -> CodeType:
 
 
 def code_equal(a: CodeType, b: CodeType) -> bool:
-    """Same behaviour-defining fields (bytes, constants, names, exception table)."""
-    fields = ("co_code", "co_names", "co_varnames", "co_freevars", "co_cellvars", "co_argcount",
-              "co_kwonlyargcount", "co_posonlyargcount", "co_flags", "co_exceptiontable")
+    """Same program: equal normalized instruction streams (opcode, argument value, jump target,
+    keyword names), equal exception tables and signatures. Constant-table order and line-table
+    encoding may differ (the bytecode package renumbers constants)."""
+    fields = ("co_argcount", "co_kwonlyargcount", "co_posonlyargcount", "co_flags",
+              "co_freevars", "co_cellvars", "co_name")
     if any(getattr(a, f) != getattr(b, f) for f in fields):
         return False
-    if len(a.co_consts) != len(b.co_consts):
+    n = a.co_argcount + a.co_kwonlyargcount + bool(a.co_flags & 4) + bool(a.co_flags & 8)
+    if a.co_varnames[:n] != b.co_varnames[:n]:        # names of locals compared by use below
         return False
-    for x, y in zip(a.co_consts, b.co_consts):
-        if isinstance(x, CodeType):
-            if not (isinstance(y, CodeType) and code_equal(x, y)):
+    ia, ta = decode(a)
+    ib, tb = decode(b)
+    if len(ia) != len(ib) or ta != tb:
+        return False
+    for x, y in zip(ia, ib):
+        if (x.opname, x.target, x.kw_names, x.push_null) != (y.opname, y.target, y.kw_names,
+                                                             y.push_null):
+            return False
+        if x.opname in ("JUMP", "FOR_ITER", "SEND") or x.opname.startswith("POP_JUMP") or \
+                x.opname.startswith("JUMP_IF"):
+            continue                 # targets compared by index above
+        if isinstance(x.argval, CodeType):
+            if not (isinstance(y.argval, CodeType) and code_equal(x.argval, y.argval)):
                 return False
-        elif type(x) is not type(y) or (x != y and not (x != x and y != y)):
+        elif type(x.argval) is not type(y.argval) or (
+                x.argval != y.argval and not (x.argval != x.argval and y.argval != y.argval)):
             return False
     return True
