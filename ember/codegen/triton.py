@@ -208,6 +208,8 @@ class TritonHandler:
         self.masks: list = []      # ops.masked conditions in force
         self.shapes = {1: "[XBLOCK]", 2: "[XBLOCK, RBLOCK]"}
         self.used_libdevice = False
+        self.store_lines: dict = {}   # buffer name -> [(buffer, line index)] of its tl.store
+        self.mem_loaded: set = set()  # buffers read back from memory in this kernel
 
     def fresh(self, prefix="tmp") -> str:
         self.n += 1
@@ -256,6 +258,7 @@ class TritonHandler:
             return hit
         if name in self.local:
             raise AssertionError(f"local buffer {name} read before it is written")
+        self.mem_loaded.add(name)
         mask = self._mask()
         level = max(self.index_level(index), mask.level)
         dt = self.buffers[name].dtype
@@ -274,6 +277,7 @@ class TritonHandler:
         mask = self._mask()
         level = max(self.index_level(index), mask.level, value.level)
         out = value if dt == compute_dtype(dt) else f"{value}.to({tl_dtype(dt)})"
+        self.store_lines.setdefault(name, []).append((self.code, len(self.code.lines)))
         self.code.writeline(f"tl.store({self._ptr(name, index, level)}, {out}, {mask})")
         return None
 
@@ -375,6 +379,7 @@ class TritonKernelSource:
     persistent: bool
     index_dtype: str       # "tl.int32" | "tl.int64"
     libdevice: bool = False
+    elided: list = dataclasses.field(default_factory=list)   # stores dropped as dead
 
 
 def _loop_var(i):
@@ -432,7 +437,17 @@ class TritonKernelCodegen:
         self.row_scope = None
         self.row_written: set = set()   # stored in the current row scope (values still live)
 
-    def generate(self, args: list) -> TritonKernelSource:
+    def elide_dead_stores(self, dead: set) -> list:
+        """Drop stores of buffers nobody reads after this kernel (`dead`) when the kernel itself
+        never reads them back from memory (all its reads hit values still in registers)."""
+        gone = []
+        for name in sorted(set(dead) & set(self.h.store_lines) - self.h.mem_loaded):
+            for buf, i in self.h.store_lines[name]:
+                buf.lines[i] = buf.lines[i].replace("tl.store(", "# dead store elided: tl.store(", 1)
+            gone.append(name)
+        return gone
+
+    def generate(self, args: list, dead: set = frozenset()) -> TritonKernelSource:
         k, h = self.kernel, self.h
         outer = list(k.outer)
         m = len(outer)
@@ -468,10 +483,11 @@ class TritonKernelCodegen:
                 if persistent and (stage.inner or stage.kind == "reduction"):
                     self.row_written.update(n.name for n in stage.nodes
                                             if stage.kind == "pointwise")
+        elided = self.elide_dead_stores(dead)
         header = f"@triton.jit\ndef {k.name}({', '.join(params)}):\n"
         return TritonKernelSource(k.name, header + code.getvalue(), list(args),
                                   "pointwise" if pointwise else "reduction", xnumel, rnumel,
-                                  persistent, idt, h.used_libdevice)
+                                  persistent, idt, h.used_libdevice, elided)
 
     def _stage(self, stage, xv, m, persistent, written):
         h = self.h
@@ -627,15 +643,16 @@ def _reads(node, xv, rv, stage) -> set:
 
 
 def generate_kernels(kernels, deps, buffers: dict, *, max_persistent=MAX_PERSISTENT,
-                     interpret=True) -> list:
-    """[TritonKernelSource] for the kernels, with their argument lists (same order as C++)."""
+                     interpret=True, dead=None) -> list:
+    """[TritonKernelSource] for the kernels, with their argument lists (same order as C++).
+    `dead`: kernel name -> buffers it writes that no later step reads (stores may be elided)."""
     from .cpp import kernel_args
     out = []
     for k in kernels:
         args = kernel_args(k, deps)
         cg = TritonKernelCodegen(k, buffers, max_persistent=max_persistent, interpret=interpret)
         with set_handler(cg.h):
-            out.append(cg.generate(args))
+            out.append(cg.generate(args, (dead or {}).get(k.name, frozenset())))
     return out
 
 

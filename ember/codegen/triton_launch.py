@@ -29,7 +29,7 @@ import time
 import torch
 
 from .. import config
-from ..errors import InternalError, Unsupported
+from ..errors import EmberError, InternalError, Unsupported
 from ..logging import get_logger
 from .triton import MAX_PERSISTENT, LOOP_RBLOCK, generate_kernels, module_source
 from .wrapper import WrapperCodegen
@@ -40,6 +40,11 @@ _ids = itertools.count()
 
 
 # --- device selection ----------------------------------------------------------------------
+
+class MixedDevices(EmberError):
+    """Not `Unsupported` on purpose: the backend fallback policy runs such a graph eagerly
+    (one warning; EMBER_STRICT=1 raises)."""
+
 
 def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
@@ -62,8 +67,8 @@ def selected(gm, example_inputs, options) -> bool:
     options = options or {}
     devs = graph_devices(gm, example_inputs)
     if len(devs) > 1:
-        raise Unsupported(f"graph mixes devices {sorted(devs)}; ember compiles one device per "
-                          f"graph (falls back to eager)")
+        raise MixedDevices(f"graph mixes devices {sorted(devs)}; ember compiles one device per "
+                           f"graph")
     want = options.get("cpu_codegen") == "triton"
     if "cuda" in devs:
         return True
@@ -239,7 +244,11 @@ def compile_steps(g, steps, plan, deps, buffers, options, *, step_reads, step_wr
     devs = graph_devices_of(g, options)
     device = "cuda" if "cuda" in devs else "cpu"
     interpret = interpreting() or device == "cpu"
-    sources = generate_kernels(kernels, deps, buffers,
+    outs = {o.buffer.name for o in g.outputs if hasattr(o, "buffer")}
+    index = {id(st): i for i, st in enumerate(steps)}
+    dead = {k.name: {n for n in step_writes(k) if plan.last_use.get(n) == index[id(k)]
+                     and n not in outs} for k in kernels}
+    sources = generate_kernels(kernels, deps, buffers, dead=dead,
                                max_persistent=int(options.get("triton.max_persistent",
                                                               MAX_PERSISTENT)),
                                interpret=interpret)
@@ -251,7 +260,8 @@ def compile_steps(g, steps, plan, deps, buffers, options, *, step_reads, step_wr
     gid = next(_ids)
     stats = dict(stats, backend="triton", device=device,
                  persistent=sum(s.persistent for s in sources),
-                 looped=sum(s.kind == "reduction" and not s.persistent for s in sources))
+                 looped=sum(s.kind == "reduction" and not s.persistent for s in sources),
+                 elided_stores=sum(len(s.elided) for s in sources))
     _report(gid, msrc, wsrc)
     globs = dict(wrapper.globals)
     if device == "cuda":
