@@ -142,6 +142,10 @@ def _obj_attr(tr, v: ObjV, name: str) -> V:
             raise TraceAttributeError(name) from None
         if isinstance(value, torch.Tensor):
             return tr.wrap(value, AttrSource(src, name) if src else None)
+        if is_literal(value) and not obj.__module__.startswith(("torch", "builtins")):
+            from .sources import ConstSource
+            base = src if src is not None else ConstSource(tr.bind_const(obj, "c"))
+            return tr.wrap(value, AttrSource(base, name))
         return ObjV(value)
     cls = type(obj)
     cls_attr, owner = _type_lookup(cls, name)
@@ -197,6 +201,12 @@ def _bind_class_attr(tr, cls_attr, self_v: V, name: str, owner) -> V:
         if isinstance(self_v, ObjV):
             return tr.wrap(getattr(self_v.value, name), None)
         raise tr.unsupported(f"descriptor {name!r} on a traced object")
+    if is_literal(cls_attr) and isinstance(owner, type):
+        # class attributes can be rebound (Cls.flag = ...): guard the value on the owner class
+        from .sources import ConstSource
+        src = AttrSource(ConstSource(tr.bind_const(owner, "c")), name)
+        tr.guard("EQ" if cls_attr is not None else "NONE", src, cls_attr)
+        return ObjV(cls_attr, src)
     return tr.wrap(cls_attr, None, guard_obj=False) if not is_literal(cls_attr) else ObjV(cls_attr)
 
 

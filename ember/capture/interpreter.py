@@ -102,7 +102,8 @@ class Tracer:
         self._n_const = 0
         self._const_names: dict = {}
         self.real_contexts: list = []
-        self.fresh: set[int] = set()                    # ids of containers the call created
+        self.fresh: set[int] = set()
+        self.autocast: dict = {d: dt for d, on, dt in (self.state0[3] or ()) if on}                    # ids of containers the call created
 
     # ---- dispatch helpers (implemented in calls/builtins/handlers) --------------------
     def call(self, fn, args, kwargs):
@@ -326,6 +327,12 @@ class Tracer:
             mkw["device"] = torch.device("meta")
         if target in _TO_METHODS:
             margs = [("meta" if isinstance(a, str) and _is_device_str(a) else a) for a in margs]
+        if self.autocast and getattr(target, "__name__", None) in AUTOCAST_LOWER:
+            # meta tensors have no autocast dispatch key: apply the lower-precision cast here
+            dtype = self.autocast.get(device.type)
+            if dtype is not None:
+                margs = [_cast_meta(a, dtype) for a in margs]
+                mkw = {k: _cast_meta(x, dtype) for k, x in mkw.items()}
         try:
             if _has_tensor(margs) or _has_tensor(mkw):
                 out = target(*margs, **mkw)
@@ -520,6 +527,19 @@ class Tracer:
 
 
 _TO_METHODS = {torch.Tensor.to}
+# ops autocast runs in the lower-precision dtype (CUDA and CPU "lower_precision_fp" lists)
+AUTOCAST_LOWER = {"conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
+                  "conv_transpose3d", "linear", "matmul", "mm", "bmm", "addmm", "addbmm", "baddbmm",
+                  "__matmul__", "__rmatmul__", "scaled_dot_product_attention", "prelu", "chain_matmul",
+                  "conv_tbc", "addmv", "addr", "mv", "einsum"}
+
+
+def _cast_meta(x, dtype):
+    if isinstance(x, torch.Tensor) and x.is_floating_point() and x.dtype != dtype:
+        return x.to(dtype)
+    if isinstance(x, (list, tuple)):
+        return type(x)(_cast_meta(i, dtype) for i in x)
+    return x
 _SIDE_EFFECT_FNS = {operator.setitem, torch.Tensor.__setitem__}
 
 

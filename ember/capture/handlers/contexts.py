@@ -44,7 +44,11 @@ def context_method(tr, ctx: ContextV, name: str, args):
             real = torch.autocast(dev, dtype=dtype, enabled=enabled)
             real.__enter__()
             tr.real_contexts.append(real)
-            ctx.state = (node, real)
+            ctx.state = (node, real, dict(tr.autocast))
+            if enabled:
+                tr.autocast[dev] = dtype
+            else:
+                tr.autocast.pop(dev, None)
         elif k == "null":
             return ctx.args[0]
         return ObjV(None)
@@ -57,10 +61,11 @@ def context_method(tr, ctx: ContextV, name: str, args):
             real.__exit__(None, None, None)
             tr.real_contexts.remove(real)
         elif k == "autocast":
-            node, real = ctx.state
+            node, real, prev = ctx.state
             _node(tr, torch.amp.autocast_mode._exit_autocast, (node,))
             real.__exit__(None, None, None)
             tr.real_contexts.remove(real)
+            tr.autocast = prev
         return ObjV(None)
     if name == "clone":
         return ContextV(ctx.ctx_kind, ctx.args)

@@ -315,6 +315,12 @@ def test_inference_mode_and_autocast_inside():
     torch.testing.assert_close(g[0], e[0])
     assert g[1].dtype == e[1].dtype == torch.bfloat16
     torch.testing.assert_close(g[1], e[1])
+    gm = capture.explain(f, x44).graphs[0]
+    mm = next(n for n in gm.graph.nodes if n.target is torch.mm)
+    assert mm.meta["example_value"].dtype == torch.bfloat16      # autocast seen at trace time
+    with torch.autocast("cpu", dtype=torch.bfloat16):             # outer autocast is guarded
+        assert cf(x44)[1].dtype == torch.bfloat16
+    assert capture.stats()["recompiles"] == 1
 
 
 def test_outer_grad_mode_is_guarded():
@@ -470,6 +476,18 @@ def test_operator_module_and_min_max():
     def f(x, y):
         return operator.add(x, y), operator.mul(x, 2), min(3, 4), max([1, 9, 2])
     check(f, x3, x3)
+
+
+def test_class_attribute_rebinding_recompiles():
+    class K:
+        factor = 2
+
+    def f(x):
+        return x * K.factor
+    cf = ember.compile(f, backend="eager", fullgraph=True)
+    torch.testing.assert_close(cf(x3), x3 * 2)
+    K.factor = 5
+    torch.testing.assert_close(cf(x3), x3 * 5)
 
 
 def test_method_on_user_object_and_class_attribute():
