@@ -136,3 +136,10 @@ def scalar_result_dtype(tensor_dtype, value):
     if cv == 2:
         return torch.get_default_dtype()
     return torch.complex128 if torch.get_default_dtype() == torch.float64 else torch.complex64
+
+
+def on_cpu(t) -> bool:
+    """Whether t's real device is the CPU. Under the aot tracer tensors are `meta` and the real
+    device is the graph's; we treat meta as CPU (the device whose eager output conventions we
+    reproduce, e.g. batch norm's empty eval-mode save_mean)."""
+    return t.device.type in ("cpu", "meta")

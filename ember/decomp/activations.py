@@ -8,7 +8,7 @@ import math
 
 import torch
 
-from ._util import opmath, scalar, where
+from ._util import on_cpu, opmath, scalar, where
 from .registry import register
 
 aten = torch.ops.aten
@@ -197,7 +197,7 @@ def log_sigmoid_forward(x):
     min_ = where(aten.lt.Scalar(x, 0), x, 0)
     z = aten.exp.default(aten.neg.default(aten.abs.default(x)))
     # the CPU kernel returns exp(-|x|) as its buffer; other devices an empty one
-    buffer = z if x.device.type == "cpu" else aten.full.default([0], 0, dtype=x.dtype, device=x.device)
+    buffer = z if on_cpu(x) else aten.full.default([0], 0, dtype=x.dtype, device=x.device)
     return sub(min_, aten.log1p.default(z)), buffer
 
 
@@ -205,8 +205,9 @@ def log_sigmoid_forward(x):
 @opmath
 def log_sigmoid_backward(grad_output, x, buffer):
     in_neg = aten.lt.Scalar(x, 0)
-    max_deriv = where(in_neg, 1, 0)
-    sign = where(in_neg, 1, -1)
+    one = scalar(1, x)
+    max_deriv = where(in_neg, one, 0)
+    sign = where(in_neg, one, -1)
     z = aten.exp.default(aten.neg.default(aten.abs.default(x)))
     return mul(grad_output, sub(max_deriv, mul(sign, div(z, add(z, 1)))))
 

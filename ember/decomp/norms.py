@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ._util import numel, opmath_dtype, to
+from ._util import numel, on_cpu, opmath_dtype, to
 from .registry import register
 
 aten = torch.ops.aten
@@ -42,8 +42,8 @@ def native_layer_norm(input, normalized_shape, weight, bias, eps):
         out = aten.mul.Tensor(out, weight)
     if bias is not None:
         out = aten.add.Tensor(out, bias)
-    return to(out, input.dtype), to(mean, input.dtype if input.device.type == "cpu" else acc), \
-        to(rstd, input.dtype if input.device.type == "cpu" else acc)
+    return to(out, input.dtype), to(mean, input.dtype if on_cpu(input) else acc), \
+        to(rstd, input.dtype if on_cpu(input) else acc)
 
 
 @register(aten.native_layer_norm_backward.default)
@@ -211,7 +211,7 @@ def _batch_norm(input, weight, bias, running_mean, running_var, training, moment
         rm, rv = to(running_mean, acc), to(running_var, acc)
         invstd = aten.rsqrt.default(aten.add.Tensor(rv, eps))
         out = aten.mul.Tensor(aten.sub.Tensor(x, _bcast(rm, nd)), _bcast(invstd, nd))
-        if input.device.type == "cpu":
+        if on_cpu(input):
             save_mean = aten.full.default([0], 0, dtype=acc, device=input.device)
             save_rstd = save_mean
         else:
@@ -220,7 +220,7 @@ def _batch_norm(input, weight, bias, running_mean, running_var, training, moment
         out = aten.mul.Tensor(out, _bcast(aten.reshape.default(weight, [-1]), nd))
     if bias is not None:
         out = aten.add.Tensor(out, _bcast(aten.reshape.default(bias, [-1]), nd))
-    if input.device.type == "cpu":
+    if on_cpu(input):
         save_mean, save_rstd = to(save_mean, input.dtype), to(save_rstd, input.dtype)
     return to(out, input.dtype), save_mean, save_rstd, new_rm, new_rv
 

@@ -231,7 +231,12 @@ def check_sample(opinfo, sample, dtype, kind, backend_name, via_dynamo=None):
     try:
         got = _grads(compiled, _fresh(tensors, True)) if grad else compiled(*_fresh(tensors, False))
     except Exception as e:  # noqa: BLE001
-        return _reason(e)
+        reason = _reason(e)
+        if "data-dependent" in reason:
+            # the op reads tensor values back to Python (.item(), equal, nonzero): under capture
+            # that is a graph break, not something a single aten graph can express
+            return "skip: data-dependent op (graph break under capture): " + reason[7:]
+        return reason
     if counter.graphs == 0:
         return "skip: not captured (Dynamo ran it eagerly)"
     try:
