@@ -83,9 +83,11 @@ def table(records: list[dict], width: int = 70) -> str:
         return "  ".join(out).rstrip()
     lines = [fmt(heads), "  ".join("-" * w for w in widths)]
     lines += [fmt(row) for row in rows]
-    lines.append("columns: rel_err = max error / max |ref| vs the fp64 eager reference (train: loss "
-                 "and grads of step 1); first_s = first call incl. compile; speedup = median of "
-                 "paired eager/compiler ratios; mem = eager peak / compiler peak; graphs = n/breaks")
+    lines.append("columns: rel_err = max over tensors of max error / max |ref| vs the fp64 eager "
+                 "reference (train: outputs, loss and grads of step 1; pass = each tensor within "
+                 "10x eager-fp32's error on it); first_s = first call incl. compile; speedup = "
+                 "median of paired eager/compiler ratios; mem = eager peak / compiler peak; "
+                 "graphs = n/breaks")
     return "\n".join(lines)
 
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from ember.bench import compilers, hygiene, report, suites
-from ember.bench.harness import compare, flatten, reduce_loss
+from ember.bench.harness import compare, flatten, reduce_loss, worst_excess
 
 
 def test_fallback_warning_classification():
@@ -93,8 +93,8 @@ def test_synthetic_models_run():
 def test_compare_and_loss():
     a = [torch.tensor([1.0, 2.0]), torch.tensor([3])]
     b = [torch.tensor([1.0, 2.5], dtype=torch.float64), torch.tensor([3])]
-    abs_err, rel_err = compare(a, b)
-    assert abs_err == pytest.approx(0.5) and rel_err == pytest.approx(0.2)
+    abs_err, rel_err, per = compare(a, b)
+    assert abs_err == pytest.approx(0.5) and rel_err == pytest.approx(0.2) and per[1] == 0.0
     with pytest.raises(AssertionError):
         compare(a[:1], b)
     assert float(reduce_loss({"x": torch.ones(2), "y": (torch.zeros(3),)})) == 1.0
@@ -120,3 +120,10 @@ def test_report_summary_and_table(tmp_path):
     pytest.importorskip("matplotlib")
     out = tmp_path / "p.png"
     assert "written" in report.plot(recs, str(out)) and out.stat().st_size > 1000
+
+
+def test_tolerance_is_per_tensor():
+    # tensor 1 is noise for eager too (a zero-in-exact-arithmetic gradient): not a failure
+    assert worst_excess([1e-6, 0.3], [1e-7, 0.1], 1e-5) is None
+    i, ratio = worst_excess([1e-3, 0.3], [1e-7, 0.1], 1e-5)
+    assert i == 0 and ratio > 10
