@@ -426,6 +426,8 @@ class KernelCodegen:
             self._loops(sizes, lvars, parallel, simd_last=True,
                         body=lambda: [n.store_pointwise(xv) for n in nodes])
             h.subs = {}
+        elif self._column_reduction_ok(xv):
+            self._column_reduction(xv, parallel)
         elif scalar_reduce:
             xv0 = [sympy.Integer(0)] * m
             for stage in k.stages:
@@ -441,6 +443,93 @@ class KernelCodegen:
         code.level -= 1
         code.writeline("}")
         return code.getvalue()
+
+    COLUMN_BLOCK = 64
+
+    def _column_reduction_ok(self, xv) -> bool:
+        """One reduction stage whose loads run contiguously along the last *outer* dim and not
+        along the reduced dims (sum over batch of [B, F], softmax over dim 0): vectorize across
+        the outer dim with a block of accumulators instead of striding down each column."""
+        k = self.kernel
+        if len(k.stages) != 1 or k.stages[0].kind != "reduction" or not k.outer:
+            return False
+        st = k.stages[0]
+        if any(n.body.reduction_type not in ("sum", "prod", "max", "min") for n in st.nodes):
+            return False
+        if k.outer[-1] < 16:
+            return False
+        rv = [loop_var(len(xv) + i) for i in range(len(st.inner))]
+        c = collect(lambda: [n.reduction_value(xv, rv) for n in st.nodes])
+        if not c.exprs or not rv:
+            return False
+        last, rlast = xv[-1], rv[-1]
+        return (all(_coeff(e, rlast) != 1 for e in c.exprs)
+                and any(_coeff(e, last) == 1 for e in c.exprs))
+
+    def _column_reduction(self, xv, parallel):
+        k, h = self.kernel, self.h
+        code = h.code
+        st = k.stages[0]
+        m = len(xv)
+        rv = [loop_var(m + i) for i in range(len(st.inner))]
+        B = self.COLUMN_BLOCK
+        L = k.outer[-1]
+        nblk = (L + B - 1) // B
+        saved = h.push()
+        for i, (size, v) in enumerate(zip(k.outer[:-1], xv[:-1])):
+            if i == 0 and parallel:
+                code.writeline("#pragma omp parallel for")
+            code.writeline(f"for (int64_t {v} = 0; {v} < {_int(size)}; ++{v})")
+            code.writeline("{")
+            code.level += 1
+        if m == 1 and parallel:
+            code.writeline("#pragma omp parallel for")
+        code.writeline(f"for (int64_t blk = 0; blk < {nblk}; ++blk)")
+        code.writeline("{")
+        code.level += 1
+        code.writeline(f"int64_t lo = blk * {B}, n = std::min<int64_t>({B}, {_int(L)} - lo);")
+        accs = []
+        for n in st.nodes:
+            dt, rt = n.body.src_dtype, n.body.reduction_type
+            acc = h.fresh("acc")
+            code.writeline(f"{ctype(dt)} {acc}[{B}];")
+            code.writeline(f"for (int64_t j = 0; j < {B}; ++j) {acc}[j] = {_init(rt, dt)};")
+            accs.append((n, acc, rt, dt))
+        for size, v in zip(st.inner, rv):
+            code.writeline(f"for (int64_t {v} = 0; {v} < {_int(size)}; ++{v})")
+            code.writeline("{")
+            code.level += 1
+        code.writeline("#pragma omp simd")
+        code.writeline("for (int64_t j = 0; j < n; ++j)")
+        code.writeline("{")
+        code.level += 1
+        code.writeline(f"int64_t {xv[-1]} = lo + j;")
+        inner_saved = h.push()
+        for n, acc, rt, dt in accs:
+            v = h._as(n.reduction_value(xv, rv), dt)
+            code.writeline(_update(rt, f"{acc}[j]", v, dt))
+        h.pop(inner_saved)
+        code.level -= 1
+        code.writeline("}")
+        for _ in rv:
+            code.level -= 1
+            code.writeline("}")
+        code.writeline("for (int64_t j = 0; j < n; ++j)")
+        code.writeline("{")
+        code.level += 1
+        code.writeline(f"int64_t {xv[-1]} = lo + j;")
+        inner_saved = h.push()
+        for n, acc, rt, dt in accs:
+            h.store(n.name, n.store_index(xv), CppVal(f"{acc}[j]", dt))
+        h.pop(inner_saved)
+        code.level -= 1
+        code.writeline("}")
+        code.level -= 1
+        code.writeline("}")
+        for _ in xv[:-1]:
+            code.level -= 1
+            code.writeline("}")
+        h.pop(saved)
 
     def _partials_ok(self) -> bool:
         for s in self.kernel.stages:

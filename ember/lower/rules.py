@@ -390,27 +390,26 @@ def _dims(x, dims):
 
 
 def reduce(ctx, x, dims, keepdim, rtype, dtype, src_dtype=None, pre=None) -> View:
-    """Store a Reduction of x over dims; returns a View with keepdim applied."""
+    """Store a Reduction of x over dims (output shaped as eager: keepdim or not)."""
     dims = _dims(x, dims)
     size = x.size
-    ksize = tuple(1 if d in dims else s for d, s in enumerate(size))
+    keep = [d for d in range(len(size)) if d not in dims]
+    osize = tuple(1 if d in dims else s for d, s in enumerate(size)) if keepdim else tuple(
+        size[d] for d in keep)
     rsize = tuple(size[d] for d in dims)
     src_dtype = src_dtype or compute_dtype(dtype)
-    load = broadcast_loader(x, size, src_dtype) if rtype not in ("any",) else broadcast_loader(
-        x, size, torch.bool)
+    load = broadcast_loader(x, size, torch.bool if rtype == "any" else src_dtype)
 
     def inner(index, rindex):
-        full = list(index)
+        full = [None] * len(size)
+        for k, d in enumerate(keep):
+            full[d] = index[d] if keepdim else index[k]
         for d, r in zip(dims, rindex):
             full[d] = r
         v = load(full)
         return pre(v) if pre is not None else v
-    buf = ctx.add_computed(Reduction(ksize, rsize, rtype, dtype, src_dtype, inner))
-    view = View(buf, buf.size, buf.stride, 0)
-    if keepdim or not dims:
-        return view
-    keep = [d for d in range(len(size)) if d not in dims]
-    return View(buf, tuple(size[d] for d in keep), tuple(buf.stride[d] for d in keep), 0)
+    buf = ctx.add_computed(Reduction(osize, rsize, rtype, dtype, src_dtype, inner))
+    return View(buf, buf.size, buf.stride, 0)
 
 
 @rule(aten.sum.dim_IntList, aten.sum.default)

@@ -107,3 +107,9 @@ def test_advanced_index_and_scatter_externs():
     stats = check(lambda t, s, ix: (t.scatter_add(0, ix, s) + 1, t.index_put((ix[0, 0],), s[0, 0, :1], True)),
                   x, src, idx)
     assert not stats["fallbacks"], stats
+
+
+def test_column_reductions_vectorize_across_outer_dim():
+    x = torch.randn(130, 203)
+    check(lambda t: (t.sum(0), t.amax(0), (t * 2).view(10, 13, 203).sum(1), t.amin(0, keepdim=True)),
+          x, atol=1e-4)
