@@ -65,6 +65,9 @@ _IS_COMPILING = {"is_compiling": ("torch.compiler", "torch._dynamo.external_util
                                   "torch._dynamo.eval_frame"),
                  "is_dynamo_compiling": ("torch.compiler",),
                  "is_exporting": ()}
+_READ_ONLY_METHODS = {"get", "keys", "values", "items", "copy", "index", "count", "__contains__",
+                      "__getitem__", "__len__", "issubset", "issuperset", "union", "intersection",
+                      "difference", "isdisjoint"}
 _GRAD_CTX = {torch.no_grad: ("grad", (False,)), torch.enable_grad: ("grad", (True,))}
 _AUTOCAST_CLASSES = tuple(c for c in (torch.autocast, getattr(torch.amp, "autocast", None),
                                       getattr(torch.cpu.amp, "autocast", None),
@@ -141,6 +144,10 @@ def call_obj(tr, fn: ObjV, args: list, kwargs: dict) -> V:
                       types.BuiltinMethodType)) or type(f).__name__ in ("method_descriptor",):
         mod = getattr(f, "__module__", None) or ""
         self_obj = getattr(f, "__self__", None)
+        mutable = isinstance(self_obj, (dict, list, set)) and not is_literal(self_obj)
+        if mutable and getattr(f, "__name__", "") not in _READ_ONLY_METHODS:
+            raise tr.unsupported(f"{type(self_obj).__name__}.{f.__name__}() on a real container "
+                                 "would mutate it at trace time")
         if _all_const(args) and _all_const(kwargs.values()) and (
                 mod in ("math", "operator", "_operator", "builtins", "_functools", "itertools")
                 or is_literal(self_obj) or isinstance(self_obj, (dict, list, str, tuple, set))

@@ -372,11 +372,30 @@ def build_entry(tr: Tracer, plan, argnames, eager=False, reason=None, settings=N
                                   "\n".join("  " + g.describe() for g in guards))
     if enabled("graph") and plan is not None and plan.gm is not None:
         get_logger("graph").info("%s", plan.gm.print_readable(print_output=False))
+    ddir = config.debug_dir()
+    if ddir is not None:
+        _dump(ddir, tr, plan, source, guards)
     code = compile(source, "<ember-guards>", "exec")
     exec(code, ns)
     run = ns["__entry"]
     return Entry(run, guards, plan.gm if plan is not None else None, source,
                  plan.n_ops if plan is not None else 0, eager=eager, reason=reason)
+
+
+def _dump(ddir, tr, plan, source, guards):
+    """EMBER_DEBUG_DIR: the captured graph and the generated guard/run code as readable files."""
+    import os
+    os.makedirs(ddir, exist_ok=True)
+    STATS["dumps"] += 1
+    stem = os.path.join(ddir, f"capture_{STATS['dumps']:03d}")
+    with open(stem + "_guards.py", "w") as fh:
+        fh.write("# capture: guards + run function of one cache entry\n")
+        fh.write("".join(f"# {g.describe()}\n" for g in guards))
+        fh.write(source)
+    if plan is not None and plan.gm is not None:
+        with open(stem + "_graph.py", "w") as fh:
+            fh.write(f"# after capture: {plan.n_ops} ops, {len(plan.example_inputs)} inputs\n")
+            fh.write(plan.gm.print_readable(print_output=False))
 
 
 # ---- public entry points --------------------------------------------------------------------
