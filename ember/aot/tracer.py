@@ -246,7 +246,7 @@ class Tracer(TorchDispatchMode):
         if torch.Tag.data_dependent_output in func.tags or func is aten._local_scalar_dense.default:
             raise Unsupported(f"ember.aot: data-dependent op {func} (a value read back to Python)")
         if torch.Tag.inplace_view in func.tags:
-            raise Unsupported(f"ember.aot: in-place metadata change {func} is not supported")
+            return self._inplace_view_op(func, args, kwargs)
         if func.is_view:
             return self._view_op(func, args, kwargs)
         if func._schema.is_mutable:
@@ -261,7 +261,13 @@ class Tracer(TorchDispatchMode):
     def _functional_op(self, func, args, kwargs):
         out, margs, mkwargs = self._run_meta(func, args, kwargs)
         nodes = self.emit(func, tree_map(self._node_arg, margs), tree_map(self._node_arg, mkwargs), out)
-        self._register_out(out, nodes)
+        view = None
+        if (isinstance(out, torch.Tensor) and margs and isinstance(margs[0], torch.Tensor)
+                and _skey(out) == _skey(margs[0])):
+            # aliases its input without being a view op (_unsafe_view): replay it like a view,
+            # so regenerating this alias keeps the op's shape instead of the base's
+            view = (margs[0], func, tuple(margs[1:]), dict(mkwargs), None)
+        self._register_out(out, nodes, view)
         return out
 
     def _register_out(self, out, nodes, view=None):
@@ -277,6 +283,26 @@ class Tracer(TorchDispatchMode):
         nodes = self.emit(func, tree_map(self._node_arg, margs), tree_map(self._node_arg, mkwargs), out)
         self._register_out(out, nodes, view=(margs[0], func, tuple(margs[1:]), dict(mkwargs), None))
         return out
+
+    def _inplace_view_op(self, func, args, kwargs):
+        """`t.squeeze_(d)` on an intermediate (matmul of a 1-D operand emits it): record the
+        out-of-place view and rebind `t` to it; its old self stays replayable as `old`."""
+        t, rest = args[0], tuple(args[1:])
+        if self._storage[_skey(t)].input_index is not None:
+            raise Unsupported(f"ember.aot: in-place metadata change {func} of a graph input "
+                              "is not supported")
+        name = func._schema.name.split("::")[1]
+        view_func = getattr(getattr(aten, name.rstrip("_")), func._overloadname)
+        old_node = self.node_of(t)
+        old = t.as_strided(t.shape, t.stride(), t.storage_offset())
+        self._node[id(old)] = (old, old_node, self._storage[_skey(t)].gen)
+        if id(t) in self._view:
+            self._view[id(old)] = self._view[id(t)]
+        func(t, *rest, **kwargs)  # meta: changes t's sizes/strides in place
+        node = self.emit(view_func, (old_node,) + rest, kwargs, t)
+        self._node[id(t)] = (t, node, self._storage[_skey(t)].gen)
+        self._view[id(t)] = (old, view_func, rest, dict(kwargs), None)
+        return t
 
     def _mutating_op(self, func, args, kwargs):
         form = functional_variant(func)
