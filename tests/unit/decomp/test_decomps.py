@@ -222,6 +222,122 @@ CASES = {
 }
 
 
+i34 = torch.randint(-5, 6, (3, 4))
+CASES.update({
+    aten._addmm_activation.default: [(r(4), x34, r(4, 4)), (r(4), x34, r(4, 4), {"use_gelu": True})],
+    aten._batch_norm_no_update.default: [(bn_x, bn_w, bn_b, bn_rm, bn_rv, 0.1, 1e-5)],
+    aten._batch_norm_with_update_functional.default: [(bn_x, bn_w, bn_b, bn_rm, bn_rv, 0.1, 1e-5)],
+    aten._native_batch_norm_legit.no_stats: [(bn_x, bn_w, bn_b, True, 0.1, 1e-5)],
+    aten._prelu_kernel_backward.default: [(r(2, 3, 4), x234, r(2, 1, 1))],
+    aten._unsafe_index.Tensor: [(x34, [idx(3, 5)])],
+    aten._unsafe_index_put.default: [(x34, [idx(3, 5)], r(5, 4), True)],
+    aten.addbmm.default: [(r(3, 5), r(2, 3, 4), r(2, 4, 5))],
+    aten.all.dim: [(mask34, 0)], aten.all.dims: [(mask34, [0, 1])],
+    aten.any.default: [(mask34,)], aten.any.dims: [(mask34, [1], True)],
+    aten.aminmax.default: [(x234, {"dim": 1})],
+    aten.batch_norm_backward.default: [(r(4, 3, 5, 5), bn_x, bn_w, bn_rm, bn_rv, bn_sm, bn_si, True, 1e-5,
+                                        [True, True, True], torch.empty(0, dtype=torch.uint8))],
+    aten.bitwise_and.Scalar: [(i34, 3)], aten.bitwise_or.Scalar: [(i34, 3)], aten.bitwise_xor.Scalar: [(i34, 3)],
+    aten.bitwise_and.Scalar_Tensor: [(3, i34)],
+    aten.clamp_max.default: [(x34, 0.5)], aten.clamp_max.Tensor: [(x34, r(4))], aten.clamp_min.Tensor: [(x34, r(4))],
+    aten.count_nonzero.default: [(i34,)],
+    aten.deg2rad.default: [(x34,)], aten.rad2deg.default: [(x34,)],
+    aten.detach.default: [(x34,)], aten.lift_fresh.default: [(x34,)],
+    aten.diagonal_scatter.default: [(x234, r(2, 3), 1, 1, 2)],
+    aten.div.Scalar: [(x34, 3.0)], aten.div.Scalar_mode: [(x34, 0.7, {"rounding_mode": "floor"})],
+    aten.eye.m: [(3, 5)],
+    aten.fill.Scalar: [(x34, 2.0)], aten.fill.Tensor: [(x34, torch.tensor(2.0, dtype=D))],
+    aten.floor_divide.Scalar: [(x34, 0.7)],
+    aten.fmin.default: [(torch.tensor([1.0, math.nan, 2.0], dtype=D), torch.tensor([math.nan, 1.0, 3.0], dtype=D))],
+    aten.fmod.Scalar: [(x34, 0.7)], aten.remainder.Scalar: [(x34, 0.7)], aten.remainder.Scalar_Tensor: [(2.0, pos(3, 4))],
+    aten.hardshrink_backward.default: [(g34, x34, 0.5)], aten.softshrink_backward.default: [(g34, x34, 0.5)],
+    aten.heaviside.default: [(torch.tensor([-1.0, 0.0, 2.0], dtype=D), torch.tensor([0.5], dtype=D))],
+    aten.huber_loss_backward.default: [(torch.tensor(0.3, dtype=D), x34, g34, 1, 0.5)],
+    aten.smooth_l1_loss_backward.default: [(torch.tensor(0.3, dtype=D), x34, g34, 1, 0.5)],
+    aten.index_fill.int_Tensor: [(x34, 1, torch.tensor([0, 3]), torch.tensor(-1.0, dtype=D))],
+    aten.isneginf.default: [(torch.tensor([1.0, -math.inf, math.inf], dtype=D),)],
+    aten.isposinf.default: [(torch.tensor([1.0, -math.inf, math.inf], dtype=D),)],
+    aten.log_sigmoid_backward.default: [(g34, x34, torch.exp(-x34.abs()))],
+    aten.logical_or.default: [(mask34, x34)], aten.logical_xor.default: [(mask34, x34)],
+    aten.logit_backward.default: [(g34, prob(3, 4)), (g34, prob(3, 4), 0.2)],
+    aten.masked_fill.Tensor: [(x34, mask34, torch.tensor(1.5, dtype=D))],
+    aten.max.other: [(x34, g34)], aten.min.other: [(x34, g34)], aten.min.default: [(x34,)],
+    aten.mul.Scalar: [(x34, 3.0)], aten.sub.Scalar: [(x34, 3.0, 2)], aten.rsub.Tensor: [(x34, g34)],
+    aten.nansum.default: [(torch.tensor([[1.0, math.nan], [2.0, 3.0]], dtype=D), [1])],
+    aten.new_empty.default: [], aten.new_empty_strided.default: [],
+    aten.new_full.default: [(x34, [2, 2], 3.5)], aten.new_ones.default: [(x34, [3])],
+    aten.nll_loss2d_forward.default: [(torch.log_softmax(r(2, 5, 3, 3), 1), idx(5, 2, 3, 3), None, 1, -100)],
+    aten.nll_loss2d_backward.default: [(torch.tensor(1.0, dtype=D), torch.log_softmax(r(2, 5, 3, 3), 1),
+                                        idx(5, 2, 3, 3), None, 1, -100, torch.tensor(18.0, dtype=D))],
+    aten.norm.Scalar: [(x34, 3)], aten.norm.ScalarOpt_dim: [(x234, 2, [1], True)],
+    aten.norm.ScalarOpt_dim_dtype: [(x234, 1, [0], False, {"dtype": D})],
+    aten.norm.ScalarOpt_dtype: [(x234, 2, {"dtype": D})],
+    aten.ones_like.default: [(x34,)], aten.zeros.default: [([2, 3], {"dtype": D})],
+    aten.zero.default: [(x34,)],
+    aten.pixel_unshuffle.default: [(r(1, 2, 4, 6), 2)],
+    aten.sgn.default: [(x34,)], aten.sinc.default: [(torch.tensor([0.0, 0.5, -2.0], dtype=D),)],
+    aten.squeeze.default: [(r(1, 3, 1),)], aten.squeeze.dim: [(r(1, 3, 1), 2)],
+    aten.std_mean.correction: [(x234, [1], {"correction": 1})],
+    aten.unsafe_split.Tensor: [(x234, 2, 2)], aten.unsafe_split_with_sizes.default: [(x234, [1, 2], 1)],
+    aten.upsample_bilinear2d.vec: [(img, None, False, [1.5, 2.0])],
+    aten.upsample_nearest2d.vec: [(img, [9, 12], None)],
+    aten.vdot.default: [(r(5), r(5))],
+    aten.where.Scalar: [(mask34, 1.0, 0)], aten.where.ScalarSelf: [(mask34, 0.5, x34)],
+    aten.index.Tensor_hacked_twin: [(x34, [idx(3, 5)])],
+    aten.index_put.hacked_twin: [(x34, [idx(3, 5)], r(5, 4), True)],
+})
+CASES = {op: a for op, a in CASES.items() if a}
+
+# Random ops: the values differ from eager's stream; shapes, dtypes and ranges must match.
+RANDOM = [(aten.rand_like.default, (x34,)), (aten.randn_like.default, (x34,)),
+          (aten.bernoulli.p, (x34, 0.3)), (aten.bernoulli.default, (prob(3, 4),)),
+          (aten.uniform.default, (x34, -2.0, 5.0)), (aten.empty_like.default, (x34,)),
+          (aten.new_empty.default, (x34, [2, 5])), (aten.new_empty_strided.default, (x34, [2, 5], [1, 2]))]
+
+
+@pytest.mark.parametrize("op,args", RANDOM, ids=[str(o) for o, _ in RANDOM])
+def test_random_and_uninitialised_shapes(op, args):
+    ref = op(*args)
+    with DecompMode() as mode:
+        got = DECOMPS[op](*args)
+    assert got.shape == ref.shape and got.dtype == ref.dtype and got.stride() == ref.stride()
+    if op is aten.uniform.default:
+        assert got.min() >= -2.0 and got.max() < 5.0
+    if op in (aten.bernoulli.p, aten.bernoulli.default):
+        assert set(got.unique().tolist()) <= {0.0, 1.0}
+    assert not mode.non_prims()
+
+
+def _inplace_cases():
+    """Every generated in-place twin whose functional op has a case above, run on a clone."""
+    from ember.decomp.prims import PRIMS as _P  # noqa: F401
+    out = []
+    for ip, fn in DECOMPS.items():
+        if not fn.__name__.startswith("inplace_"):
+            continue
+        packet = ip._schema.name.split("::")[1][:-1]
+        functional = getattr(getattr(aten, packet), ip._overloadname)
+        for i, args in enumerate(CASES.get(functional, [])):
+            out.append(pytest.param(ip, functional, args, id=f"{ip}-{i}"))
+    return out
+
+
+@pytest.mark.parametrize("inplace,functional,args", _inplace_cases())
+def test_generated_inplace_twins(inplace, functional, args):
+    kwargs = args[-1] if args and isinstance(args[-1], dict) else {}
+    args = list(args[:-1] if kwargs else args)
+    try:
+        expected_self = inplace(*_clone(args), **kwargs)
+    except RuntimeError:
+        pytest.skip("eager rejects the in-place form for these arguments (dtype of result)")
+    a = _clone(args)
+    with DecompMode() as mode:
+        got = DECOMPS[inplace](*a, **kwargs)
+    assert got is a[0]
+    torch.testing.assert_close(a[0], expected_self, rtol=1e-10, atol=1e-12, equal_nan=True)
+    assert not mode.non_prims()
+
+
 def _cases():
     return [pytest.param(op, args, id=f"{op}-{i}")
             for op, arglists in CASES.items() for i, args in enumerate(arglists)]
@@ -317,3 +433,16 @@ def test_model_suite_ops_are_covered():
         if op not in PRIMS and op not in DECOMPS:
             missing.append(name)
     assert not missing, missing
+
+
+def test_fused_rms_norm_backward_matches_autograd():
+    """_fused_rms_norm_backward has no CPU kernel: compare with autograd of the formula."""
+    x, w, g = x234.clone().requires_grad_(), w4.clone().requires_grad_(), r(2, 3, 4)
+    y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+    gx, gw = torch.autograd.grad(y, [x, w], g)
+    rstd = torch.rsqrt(x234.pow(2).mean(-1, keepdim=True) + 1e-6)
+    with DecompMode() as mode:
+        dx, dw = DECOMPS[aten._fused_rms_norm_backward.default](g, x234, [4], rstd, w4, [True, True])
+    torch.testing.assert_close(dx, gx, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(dw, gw, rtol=1e-10, atol=1e-12)
+    assert not mode.non_prims()
