@@ -212,6 +212,8 @@ def logical_xor(self, other):
 
 @register(aten.sgn.default)
 def sgn(self):
+    if self.is_complex():
+        return NotImplemented  # z / |z|: complex stays an aten call
     return aten.sign.default(self)
 
 
