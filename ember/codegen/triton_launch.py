@@ -145,9 +145,11 @@ class Launcher:
     """Calls one jit kernel on tensors: grid from xnumel and XBLOCK, config by heuristic or
     autotuning (timed once, cached on disk per kernel source + shapes)."""
 
-    def __init__(self, fn, ks, configs, *, autotune=False, timer=None, writes=()):
+    def __init__(self, fn, ks, configs, *, autotune=False, timer=None, writes=(), scratch=()):
         self.fn, self.ks, self.configs = fn, ks, configs
         self.writes = set(writes)
+        self.scratch_specs = list(scratch)   # (name, size, stride, dtype, needed)
+        self.scratch = None
         self.autotune = autotune and len(configs) > 1
         self.best = None if self.autotune else configs[0]
         self.timer = timer or _time_call
@@ -161,6 +163,8 @@ class Launcher:
         self.fn[self.grid(cfg)](*args, **cfg.kwargs())
 
     def __call__(self, *args):
+        if self.scratch_specs:
+            args = args + self._scratch(args)
         cfg = self.best
         if cfg is None:
             with self.lock:
@@ -168,6 +172,15 @@ class Launcher:
                     self.best = self._tune(args)
             cfg = self.best
         self.launch(cfg, args)
+
+    def _scratch(self, args):
+        dev = args[0].device if args else torch.device("cpu")
+        if self.scratch is None or self.scratch[0].device != dev:
+            self.scratch = tuple(
+                torch.empty_strided(size, stride, dtype=dt, device=dev) if needed
+                else torch.empty(1, dtype=dt, device=dev)   # store elided: never touched
+                for _, size, stride, dt, needed in self.scratch_specs)
+        return self.scratch
 
     def key(self, args) -> str:
         h = hashlib.sha256(self.ks.source.encode())
@@ -190,7 +203,8 @@ class Launcher:
         timings = []
         for cfg in self.configs:
             # outputs may alias inputs (in-place kernels): time on scratch copies of them
-            trial = [a.clone() if n in writes else a for n, a in zip(self.ks.args, args)]
+            names = list(self.ks.args) + list(self.ks.scratch)
+            trial = [a.clone() if n in writes else a for n, a in zip(names, args)]
             timings.append((self.timer(lambda: self.launch(cfg, trial), args), cfg))
         best = min(timings, key=lambda t: t[0])[1]
         perf_log.info("autotune %s: %s", self.ks.name,
@@ -249,6 +263,7 @@ def compile_steps(g, steps, plan, deps, buffers, options, *, step_reads, step_wr
     dead = {k.name: {n for n in step_writes(k) if plan.last_use.get(n) == index[id(k)]
                      and n not in outs} for k in kernels}
     sources = generate_kernels(kernels, deps, buffers, dead=dead,
+                               welford=bool(options.get("triton.welford", True)),
                                max_persistent=int(options.get("triton.max_persistent",
                                                               MAX_PERSISTENT)),
                                interpret=interpret)
@@ -261,7 +276,8 @@ def compile_steps(g, steps, plan, deps, buffers, options, *, step_reads, step_wr
     stats = dict(stats, backend="triton", device=device,
                  persistent=sum(s.persistent for s in sources),
                  looped=sum(s.kind == "reduction" and not s.persistent for s in sources),
-                 elided_stores=sum(len(s.elided) for s in sources))
+                 elided_stores=sum(len(s.elided) for s in sources),
+                 welford=sum(s.welford for s in sources))
     _report(gid, msrc, wsrc)
     globs = dict(wrapper.globals)
     if device == "cuda":
@@ -274,7 +290,10 @@ def compile_steps(g, steps, plan, deps, buffers, options, *, step_reads, step_wr
         for s in sources:
             launchers[s.name] = Launcher(getattr(mod, s.name), s,
                                          heuristic_configs(s, loop_rblock), autotune=autotune,
-                                         writes=step_writes_of(s, kernels))
+                                         writes=step_writes_of(s, kernels),
+                                         scratch=[(n, buffers[n].size, buffers[n].stride,
+                                                   buffers[n].dtype, n not in s.elided)
+                                                  for n in s.scratch])
     globs.update(launchers)
     exec(compile(wsrc, f"<ember triton wrapper {gid}>", "exec"), globs)
     call = globs["call"]

@@ -166,6 +166,25 @@ def test_var_mean(options):
     check(lambda v: torch.var_mean(v, 0, correction=0), x, options=options, atol=1e-4)
 
 
+@pytest.mark.parametrize("welford", [True, False])
+def test_welford_var_mean_and_layer_norm(welford):
+    # looped rows: var_mean's sum and sum of squared deviations become one Welford pass
+    opts = {**LOOPED, "triton.welford": welford}
+    x = randn(6, 50) + 1000.0     # large offset: a naive sum-of-squares would cancel
+    c = check(lambda v: torch.var_mean(v, 1, correction=0), x, options=opts, atol=1e-3)
+    assert c.ember_stats["welford"] == int(welford)
+    assert ("tl.reduce((wmean" in c.ember_triton_source) == welford
+    got = c(x)
+    ref = torch.var_mean(x.double(), 1, correction=0)
+    torch.testing.assert_close(got[0].double(), ref[0], atol=2e-4, rtol=1e-3)
+    w, b = randn(50, seed=1), randn(50, seed=2)
+    c = check(lambda v, g, h: F.layer_norm(v, (50,), g, h), randn(6, 50) * 3, w, b, options=opts,
+              atol=1e-4)
+    assert c.ember_stats["welford"] == int(welford)
+    c = check(lambda v: torch.var_mean(v, 1), randn(3, 2000), atol=1e-4)  # default: > 1024
+    assert c.ember_stats["welford"] == 1 and c.ember_stats["looped"] == 1
+
+
 def test_reduction_multiple_dims_and_epilogue():
     x = randn(4, 6, 10)
     check(lambda v: (v.sum((0, 2)), torch.relu(v.amax(-1)) * 2 + 1), x)
@@ -216,7 +235,8 @@ def test_layer_norm_forward(options):
           atol=2e-5)
 
 
-def test_layer_norm_backward():
+@pytest.mark.parametrize("options", [TRITON, LOOPED], ids=["persistent", "looped"])
+def test_layer_norm_backward(options):
     x = randn(8, 32).requires_grad_()
     w, b = randn(32, seed=1).requires_grad_(), randn(32, seed=2).requires_grad_()
     gy = randn(8, 32, seed=3)
@@ -225,7 +245,7 @@ def test_layer_norm_backward():
         y = F.layer_norm(v, (32,), g, h)
         return torch.autograd.grad(y, (v, g, h), dy)
     ref = fn(x, w, b, gy)
-    f = ember.compile(lambda v, g, h: F.layer_norm(v, (32,), g, h), options=TRITON)
+    f = ember.compile(lambda v, g, h: F.layer_norm(v, (32,), g, h), options=options)
     STATS.clear()
     y = f(x, w, b)
     got = torch.autograd.grad(y, (x, w, b), gy)
