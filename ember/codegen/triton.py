@@ -494,13 +494,14 @@ class TritonKernelCodegen:
             if idt == "tl.int64":
                 code.writeline("rbase = rbase.to(tl.int64)")
             written: set = set()
+            from .triton_welford import find_welford, welford_stage
             pairs = {} if persistent or not self.use_welford else find_welford(k, xv, m)
             skip = {b for _, b in pairs.values()}
             for i, stage in enumerate(k.stages):
                 if i in skip:
                     continue
                 if i in pairs:
-                    self._welford_stage(stage, k.stages[pairs[i][1]], pairs[i][0], xv, m, written)
+                    welford_stage(self, stage, k.stages[pairs[i][1]], pairs[i][0], xv, m, written)
                     written.update(n.name for n in stage.nodes + k.stages[pairs[i][1]].nodes)
                     continue
                 self._stage(stage, xv, m, persistent, written)
@@ -573,48 +574,6 @@ class TritonKernelCodegen:
                 torch.bool if rt == "any" else dt)
             h.store(n.name, n.store_index(xv), TVal(res, out_dt, 1))
 
-    def _welford_stage(self, stage, stage_q, s_node, xv, m, written):
-        """One looped pass for S = sum(x) and Q = sum((x - S/n)^2) (var_mean, LayerNorm):
-        per-lane Welford mean/M2/count, merged across lanes with `_welford_combine`."""
-        h = self.h
-        code = h.code
-        q_node = stage_q.nodes[0]
-        rv = [_loop_var(m + i) for i in range(len(stage.inner))]
-        if _reads(s_node, xv, rv, stage) & (written - self.local):
-            code.writeline("tl.debug_barrier()  # this stage reads what an earlier one stored")
-        dt = s_node.body.src_dtype
-        rn = _row_rnumel(stage)
-        wm, w2, wn = h.fresh("wmean"), h.fresh("wm2"), h.fresh("wcount")
-        for name in (wm, w2, wn):
-            code.writeline(f"{name} = {_full2(0.0, dt)}")
-        saved = h.push()
-        code.writeline(f"for roffset in range(0, {rn}, RBLOCK):")
-        code.level += 1
-        code.writeline("rindex = roffset + rbase")
-        code.writeline(f"rmask = rindex < {rn}")
-        h.levels["rindex"] = 2
-        _decode(code, "rindex", list(stage.inner), rv, h, 2)
-        h.loop_mask = h.emit("xmask & rmask", torch.bool, 2)
-        v = h._as(s_node.reduction_value(xv, rv), dt)
-        mask = h.loop_mask
-        code.writelines([
-            f"_wv = tl.broadcast_to({v}, [XBLOCK, RBLOCK])",
-            f"_wn = {wn} + 1",
-            f"_wd = _wv - {wm}",
-            f"{wm} = tl.where({mask}, {wm} + _wd / _wn, {wm})",
-            f"{w2} = tl.where({mask}, {w2} + _wd * (_wv - {wm}), {w2})",
-            f"{wn} = tl.where({mask}, _wn, {wn})",
-        ])
-        code.level -= 1
-        h.pop(saved)
-        h.loop_mask = TVal("xmask", torch.bool, 1)
-        mean, m2, cnt = h.fresh("red"), h.fresh("red"), h.fresh("red")
-        code.writeline(f"{mean}, {m2}, {cnt} = tl.reduce(({wm}, {w2}, {wn}), 1, _welford_combine)")
-        h.store(s_node.name, s_node.store_index(xv),
-                h.emit(f"({mean} * {cnt})[:, None]", dt, 1))
-        h.store(q_node.name, q_node.store_index(xv), h.emit(f"{m2}[:, None]", dt, 1))
-        self.welford_pairs += 1
-
     def _new_row(self, stage, rv):
         """Decode a new row (persistent): values that varied along the old row are dead."""
         h = self.h
@@ -681,72 +640,6 @@ def _final(acc, rt, dt) -> str:
     else:
         pick = f"({acc} == {red}({acc}, 1)[:, None])"
     return f"tl.min(tl.where({pick}, {acc}_i, {INT32_LIMIT - 1}), 1)[:, None]"
-
-
-# --- welford: recognise var_mean's two sums ------------------------------------------------
-
-class _TreeHandler:
-    """Bodies as nested tuples, to compare two bodies structurally."""
-
-    def load(self, name, index):
-        return ("load", name, sympy.expand(index))
-
-    def constant(self, value, dtype):
-        return ("const", value, dtype)
-
-    def index_expr(self, expr, dtype):
-        return ("index", sympy.expand(expr), dtype)
-
-    def indirect_indexing(self, value, size, check=True):
-        raise _NoMatch
-
-    def masked(self, mask, body, other):
-        raise _NoMatch
-
-    def __getattr__(self, name):
-        return lambda *args: (name,) + args
-
-
-class _NoMatch(Exception):
-    pass
-
-
-def _tree(fn):
-    try:
-        with set_handler(_TreeHandler()):
-            return fn()
-    except _NoMatch:
-        return None
-
-
-def find_welford(kernel, xv, m) -> dict:
-    """{stage index a: (S node, stage index b)} where stage a is [S = sum(A)] and stage a+1 is
-    [Q = sum((A - S * (1/n))**2)] over the same row (what var_mean lowers to)."""
-    out = {}
-    stages = kernel.stages
-    for a in range(len(stages) - 1):
-        sa, sb = stages[a], stages[a + 1]
-        if (sa.kind, sb.kind) != ("reduction", "reduction") or len(sa.nodes) != 1 or \
-                len(sb.nodes) != 1 or tuple(sa.inner) != tuple(sb.inner) or a in out or \
-                any(b == a for _, b in out.values()):
-            continue
-        s, q = sa.nodes[0], sb.nodes[0]
-        if s.body.reduction_type != "sum" or q.body.reduction_type != "sum" or \
-                not s.body.src_dtype.is_floating_point or s.body.src_dtype != q.body.src_dtype:
-            continue
-        rv = [_loop_var(m + i) for i in range(len(sa.inner))]
-        ta = _tree(lambda: s.reduction_value(xv, rv))
-        tq = _tree(lambda: q.reduction_value(xv, rv))
-        if ta is None or tq is None or tq[0] != "mul" or tq[1] != tq[2] or tq[1][0] != "sub":
-            continue
-        _, lhs, mean = tq[1]
-        n = _row_rnumel(sa)
-        ok = (lhs == ta and mean[0] == "mul" and mean[1][:2] == ("load", s.name)
-              and mean[1][2] == sympy.expand(s.store_index(xv)) and mean[2][0] == "const"
-              and n > 0 and abs(float(mean[2][1]) * n - 1) < 1e-9)
-        if ok:
-            out[a] = (s, a + 1)
-    return out
 
 
 class _ReadCollector:

@@ -1,0 +1,129 @@
+"""Stage 6, codegen (Triton): Welford for var_mean's two row sums.
+
+The lowering turns var_mean (and so LayerNorm) into S = sum(x) and, in the next stage of the same
+kernel, Q = sum((x - S * (1/n))**2). Two loops over a long row read it twice; `find_welford`
+recognises the pair by comparing the bodies as trees (run under `_TreeHandler`), and
+`welford_stage` emits one looped pass keeping per-lane mean / M2 / count, merged across lanes
+with the prelude's `_welford_combine`; S = mean * count and Q = M2. Persistent kernels do not
+need it (the row is already in registers and the second pass reuses it).
+
+Consumes: a Kernel, the TritonKernelCodegen emitting it. Produces: pairs / Triton lines.
+"""
+from __future__ import annotations
+
+import sympy
+import torch
+
+from .common import set_handler
+from .triton import TVal, _decode, _full2, _loop_var, _reads, _row_rnumel
+
+
+class _TreeHandler:
+    """Bodies as nested tuples, to compare two bodies structurally."""
+
+    def load(self, name, index):
+        return ("load", name, sympy.expand(index))
+
+    def constant(self, value, dtype):
+        return ("const", value, dtype)
+
+    def index_expr(self, expr, dtype):
+        return ("index", sympy.expand(expr), dtype)
+
+    def indirect_indexing(self, value, size, check=True):
+        raise _NoMatch
+
+    def masked(self, mask, body, other):
+        raise _NoMatch
+
+    def __getattr__(self, name):
+        return lambda *args: (name,) + args
+
+
+class _NoMatch(Exception):
+    pass
+
+
+def _tree(fn):
+    try:
+        with set_handler(_TreeHandler()):
+            return fn()
+    except _NoMatch:
+        return None
+
+
+def find_welford(kernel, xv, m) -> dict:
+    """{stage index a: (S node, stage index b)} where stage a is [S = sum(A)] and stage a+1 is
+    [Q = sum((A - S * (1/n))**2)] over the same row (what var_mean lowers to)."""
+    out = {}
+    stages = kernel.stages
+    for a in range(len(stages) - 1):
+        sa, sb = stages[a], stages[a + 1]
+        if (sa.kind, sb.kind) != ("reduction", "reduction") or len(sa.nodes) != 1 or \
+                len(sb.nodes) != 1 or tuple(sa.inner) != tuple(sb.inner) or a in out or \
+                any(b == a for _, b in out.values()):
+            continue
+        s, q = sa.nodes[0], sb.nodes[0]
+        if s.body.reduction_type != "sum" or q.body.reduction_type != "sum" or \
+                not s.body.src_dtype.is_floating_point or s.body.src_dtype != q.body.src_dtype:
+            continue
+        rv = [_loop_var(m + i) for i in range(len(sa.inner))]
+        ta = _tree(lambda: s.reduction_value(xv, rv))
+        tq = _tree(lambda: q.reduction_value(xv, rv))
+        if ta is None or tq is None or tq[0] != "mul" or tq[1] != tq[2] or tq[1][0] != "sub":
+            continue
+        _, lhs, mean = tq[1]
+        n = _row_rnumel(sa)
+        try:
+            ok = (lhs == ta and mean[0] == "mul" and mean[1][:2] == ("load", s.name)
+                  and mean[1][2] == sympy.expand(s.store_index(xv)) and mean[2][0] == "const"
+                  and n > 0 and abs(float(mean[2][1]) * n - 1) < 1e-9)
+        except (TypeError, IndexError):
+            ok = False
+        if ok:
+            out[a] = (s, a + 1)
+    return out
+
+
+
+def welford_stage(self, stage, stage_q, s_node, xv, m, written):
+    """One looped pass for S = sum(x) and Q = sum((x - S/n)^2) (var_mean, LayerNorm):
+    per-lane Welford mean/M2/count, merged across lanes with `_welford_combine`."""
+    h = self.h
+    code = h.code
+    q_node = stage_q.nodes[0]
+    rv = [_loop_var(m + i) for i in range(len(stage.inner))]
+    if _reads(s_node, xv, rv, stage) & (written - self.local):
+        code.writeline("tl.debug_barrier()  # this stage reads what an earlier one stored")
+    dt = s_node.body.src_dtype
+    rn = _row_rnumel(stage)
+    wm, w2, wn = h.fresh("wmean"), h.fresh("wm2"), h.fresh("wcount")
+    for name in (wm, w2, wn):
+        code.writeline(f"{name} = {_full2(0.0, dt)}")
+    saved = h.push()
+    code.writeline(f"for roffset in range(0, {rn}, RBLOCK):")
+    code.level += 1
+    code.writeline("rindex = roffset + rbase")
+    code.writeline(f"rmask = rindex < {rn}")
+    h.levels["rindex"] = 2
+    _decode(code, "rindex", list(stage.inner), rv, h, 2)
+    h.loop_mask = h.emit("xmask & rmask", torch.bool, 2)
+    v = h._as(s_node.reduction_value(xv, rv), dt)
+    mask = h.loop_mask
+    code.writelines([
+        f"_wv = tl.broadcast_to({v}, [XBLOCK, RBLOCK])",
+        f"_wn = {wn} + 1",
+        f"_wd = _wv - {wm}",
+        f"{wm} = tl.where({mask}, {wm} + _wd / _wn, {wm})",
+        f"{w2} = tl.where({mask}, {w2} + _wd * (_wv - {wm}), {w2})",
+        f"{wn} = tl.where({mask}, _wn, {wn})",
+    ])
+    code.level -= 1
+    h.pop(saved)
+    h.loop_mask = TVal("xmask", torch.bool, 1)
+    mean, m2, cnt = h.fresh("red"), h.fresh("red"), h.fresh("red")
+    code.writeline(f"{mean}, {m2}, {cnt} = tl.reduce(({wm}, {w2}, {wn}), 1, _welford_combine)")
+    h.store(s_node.name, s_node.store_index(xv),
+            h.emit(f"({mean} * {cnt})[:, None]", dt, 1))
+    h.store(q_node.name, q_node.store_index(xv), h.emit(f"{m2}[:, None]", dt, 1))
+    self.welford_pairs += 1
