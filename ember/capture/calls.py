@@ -144,7 +144,8 @@ def call_obj(tr, fn: ObjV, args: list, kwargs: dict) -> V:
                       types.BuiltinMethodType)) or type(f).__name__ in ("method_descriptor",):
         mod = getattr(f, "__module__", None) or ""
         self_obj = getattr(f, "__self__", None)
-        mutable = isinstance(self_obj, (dict, list, set)) and not is_literal(self_obj)
+        mutable = isinstance(self_obj, (dict, list, set)) and not is_literal(self_obj) and \
+            id(self_obj) not in tr.owned
         if mutable and getattr(f, "__name__", "") not in _READ_ONLY_METHODS:
             raise tr.unsupported(f"{type(self_obj).__name__}.{f.__name__}() on a real container "
                                  "would mutate it at trace time")

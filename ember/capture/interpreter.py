@@ -103,6 +103,7 @@ class Tracer:
         self._const_names: dict = {}
         self.real_contexts: list = []
         self.fresh: set[int] = set()
+        self.owned: set[int] = set()                    # ids of real objects the trace created
         self.autocast: dict = {d: dt for d, on, dt in (self.state0[3] or ()) if on}                    # ids of containers the call created
 
     # ---- dispatch helpers (implemented in calls/builtins/handlers) --------------------
@@ -393,7 +394,14 @@ class Tracer:
             return DictV({k: self.const_value(i) for k, i in x.items()})
         if isinstance(x, torch.Tensor):
             raise self.unsupported("a real tensor appeared as a constant")
+        if type(x) in (set, list, dict, bytearray):
+            self.own(x)
         return ObjV(x)
+
+    def own(self, x):
+        """`x` was created by the trace itself: mutating it at trace time is safe."""
+        self.owned.add(id(x))
+        self.keepalive.append(x)
 
     # ---- frames -------------------------------------------------------------------------
     def run_frame(self, frame: Frame) -> V:

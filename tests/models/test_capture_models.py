@@ -154,3 +154,25 @@ class Block(nn.Module):
 
 def test_nanogpt_block():
     check_model(Block(), torch.randn(2, 16, 32))
+
+
+def _bench_specs():
+    try:
+        from ember.bench import suites
+        return [s.name for s in suites.select("all")]
+    except Exception:  # noqa: BLE001 - the bench package is optional here
+        return []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", _bench_specs())
+def test_bench_suite_model_is_one_graph(name):
+    from ember.bench import suites
+    model, args, kwargs = suites.instantiate(suites.REGISTRY[name])
+    model.eval()
+    with torch.no_grad():
+        exp = _first(model(*args, **kwargs))
+        ember.compile(model, backend="eager", fullgraph=True)
+        got = _first(model(*args, **kwargs))
+    torch.testing.assert_close(got, exp, rtol=1e-3, atol=1e-4)
+    assert capture.stats().get("graphs") == 1 and capture.stats().get("fallbacks", 0) == 0

@@ -18,7 +18,7 @@ def build_list(tr, f, ins):
 @handler("BUILD_SET")
 def build_set(tr, f, ins):
     from ..builtins import real
-    f.push(ObjV({real(tr, v) for v in f.popn(ins.arg)}))
+    f.push(tr.const_value({real(tr, v) for v in f.popn(ins.arg)}))
 
 
 @handler("BUILD_MAP")

@@ -37,6 +37,8 @@ def _const_like(v):
 def binary(tr, op, a, b):
     from ..builtins import real
     if isinstance(a, TensorV) or isinstance(b, TensorV):
+        if not isinstance(a, TensorV) and op in _INPLACE_TO_PLAIN:
+            op = _INPLACE_TO_PLAIN[op]      # `n += tensor` with a number n is `n = n + tensor`
         if isinstance(a, (ListV, TupleV)) or isinstance(b, (ListV, TupleV)):
             if op in (operator.eq, operator.ne):
                 return ObjV(op is operator.ne)

@@ -585,3 +585,17 @@ def test_training_step_grads_match():
     ref(x44).sum().backward()
     for p, q in zip(m.parameters(), ref.parameters()):
         torch.testing.assert_close(p.grad, q.grad)
+
+
+def test_number_iadd_tensor_and_module_children_memo_set():
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(3, 3), nn.Linear(3, 3)
+
+        def forward(self, x):
+            acc = 0
+            for child in self.children():       # Module.children keeps a set() memo
+                acc += child(x)
+            return acc
+    check(M(), x3)
