@@ -485,7 +485,15 @@ class TritonKernelCodegen:
             h.shapes[1] = "[XBLOCK, 1]"
             code.writeline("xindex = xoffset + tl.arange(0, XBLOCK)[:, None]")
         code.writeline(f"xmask = xindex < {xnumel}")
-        _decode(code, "xindex", outer, xv, h, 1)
+        order = list(range(m))
+        if pointwise and m > 1:
+            # fastest-varying xindex digit = the dim the first store walks with the smallest
+            # stride, so a transposed output is written coalesced (reads may then be strided)
+            from .cpp import _coeff, collect
+            c = collect(lambda: [n.store_pointwise(xv) for n in k.stages[0].nodes])
+            if c.stores:
+                order = sorted(order, key=lambda d: -int(_coeff(c.stores[0], xv[d])))
+        _decode(code, "xindex", [outer[d] for d in order], [xv[d] for d in order], h, 1)
         if pointwise:
             for n in k.stages[0].nodes:
                 n.store_pointwise(xv)

@@ -103,6 +103,14 @@ def test_pointwise_layouts(kind):
     check(chain, a, b, kernels=1)
 
 
+def test_transposed_output_decodes_store_order():
+    # eager keeps x.t()'s layout: output (33, 20) with strides (1, 33); xindex's fastest digit
+    # must be the store's unit-stride dim so the writes are coalesced
+    c = check(lambda v: v.t() * 2, randn(20, 33), kernels=1)
+    src = c.ember_triton_source
+    assert "v0 = xindex % 33" in src and "tl.store(buf0 + (v0 + (33 * v1))" in src, src
+
+
 def test_pointwise_tail_and_ops():
     x = randn(1000) * 3   # not a multiple of the block: the tail is masked
 
@@ -389,6 +397,14 @@ def train_check(make, x, atol=1e-4):
 
 def test_mlp_train():
     train_check(MLP, randn(8, 16))
+
+
+def test_cnn_batchnorm_train():
+    def make():
+        return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+                             nn.MaxPool2d(2), nn.Flatten(), nn.Linear(8 * 4 * 4, 5),
+                             nn.LogSoftmax(-1))
+    train_check(make, randn(4, 3, 8, 8))
 
 
 def test_nanogpt_block_train():
