@@ -12,6 +12,13 @@ index expressions print straight from the sympy indices (FloorDiv → `//`, Modu
 `//`+`%`; Triton's int division truncates, which is floor for the non-negative indices here).
 Index math is int64 when any buffer or loop is ≥ 2**31 elements, else int32.
 
+Beyond the plain scheme: a pointwise xindex is decoded in the first store's stride order
+(coalesced transposed writes); persistent kernels keep one decoded row across stages of the
+same shape, so later stages reuse earlier values (softmax loads x once) and stores nobody reads
+afterwards are dropped; column reductions ("outer" hint) loop over narrow RBLOCKs; var_mean's
+two sums become one Welford pass in looped kernels (triton_welford.py); buffers the C++ backend
+keeps as per-thread row scratch ("row_local") get a scratch buffer from the launcher.
+
 Consumes: Kernel steps (schedule.fuse), buffers by name. Produces: `TritonKernelSource`s (source of
 one `@triton.jit` function + launch metadata); triton_launch.py loads and launches them.
 """
@@ -29,6 +36,7 @@ from .common import (BINARY, COMPARE, UNARY, FloorDiv, IndentedBuffer, ModularIn
 MAX_PERSISTENT = 1024      # rows up to this many elements are reduced in one block
 LOOP_RBLOCK = 512          # column block of looped reductions
 INT32_LIMIT = 2 ** 31
+OUTER_PERSISTENT_MAX = 32  # column reductions with longer rows loop over small RBLOCKs
 
 TL_DTYPE = {
     torch.float32: "tl.float32", torch.float64: "tl.float64", torch.float16: "tl.float16",
@@ -390,6 +398,7 @@ class TritonKernelSource:
     elided: list = dataclasses.field(default_factory=list)   # stores dropped as dead
     welford: int = 0       # sum / sum-of-squared-deviation pairs fused into one welford loop
     scratch: list = dataclasses.field(default_factory=list)  # extra params the launcher allocates
+    hint: str = ""         # "outer": rows are strided, columns contiguous (column reductions)
 
 
 def _loop_var(i):
@@ -422,6 +431,25 @@ def index_dtype(kernel, buffers: dict, args) -> str:  # noqa: D401
         b = buffers[name]
         sizes.append(b.storage_numel())
     return "tl.int64" if max(sizes) >= INT32_LIMIT else "tl.int32"
+
+
+def reduction_hint(kernel, xv) -> str:
+    """"outer" when the first reduction reads its row with a larger stride than consecutive
+    outputs (sum over dim 0 of a row-major matrix): then wide XBLOCK x narrow RBLOCK tiles keep
+    the loads coalesced along x, which is what the GPU launch configs for it do."""
+    from .cpp import _coeff, collect
+    m = len(xv)
+    for stage in kernel.stages:
+        if stage.kind != "reduction" or not stage.inner or not m:
+            continue
+        rv = [_loop_var(m + i) for i in range(len(stage.inner))]
+        c = collect(lambda: [n.reduction_value(xv, rv) for n in stage.nodes])
+        for e in c.exprs:
+            rs, xs = _coeff(e, rv[-1]), _coeff(e, xv[-1])
+            if rs != 0 and xs != 0:
+                return "outer" if int(rs) > int(xs) else "inner"
+        return "inner"
+    return ""
 
 
 def _init(rtype, dt):
@@ -472,7 +500,9 @@ class TritonKernelCodegen:
         xnumel = numel(outer)
         pointwise = k.pure_pointwise
         rnumel = max([_row_rnumel(s) for s in k.stages if s.inner or s.kind == "reduction"] or [1])
-        persistent = not pointwise and rnumel <= self.max_persistent
+        hint = "" if pointwise else reduction_hint(k, [_loop_var(i) for i in range(len(outer))])
+        persistent = not pointwise and rnumel <= self.max_persistent and not (
+            hint == "outer" and rnumel > OUTER_PERSISTENT_MAX)
         idt = index_dtype(k, self.buffers, list(args) + self.scratch)
         code = h.code
         params = list(args) + self.scratch + ["XBLOCK: tl.constexpr"] + ([] if pointwise else
@@ -522,7 +552,7 @@ class TritonKernelCodegen:
         return TritonKernelSource(k.name, header + code.getvalue(), list(args),
                                   "pointwise" if pointwise else "reduction", xnumel, rnumel,
                                   persistent, idt, h.used_libdevice, elided, self.welford_pairs,
-                                  list(self.scratch))
+                                  list(self.scratch), hint)
 
     def _stage(self, stage, xv, m, persistent, written):
         h = self.h

@@ -132,6 +132,10 @@ def heuristic_configs(ks, loop_rblock=LOOP_RBLOCK) -> list:
                  (max(1, min(xp, 1024 // r)), 4), (max(1, min(xp, 8192 // r)), 8), (1, 4)]
         return list(dict.fromkeys(Config(x, r, w) for x, w in cands))
     r = min(loop_rblock, next_pow2(ks.rnumel))
+    if getattr(ks, "hint", "") == "outer":
+        cands = [(min(xp, 64), min(r, 8), 4), (min(xp, 128), min(r, 4), 4),
+                 (min(xp, 32), min(r, 16), 4), (min(xp, 8), min(r, 64), 4)]
+        return list(dict.fromkeys(Config(max(1, x), max(1, rb), w) for x, rb, w in cands))
     cands = [(max(1, min(xp, 4096 // r)), r, 4), (1, r, 4), (max(1, min(xp, 8)), min(r, 256), 4),
              (max(1, min(xp, 2)), min(2 * r, 2048), 8)]
     return list(dict.fromkeys(Config(x, rb, w) for x, rb, w in cands))

@@ -150,6 +150,14 @@ def test_sum_inner_outer(mode, dim):
           persistent=int(mode == "persistent"), looped=int(mode == "looped"))
 
 
+def test_column_reduction_hint():
+    c = check(lambda v: v.sum(0), randn(100, 24), looped=1, persistent=0, atol=1e-5)
+    (ln,) = c.ember_launchers.values()
+    assert ln.ks.hint == "outer" and ln.best.RBLOCK <= 8 and ln.best.XBLOCK >= 24
+    c = check(lambda v: v.sum(1), randn(24, 100), persistent=1)
+    assert next(iter(c.ember_launchers.values())).ks.hint == "inner"
+
+
 def test_long_row_is_looped_by_default():
     x = randn(3, 2500)   # rows > 1024 → looped reduction with RBLOCK 512
     c = check(lambda v: (v.sum(1), v.amax(1)), x, looped=1, persistent=0, atol=1e-4)
