@@ -599,3 +599,41 @@ def test_number_iadd_tensor_and_module_children_memo_set():
                 acc += child(x)
             return acc
     check(M(), x3)
+
+
+def test_try_except_in_traced_code():
+    def lookup(d, k):
+        try:
+            return d[k]
+        except KeyError:
+            return 10
+        finally:
+            pass
+
+    def f(x):
+        try:
+            y = x.missing_attr
+        except AttributeError:
+            y = x * 2
+        return y + lookup({"a": 1}, "b") + lookup({"a": 1}, "a")
+    check(f, x3)
+
+
+def test_disable_inside_is_unsupported_and_allow_in_graph_is_one_node():
+    @ember.disable
+    def eager_only(t):
+        return t + 1
+
+    def f(x):
+        return eager_only(x) * 2
+    with pytest.raises(ember.Unsupported, match="ember.disable"):
+        ember.compile(f, backend="eager", fullgraph=True)(x3)
+
+    @ember.allow_in_graph
+    def opaque(t):
+        return t.sin() + t.cos()
+
+    def g(x):
+        return opaque(x) * 2
+    ember.reset()
+    check(g, x3, ops=[2])
