@@ -44,7 +44,8 @@ def squeeze_dim(self, dim):
     return aten.squeeze.dims(self, [dim])
 
 
-@register(aten.detach.default, aten.lift_fresh.default)
+# lift_fresh (a torch.tensor(...) constant entering the trace) is the tracer's business.
+@register(aten.detach.default)
 def detach(self):
     return aten.alias.default(self)
 

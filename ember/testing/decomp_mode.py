@@ -17,6 +17,7 @@ from ..decomp import DECOMPS, PRIMS
 IGNORED = {"profiler", "prim"}
 NON_COMPUTE = {
     torch.ops.aten._local_scalar_dense.default, torch.ops.aten.copy_.default,
+    torch.ops.aten.lift_fresh.default,
     torch.ops.aten.is_same_size.default, torch.ops.aten.sym_size.int,
     torch.ops.aten.sym_stride.int, torch.ops.aten.sym_numel.default,
     torch.ops.aten.set_.source_Storage_storage_offset, torch.ops.aten.set_.source_Tensor,

@@ -130,8 +130,36 @@ def _resummarize(path, a):
     summary = summarize(results)
     if a.update_xfail:
         update_xfail_table(a.update_xfail, data["backend"], results)
+    if a.json:
+        data.update(summary)
+        with open(a.json, "w") as f:
+            json.dump(data, f, indent=1)
     print_report(summary, data["backend"])
     return 0
+
+
+def _rerun_failures(path, a):
+    data = json.load(open(path))
+    failed = [c for c in data["cases"] if c["status"] == "fail"]
+    by_op = {}
+    for c in failed:
+        name, dtype, kind = c["key"].split("|")
+        by_op.setdefault(name, set()).add((dtype, kind))
+    fresh = {}
+    for o in select_ops(list(by_op)):
+        full = o.name + ("." + o.variant_test_name if o.variant_test_name else "")
+        for dtype, kind in sorted(by_op.get(full, ())):
+            r = run_case(o, getattr(torch, dtype), kind, data["backend"], max_samples=data["max_samples"])
+            fresh[r.key] = r
+            if r.status == "fail" and not a.quiet:
+                print(f"FAIL {r.key}: {r.reason}", file=sys.stderr, flush=True)
+    for c in data["cases"]:
+        r = fresh.get(c["key"])
+        if r is not None:
+            c.update(status=r.status, samples=r.samples, passed=r.passed, reason=r.reason)
+    with open(a.json or path, "w") as f:
+        json.dump(data, f, indent=1)
+    return _resummarize(a.json or path, a)
 
 
 def main(argv=None):
@@ -146,6 +174,8 @@ def main(argv=None):
     ap.add_argument("--quiet", action="store_true")
     ap.add_argument("--from-json", default=None, metavar="PATH",
                     help="re-summarize a previous run's JSON instead of running")
+    ap.add_argument("--rerun-failures", default=None, metavar="PATH",
+                    help="rerun the failed cases of a previous run's JSON and merge the results")
     ap.add_argument("--update-xfail", default=None, metavar="PATH",
                     help="merge this run's results into an expected-failure table "
                          "(tests/conformance/opinfo_xfail.json), as EMBER_COLLECT_XFAIL=1 does")
@@ -153,6 +183,8 @@ def main(argv=None):
     os.environ.setdefault("EMBER_STRICT", "1")
     if a.from_json:
         return _resummarize(a.from_json, a)
+    if a.rerun_failures:
+        return _rerun_failures(a.rerun_failures, a)
     names = FAST_OPS if a.fast else (a.ops.split(",") if a.ops else None)
     ops = select_ops(names)
     dtypes = [getattr(torch, d) for d in a.dtypes.split(",")]

@@ -242,7 +242,7 @@ CASES.update({
     aten.clamp_max.default: [(x34, 0.5)], aten.clamp_max.Tensor: [(x34, r(4))], aten.clamp_min.Tensor: [(x34, r(4))],
     aten.count_nonzero.default: [(i34,)],
     aten.deg2rad.default: [(x34,)], aten.rad2deg.default: [(x34,)],
-    aten.detach.default: [(x34,)], aten.lift_fresh.default: [(x34,)],
+    aten.detach.default: [(x34,)],
     aten.diagonal_scatter.default: [(x234, r(2, 3), 1, 1, 2)],
     aten.div.Scalar: [(x34, 3.0)], aten.div.Scalar_mode: [(x34, 0.7, {"rounding_mode": "floor"})],
     aten.eye.m: [(3, 5)],
@@ -419,7 +419,7 @@ def test_model_suite_ops_are_covered():
     _unsafe_view.default add.Tensor add_.Tensor addcdiv_ addcmul_ addmm alias arange.default
     bernoulli_.float bmm cat clone convolution convolution_backward detach div.Scalar div.Tensor
     div_.Scalar embedding embedding_dense_backward empty.memory_format empty_like expand gather
-    gelu gelu_backward lerp_.Scalar lift_fresh max_pool2d_with_indices
+    gelu gelu_backward lerp_.Scalar max_pool2d_with_indices
     max_pool2d_with_indices_backward mean.default mean.dim mm mul.Scalar mul.Tensor mul_.Tensor
     native_batch_norm native_batch_norm_backward native_layer_norm native_layer_norm_backward
     nll_loss_backward nll_loss_forward ones.default ones_like pow.Tensor_Scalar relu_ scalar_tensor
