@@ -124,9 +124,11 @@ def literal(value, dtype) -> str:
 class CppHandler:
     """Emits C++ statements into `self.code`; returns CppVal temporaries."""
 
-    def __init__(self, buffers: dict, local: set):
+    def __init__(self, buffers: dict, local: set, row_local=None, outer_vars=()):
         self.buffers = buffers
         self.local = local
+        self.row_local = row_local or {}
+        self.row_subs = {v: sympy.Integer(0) for v in outer_vars}
         self.code = IndentedBuffer()
         self.cse: dict = {}
         self.stored: dict = {}
@@ -167,6 +169,9 @@ class CppHandler:
         hit = self.stored.get((name, idx))
         if hit is not None:
             return hit
+        if name in self.row_local:
+            return self.emit(f"{name}_row[{self.idx(sympy.expand(index).xreplace(self.row_subs))}]",
+                             compute_dtype(self.buffers[name].dtype))
         if name in self.local:
             raise AssertionError(f"local buffer {name} read before it is written")
         dt = self.buffers[name].dtype
@@ -181,6 +186,10 @@ class CppHandler:
         dt = self.buffers[name].dtype
         value = self._as(value, compute_dtype(dt))
         self.stored[(name, idx)] = value
+        if name in self.row_local:
+            ridx = self.idx(sympy.expand(index).xreplace(self.row_subs))
+            self.code.writeline(f"{name}_row[{ridx}] = {value};")
+            return None
         if name in self.local:
             return None
         if dt == torch.bfloat16:
@@ -394,7 +403,8 @@ class KernelCodegen:
     def __init__(self, kernel, buffers: dict):
         self.kernel = kernel
         self.buffers = buffers
-        self.h = CppHandler(buffers, kernel.local)
+        self.h = CppHandler(buffers, kernel.local, kernel.row_local,
+                            [loop_var(i) for i in range(len(kernel.outer))])
 
     def work(self) -> int:
         k = self.kernel
@@ -434,6 +444,9 @@ class KernelCodegen:
                 self._stage(stage, xv0, m, parallel_inner=True)
         else:
             def body():
+                for name, size in k.row_local.items():
+                    dt = compute_dtype(self.buffers[name].dtype)
+                    code.writeline(f"alignas(64) {ctype(dt)} {name}_row[{size}];")
                 for stage in k.stages:
                     self._stage(stage, xv, m, parallel_inner=False)
             if m:

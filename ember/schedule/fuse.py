@@ -32,6 +32,7 @@ class Kernel:
     outer: tuple
     stages: list
     local: set = dataclasses.field(default_factory=set)   # buffers that never leave the kernel
+    row_local: dict = dataclasses.field(default_factory=dict)  # local, but across stages: name -> row numel
 
     @property
     def nodes(self):

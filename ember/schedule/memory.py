@@ -14,6 +14,9 @@ from .deps import tensor_args
 from .fuse import ExternStep, Kernel
 
 
+ROW_LOCAL_MAX = 16384   # elements of a per-thread row scratch (on the stack)
+
+
 @dataclasses.dataclass
 class MemoryPlan:
     last_use: dict        # buffer name -> index of the last step reading or writing it
@@ -56,8 +59,17 @@ def mark_locals(steps, deps, keep: set) -> None:
                 continue
             ok = all(j == i and all(idx == deps[n.name].write_index
                                     for idx in deps[r.name].reads[n.name]) for j, r in rs)
-            if ok and n.kind == "pointwise":
-                ok = all(stage_of[r.name] is stage_of[n.name] for _, r in rs)
+            if ok and n.kind == "pointwise" and not all(
+                    stage_of[r.name] is stage_of[n.name] for _, r in rs):
+                # read by later stages of the same outer iteration: a per-row scratch array
+                inner = stage_of[n.name].inner
+                size = 1
+                for s_ in inner:
+                    size *= s_
+                if inner and size <= ROW_LOCAL_MAX and step.outer:
+                    step.local.add(n.name)
+                    step.row_local[n.name] = size
+                continue
             if ok:
                 step.local.add(n.name)
 

@@ -60,3 +60,14 @@ def test_no_fusion_option_gives_more_kernels():
     STATS.clear()
     fn = compile_aten_graph(gm, [x], options={"fusion": False})
     torch.testing.assert_close(fn(x)[0], (x * 2 + 1).exp())
+
+
+def test_softmax_keeps_exp_row_in_scratch_not_memory():
+    from ember.aot import trace_aten
+    from ember.decomp import get_decompositions
+    from ember.lower import compile_aten_graph
+    x = torch.randn(16, 40)
+    gm = trace_aten(lambda t: (torch.softmax(t, -1),), (x,), decompositions=get_decompositions())
+    fn = compile_aten_graph(gm, [x])
+    assert fn.ember_wrapper.count("empty_strided") == 1   # only the output is allocated
+    torch.testing.assert_close(fn(x)[0], torch.softmax(x, -1))
