@@ -50,7 +50,9 @@ def _dce(nodes, deps, keep: set):
 def compile_aten_graph(gm, example_inputs, *, options=None):
     options = options or {}
     t0 = time.perf_counter()
-    key = graph_cache.graph_key(gm, options)
+    from ..codegen.triton_launch import compile_steps, selected  # Triton/GPU seam (issue 11)
+    use_triton = selected(gm, example_inputs, options)   # never served from the C++ graph cache
+    key = None if use_triton else graph_cache.graph_key(gm, options)
     entry = graph_cache.load(key) if key else None
     if entry is not None:
         stats = dict(entry["stats"], graph=next(_ids), cached=True)
@@ -75,8 +77,7 @@ def compile_aten_graph(gm, example_inputs, *, options=None):
     mark_locals(steps, deps, keep=out_names)
     plan = plan_memory(steps, deps, out_names)
     kernels = [s for s in steps if isinstance(s, Kernel)]
-    from ..codegen.triton_launch import compile_steps, selected  # Triton/GPU seam (issue 11)
-    if selected(gm, example_inputs, options):
+    if use_triton:
         run = compile_steps(g, steps, plan, deps, buffers, options, kernels=kernels,
                             step_reads=lambda s: step_reads(s, deps), step_writes=step_writes,
                             inplace_ok=lambda s, a, b: can_write_in_place(s, deps, a, b),
