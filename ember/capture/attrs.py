@@ -151,9 +151,20 @@ def _obj_attr(tr, v: ObjV, name: str) -> V:
     cls_attr, owner = _type_lookup(cls, name)
     if isinstance(cls_attr, property) and isinstance(cls_attr.fget, types.FunctionType):
         return tr.call(ObjV(cls_attr.fget), [v], {})
-    d = getattr(obj, "__dict__", None)
+    try:
+        d = object.__getattribute__(obj, "__dict__")
+    except AttributeError:
+        d = None
     if d is not None and name in d and not _is_data_descriptor(cls_attr):
-        return tr.wrap(d[name], AttrSource(src, name) if src else None)
+        value = d[name]
+        if src is None:
+            return tr.wrap(value, None)
+        if cls.__getattribute__ is not object.__getattribute__:
+            if getattr(obj, name) is not value:
+                return tr.wrap(getattr(obj, name), AttrSource(src, name))
+            from .sources import InstanceDictSource
+            return tr.wrap(value, InstanceDictSource(src, name))
+        return tr.wrap(value, AttrSource(src, name))
     if cls_attr is not None and not _is_data_descriptor(cls_attr) or cls_attr is None and \
             not hasattr(cls, "__getattr__") and cls.__getattribute__ is object.__getattribute__:
         if cls_attr is None:

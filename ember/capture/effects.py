@@ -8,6 +8,7 @@ writes, new dataclass/namedtuple/ModelOutput objects) so the caller sees what ea
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 
@@ -30,6 +31,26 @@ class Plan:
 def _new_obj(cls, attrs):
     obj = cls.__new__(cls)
     obj.__dict__.update(attrs)
+    return obj
+
+
+_MO_FIELDS: dict = {}
+
+
+def _model_output(cls, fields):
+    """A transformers ModelOutput equal to `cls(**fields)` when the first field is a tensor:
+    every field an attribute, the non-None ones the mapping's items, in field order."""
+    defaults = _MO_FIELDS.get(cls)
+    if defaults is None:
+        defaults = _MO_FIELDS[cls] = [(f.name, f.default) for f in dataclasses.fields(cls)]
+    obj = collections.OrderedDict.__new__(cls)
+    collections.OrderedDict.__init__(obj)
+    d = object.__getattribute__(obj, "__dict__")
+    for name, default in defaults:
+        d[name] = fields.get(name, default)
+    for k, x in fields.items():
+        if x is not None:
+            collections.OrderedDict.__setitem__(obj, k, x)
     return obj
 
 
@@ -88,6 +109,12 @@ class _Rebuild:
         if isinstance(v, NewObjV):
             inner = ", ".join(f"{self._key(k)}: {self.expr(x)}" for k, x in v.attrs.items())
             if v.dataclass:
+                from .calls import _is_model_output
+                first = next(iter(v.attrs.values()), None)
+                if _is_model_output(v.cls) and isinstance(first, TensorV):
+                    # what ModelOutput.__post_init__ builds (tensor first field), minus its cost
+                    return self._temp(v, f"{self.bind(_model_output, 'f')}("
+                                         f"{self.bind(v.cls, 'c')}, {{{inner}}})")
                 return self._temp(v, f"{self.bind(v.cls, 'c')}(**{{{inner}}})")
             return self._temp(v, f"{self.bind(_new_obj, 'f')}({self.bind(v.cls, 'c')}, {{{inner}}})")
         raise self.tr.unsupported(f"returning a {type(v).__name__} from the compiled frame")

@@ -320,7 +320,8 @@ class _Binder:
 def build_entry(tr: Tracer, plan, argnames, eager=False, reason=None, settings=None) -> Entry:
     """Generate the guard+run function of one cache entry."""
     ns = tr.ns
-    ns.update({"__MISS": MISS, "__EAGER": EAGER, "__EP": EPOCH})
+    from .sources import instance_dict
+    ns.update({"__MISS": MISS, "__EAGER": EAGER, "__EP": EPOCH, "__odict": instance_dict})
     binder = _Binder(ns)
     guards = sorted(tr.guards, key=lambda g: RANKS[g.kind])
     fast = [g for g in guards if not g.structural]

@@ -87,6 +87,25 @@ class AttrSource(Source):
         return f"{self.base.name()}.{self.attr}"
 
 
+class InstanceDictSource(Source):
+    """`base.__dict__[attr]` read past an overridden __getattribute__ (HF configs): the trace saw
+    the instance-dict value, and reading it this way costs ~0.1 µs instead of ~1 µs."""
+    __slots__ = ("base", "attr")
+
+    def __init__(self, base: Source, attr: str):
+        self.base, self.attr, self.structural = base, attr, False
+
+    def expr(self):
+        return f"__odict({self.base.expr()})[{self.attr!r}]"
+
+    def name(self):
+        return f"{self.base.name()}.{self.attr}"
+
+
+def instance_dict(obj):
+    return object.__getattribute__(obj, "__dict__")
+
+
 class DictEntrySource(Source):
     """`base.<table>[key]` for nn.Module's _parameters/_buffers/_modules: faster than getattr."""
     __slots__ = ("base", "table", "key")

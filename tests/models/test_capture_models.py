@@ -176,3 +176,19 @@ def test_bench_suite_model_is_one_graph(name):
         got = _first(model(*args, **kwargs))
     torch.testing.assert_close(got, exp, rtol=1e-3, atol=1e-4)
     assert capture.stats().get("graphs") == 1 and capture.stats().get("fallbacks", 0) == 0
+
+
+def test_hf_model_output_rebuilt_like_eager():
+    tf = pytest.importorskip("transformers")
+    from transformers.modeling_outputs import BaseModelOutputWithPooling
+
+    def f(x):
+        return BaseModelOutputWithPooling(last_hidden_state=x * 2, pooler_output=x.sum(0))
+    x = torch.randn(3, 4)
+    got = ember.compile(f, backend="eager", fullgraph=True)(x)
+    exp = f(x)
+    assert type(got) is type(exp) and list(got.keys()) == list(exp.keys())
+    assert got.hidden_states is None and got[1].shape == exp[1].shape
+    assert vars(got).keys() == vars(exp).keys()
+    torch.testing.assert_close(got.last_hidden_state, exp.last_hidden_state)
+    torch.testing.assert_close(got.to_tuple()[1], exp.to_tuple()[1])
