@@ -59,13 +59,26 @@ COLUMNS = [
     ("compile_s", lambda r: _sec(r.get("compile_s"))),
     ("step_ms", lambda r: _ms(r.get("step_s"))),
     ("speedup", lambda r: _x(r.get("speedup"))),
+    ("med/med", lambda r: _x(r.get("speedup_of_medians"))),
+    ("noise", lambda r: _noise(r.get("times"))),
     ("mem", lambda r: _x(r.get("mem_ratio"))),
     ("graphs", lambda r: "-" if r["compiler"] == "eager" or r.get("graphs") is None
      else f"{r['graphs']}/{r.get('graph_breaks', 0)}"),
     ("path / error", lambda r: (r.get("path") or "") if r.get("status") == "pass"
      else f"{r.get('path') or ''} {r.get('error') or ''}".strip()),
 ]
-_RIGHT = {"rel_err", "first_s", "compile_s", "step_ms", "speedup", "mem", "graphs"}
+_RIGHT = {"rel_err", "first_s", "compile_s", "step_ms", "speedup", "med/med", "noise", "mem",
+          "graphs"}
+
+
+def _noise(times) -> str:
+    """Spread of the timed steps, (p75 - p25) / median: a speedup smaller than this is noise."""
+    if not times or len(times) < 4:
+        return "-"
+    t = sorted(times)
+    n = len(t)
+    med = t[n // 2] if n % 2 else (t[n // 2 - 1] + t[n // 2]) / 2
+    return f"{(t[(3 * n) // 4] - t[n // 4]) / med:.0%}" if med > 0 else "-"
 
 
 def table(records: list[dict], width: int = 70) -> str:
@@ -86,7 +99,8 @@ def table(records: list[dict], width: int = 70) -> str:
     lines.append("columns: rel_err = max over tensors of max error / max |ref| vs the fp64 eager "
                  "reference (train: outputs, loss and grads of step 1; pass = each tensor within "
                  "10x eager-fp32's error on it); first_s = first call incl. compile; speedup = "
-                 "median of paired eager/compiler ratios; mem = eager peak / compiler peak; "
+                 "median of paired eager/compiler ratios (med/med: ratio of medians; noise: IQR/median of the "
+                 "timed steps); mem = eager peak / compiler peak; "
                  "graphs = n/breaks")
     return "\n".join(lines)
 

@@ -316,13 +316,51 @@ def quiet_randomness(model: nn.Module) -> nn.Module:
     return model
 
 
+def no_zero_weights(model: nn.Module) -> nn.Module:
+    """Give all-zero weight matrices small random values.
+
+    Some inits zero a layer (torchvision ViT's head, residual branches' last norms): the output
+    is then a constant and comparing it says nothing about the layers before.
+    """
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2 and p.is_floating_point() and not p.any():
+                p.normal_(0.0, 0.02)
+    return model
+
+
+def calibrate_batchnorm(model: nn.Module, args: tuple, kwargs: dict) -> nn.Module:
+    """Set BatchNorm running stats to the example batch's statistics (one train-mode forward).
+
+    With fresh stats (mean 0, var 1) and random weights, deep nets in eval mode collapse: an
+    EfficientNet's logits come out ~1e-13 and any comparison of them is vacuous.
+    """
+    norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    if not norms:
+        return model
+    saved = [(m, m.momentum) for m in norms]
+    for m in norms:
+        m.reset_running_stats()
+        m.momentum = None            # cumulative average: after one batch, exactly its stats
+    was_training = model.training
+    model.train()
+    with torch.no_grad():
+        model(*args, **kwargs)
+    for m, momentum in saved:
+        m.momentum = momentum
+        m.num_batches_tracked.zero_()
+    model.train(was_training)
+    return model
+
+
 def instantiate(spec: ModelSpec, seed: int = 0):
     """(model, args, kwargs) with weights and inputs from `seed`."""
     torch.manual_seed(seed)
-    model = quiet_randomness(spec.build())
+    model = no_zero_weights(quiet_randomness(spec.build()))
     torch.manual_seed(seed + 1)
     args = spec.inputs()
     kwargs = spec.kwargs()
+    calibrate_batchnorm(model, args, kwargs)
     return model, args, kwargs
 
 
