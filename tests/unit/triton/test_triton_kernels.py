@@ -310,6 +310,16 @@ def test_index_dtype_selection():
     assert tcg.index_dtype(big, {"a": B(10)}, ["a"]) == "tl.int64"
 
 
+def test_int64_indices_in_generated_source():
+    # compiled, never run: a 2**31-element reduction needs 64-bit index math
+    big = 2 ** 31 + 16
+    _, c = compile_fn(lambda v: v.expand(big).sum(), randn(1))
+    src = c.ember_triton_source
+    assert "tl.program_id(0).to(tl.int64)" in src and "rbase.to(tl.int64)" in src, src
+    _, c = compile_fn(lambda v: v.sum(), randn(64))
+    assert "int64" not in c.ember_triton_source
+
+
 def test_heuristic_configs():
     pw = types.SimpleNamespace(kind="pointwise", xnumel=100, rnumel=1, persistent=False)
     cfgs = triton_launch.heuristic_configs(pw)
