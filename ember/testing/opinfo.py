@@ -1,14 +1,15 @@
 """OpInfo conformance harness: PyTorch's OpInfo database through an ember backend vs eager.
 
 For each (op, dtype) it takes up to `max_samples` sample inputs and checks
-- forward: `torch.compile(fn, backend=<counting ember backend>)` outputs vs eager outputs;
+- forward: the backend's compiled callable (see below) vs eager outputs;
 - backward (differentiable ops, floating dtypes): grads of sum(out * cotangent) w.r.t. every
   input that requires grad, vs eager.
 Backends: "aot_eager", "ember" (through Dynamo's capture, so only our backend stages are
 tested) and "decomp" (ember.testing.DecompMode on real tensors: the table alone, no tracer).
 
 By default the backend is called directly on a one-node torch-level graph that calls the op
-(fast: no Dynamo); EMBER_OPINFO_DYNAMO=1 goes through torch.compile(fn, backend=...) instead.
+(fast: no Dynamo); with `use_dynamo(torch.compile, torch._dynamo.reset)` (the conformance
+tests do it under EMBER_OPINFO_DYNAMO=1) samples go through torch.compile(fn, backend=...).
 A case is (op name, dtype, "fwd"|"bwd"); it passes when every sample passes. Cases whose samples
 all fail in eager, or that our backend never saw (Dynamo ran them eagerly), are "skip".
 """
@@ -126,14 +127,24 @@ def _compiled(fn, backend_name, n_inputs=0, via_dynamo=False):
                 state["compiled"] = backend(gm, list(args))
             return tuple(state["compiled"](*args))
         return run, backend
-    import torch._dynamo  # noqa: F401
-    return torch.compile(fn, backend=backend, dynamic=False), backend
+    if _DYNAMO["compile"] is None:
+        raise RuntimeError("the Dynamo path needs ember.testing.opinfo.use_dynamo(torch.compile, reset)")
+    return _DYNAMO["compile"](fn, backend=backend, dynamic=False), backend
+
+
+# The Dynamo path is injected by the tests (tests/conformance/conftest.py): product code under
+# ember/ does not touch torch.compile / torch._dynamo.
+_DYNAMO = {"compile": None, "reset": None}
+
+
+def use_dynamo(compile_fn, reset_fn):
+    """Route samples through `compile_fn(fn, backend=..., dynamic=False)` (torch.compile)."""
+    _DYNAMO["compile"], _DYNAMO["reset"] = compile_fn, reset_fn
 
 
 def _reset():
-    if "torch._dynamo" in __import__("sys").modules:
-        import torch._dynamo
-        torch._dynamo.reset()
+    if _DYNAMO["reset"] is not None:
+        _DYNAMO["reset"]()
 
 
 # ------------------------------------------------------------------------------ one sample
@@ -200,7 +211,6 @@ def _grads(fn, tensors, cotangent_seed=0):
     return torch.autograd.grad(outs, inputs, cots, allow_unused=True)
 
 
-VIA_DYNAMO = os.environ.get("EMBER_OPINFO_DYNAMO") == "1"
 
 
 def check_sample(opinfo, sample, dtype, kind, backend_name, via_dynamo=None):
@@ -215,15 +225,17 @@ def check_sample(opinfo, sample, dtype, kind, backend_name, via_dynamo=None):
         return f"skip: eager raised {type(e).__name__}"
     if grad and ref is None:
         return "skip: no differentiable output"
-    via_dynamo = VIA_DYNAMO if via_dynamo is None else via_dynamo
+    via_dynamo = (_DYNAMO["compile"] is not None) if via_dynamo is None else via_dynamo
     if not via_dynamo:
         # the direct path returns the flat tuple of tensor leaves; non-tensor outputs need Dynamo
         leaves = tree_leaves(ref)
         if all(isinstance(v, torch.Tensor) for v in leaves) and leaves:
             if not grad:
                 ref = tuple(leaves)
-        else:
+        elif _DYNAMO["compile"] is not None:
             via_dynamo = True
+        else:
+            return "skip: non-tensor outputs need the Dynamo path (EMBER_OPINFO_DYNAMO=1)"
     if via_dynamo:
         _reset()
     compiled, counter = _compiled(fn, backend_name, len(tensors), via_dynamo)
