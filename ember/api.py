@@ -13,6 +13,7 @@ import torch
 
 from . import capture
 from .backends import lookup_backend
+from .backends.registry import accepts_options
 from .config import MODES, CompileSettings
 
 
@@ -54,8 +55,15 @@ def _settings(backend, mode, fullgraph, dynamic, options, recompile_limit) -> Co
     if not isinstance(recompile_limit, int) or recompile_limit < 1:
         raise ValueError(f"recompile_limit must be a positive int, got {recompile_limit!r}")
     name, fn = lookup_backend(backend)
-    options = dict(options or {})
-    if options:
+    user_options = dict(options or {})
+    options = dict(user_options)
+    if mode != "default":
+        options.setdefault("mode", mode)  # backends see the mode as an option
+    if not getattr(fn, "ember_backend_name", None) and not accepts_options(fn):
+        if user_options:
+            raise ValueError(f"backend {name!r} takes no options (it is called as fn(gm, "
+                             f"example_inputs)); got options {sorted(user_options)}")
+    elif options:
         fn = _bind_options(fn, options)
     return CompileSettings(backend=fn, backend_name=name, mode=mode, fullgraph=bool(fullgraph),
                            dynamic=dynamic, options=options, recompile_limit=recompile_limit)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import inspect
 import threading
 from typing import Any, Callable
 
@@ -82,11 +83,22 @@ def lookup_backend(backend: str | Callable) -> tuple[str, Callable]:
     raise ValueError(f"backend must be a name or a callable; valid names: {', '.join(list_backends())}")
 
 
+def accepts_options(fn: Callable) -> bool:
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == "options" or p.kind is p.VAR_KEYWORD for p in params)
+
+
 def _with_fallback(name: str, fn: Callable) -> Callable:
     log = get_logger("fallbacks")
+    takes_options = accepts_options(fn)
 
     @functools.wraps(fn)
     def compile_graph(gm, example_inputs, **kwargs: Any):
+        if not takes_options:
+            kwargs.pop("options", None)  # e.g. mode="max-autotune" means nothing to "eager"
         try:
             with progress.compiling(), counters.timed(f"backend:{name}"), debug.graph_scope():
                 debug.dump("captured", gm.print_readable(print_output=False),

@@ -149,3 +149,24 @@ def test_disable_marks_function():
     g = ember.disable(f)
     assert ember.compile(g) is g
     torch.testing.assert_close(g(torch.ones(2)), torch.full((2,), 2.0))
+
+
+def test_mode_and_options_reach_backends_that_take_them():
+    got = []
+
+    def with_opts(gm, example_inputs, options=None):
+        got.append(options)
+        return gm.forward
+
+    def plain(gm, example_inputs):
+        return gm.forward
+
+    f = ember.compile(lambda x: x + 1, backend=with_opts, mode="max-autotune", options={"k": 1})
+    torch.testing.assert_close(f(torch.ones(2)), torch.full((2,), 2.0))
+    assert got == [{"k": 1, "mode": "max-autotune"}]
+    g = ember.compile(lambda x: x * 2, backend=plain, mode="reduce-overhead")  # mode alone is fine
+    torch.testing.assert_close(g(torch.ones(2)), torch.full((2,), 2.0))
+    with pytest.raises(ValueError, match="takes no options"):
+        ember.compile(lambda x: x, backend=plain, options={"k": 1})
+    h = ember.compile(lambda x: x - 1, backend="eager", mode="max-autotune")  # built-ins drop it
+    torch.testing.assert_close(h(torch.ones(2)), torch.zeros(2))
