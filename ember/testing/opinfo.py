@@ -4,8 +4,8 @@ For each (op, dtype) it takes up to `max_samples` sample inputs and checks
 - forward: the backend's compiled callable (see below) vs eager outputs;
 - backward (differentiable ops, floating dtypes): grads of sum(out * cotangent) w.r.t. every
   input that requires grad, vs eager.
-Backends: "aot_eager", "ember" (through Dynamo's capture, so only our backend stages are
-tested) and "decomp" (ember.testing.DecompMode on real tensors: the table alone, no tracer).
+Backends: "aot_eager", "ember" (our backend stages only: capture is Dynamo's or none) and
+"decomp" (ember.testing.DecompMode on real tensors: the table alone, no tracer).
 
 By default the backend is called directly on a one-node torch-level graph that calls the op
 (fast: no Dynamo); with `use_dynamo(torch.compile, torch._dynamo.reset)` (the conformance
