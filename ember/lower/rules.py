@@ -887,6 +887,56 @@ def index(ctx, node, x, indices):
     return Pending(Pointwise(size, out.dtype, inner))
 
 
+@rule(aten.max_pool2d_with_indices.default)
+def max_pool2d_with_indices(ctx, node, x, kernel_size, stride=(), padding=0, dilation=1,
+                            ceil_mode=False):
+    """Window max as an unrolled pointwise body: values and indices are separate Pending
+    values, so in inference the unused indices are never computed."""
+    pair = lambda v: (v, v) if isinstance(v, int) else (tuple(v) * 2 if len(v) == 1 else tuple(v))  # noqa: E731
+    (kh, kw), (ph, pw), (dh, dw) = pair(kernel_size), pair(padding), pair(dilation)
+    sh, sw = pair(stride) if stride else (kh, kw)
+    if not x.dtype.is_floating_point or len(x.size) not in (3, 4) or kh * kw > 49:
+        return NotImplemented
+    vmeta, imeta = out_meta(node)
+    size = tuple(vmeta.shape)
+    H, W = x.size[-2:]
+    Ho, Wo = size[-2:]
+    lx = x.loader()
+    cd = compute_dtype(x.dtype)
+
+    def window(index):
+        *lead, oh, ow = index
+        best = bidx = None
+        for i in range(kh):
+            for j in range(kw):
+                h, w = oh * sh - ph + i * dh, ow * sw - pw + j * dw
+                conds = []
+                for e, lo_, hi_, n in ((h, i * dh - ph, (Ho - 1) * sh - ph + i * dh, H),
+                                       (w, j * dw - pw, (Wo - 1) * sw - pw + j * dw, W)):
+                    if lo_ < 0:
+                        conds.append(ops.ge(ops.index_expr(e, torch.int64), ops.constant(0, torch.int64)))
+                    if hi_ >= n:
+                        conds.append(ops.lt(ops.index_expr(e, torch.int64), ops.constant(n, torch.int64)))
+                idx = list(lead) + [h, w]
+                if conds:
+                    m = conds[0]
+                    for c in conds[1:]:
+                        m = ops.logical_and(m, c)
+                    v = ops.masked(m, lambda idx=idx: lx(idx), float("-inf"))
+                else:
+                    v = lx(idx)
+                flat = ops.index_expr(h * W + w, torch.int64)
+                if best is None:
+                    best, bidx = v, flat
+                else:
+                    take = ops.logical_or(ops.gt(v, best), ops.isnan(v))
+                    best, bidx = ops.where(take, v, best), ops.where(take, flat, bidx)
+        return best, bidx
+    vals = Pending(Pointwise(size, x.dtype, lambda i: window(i)[0]))
+    inds = Pending(Pointwise(size, torch.int64, lambda i: window(i)[1]))
+    return (vals, inds)
+
+
 # --- externs ---------------------------------------------------------------------------------
 
 @rule(aten.mm.default)
@@ -916,7 +966,7 @@ EXTERNS = (
     "_scaled_dot_product_flash_attention.default",
     "_scaled_dot_product_flash_attention_backward.default",
     "scaled_dot_product_attention.default",
-    "max_pool2d_with_indices.default", "max_pool2d_with_indices_backward.default",
+    "max_pool2d_with_indices_backward.default",
     "sort.default", "sort.stable", "cumsum.default", "rand.default", "randn.default",
     "empty_strided.default", "index_put.default", "scatter.src", "scatter.value",
     "scatter_add.default",

@@ -113,3 +113,11 @@ def test_column_reductions_vectorize_across_outer_dim():
     x = torch.randn(130, 203)
     check(lambda t: (t.sum(0), t.amax(0), (t * 2).view(10, 13, 203).sum(1), t.amin(0, keepdim=True)),
           x, atol=1e-4)
+
+
+@pytest.mark.parametrize("k,s,p", [(3, 2, 1), (2, 2, 0), (3, 1, 1)])
+def test_max_pool2d_lowered(k, s, p):
+    x = torch.randn(2, 3, 11, 12)
+    stats = check(lambda t: F.max_pool2d_with_indices(t, k, s, p), x)
+    assert stats["externs"] == 0
+    check(lambda t: F.max_pool2d(t, k, s, p).relu(), x, kernels=1)
