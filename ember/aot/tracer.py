@@ -286,22 +286,20 @@ class Tracer(TorchDispatchMode):
 
     def _inplace_view_op(self, func, args, kwargs):
         """`t.squeeze_(d)` on an intermediate (matmul of a 1-D operand emits it): record the
-        out-of-place view and rebind `t` to it; its old self stays replayable as `old`."""
+        out-of-place view and rebind `t` to it. `t` stays the autograd-visible tensor, so it is
+        registered as a value of its own (not a view of a hidden pre-squeeze alias, which would
+        carry no autograd history and make the output non-differentiable)."""
         t, rest = args[0], tuple(args[1:])
-        if self._storage[_skey(t)].input_index is not None:
-            raise Unsupported(f"ember.aot: in-place metadata change {func} of a graph input "
-                              "is not supported")
+        st = self._storage[_skey(t)]
+        if st.input_index is not None or id(t) in self._view or st.base is not t:
+            raise Unsupported(f"ember.aot: in-place metadata change {func} of a graph input or "
+                              "of a view is not supported")
         name = func._schema.name.split("::")[1]
         view_func = getattr(getattr(aten, name.rstrip("_")), func._overloadname)
         old_node = self.node_of(t)
-        old = t.as_strided(t.shape, t.stride(), t.storage_offset())
-        self._node[id(old)] = (old, old_node, self._storage[_skey(t)].gen)
-        if id(t) in self._view:
-            self._view[id(old)] = self._view[id(t)]
         func(t, *rest, **kwargs)  # meta: changes t's sizes/strides in place
         node = self.emit(view_func, (old_node,) + rest, kwargs, t)
-        self._node[id(t)] = (t, node, self._storage[_skey(t)].gen)
-        self._view[id(t)] = (old, view_func, rest, dict(kwargs), None)
+        self._node[id(t)] = (t, node, st.gen)
         return t
 
     def _mutating_op(self, func, args, kwargs):

@@ -45,3 +45,14 @@ def test_vector_matrix_product_squeeze_(grad):
     v = torch.randn(2, requires_grad=grad)
     m = torch.randn(2, 7)
     _check(lambda a, b: (torch.log_softmax(a, 0) @ b,), v, m)
+
+
+def test_vector_matrix_product_output_stays_differentiable():
+    # fuzz seeds 88+89 grouped: after squeeze_, the output was planned as a view of a hidden
+    # pre-squeeze alias without autograd history and came back with requires_grad=False
+    v = torch.randn(2, requires_grad=True)
+    m = torch.randn(2, 7, requires_grad=True)
+    gm = torch.fx.symbolic_trace(lambda a, b: (torch.exp(a) @ b,))
+    out = aot_compile(gm, [v, m], fw_compiler=_as_is, bw_compiler=_as_is)(v, m)
+    assert out[0].requires_grad and out[0].shape == (7,)
+    _check(lambda a, b: (torch.exp(a) @ b,), v, m)
