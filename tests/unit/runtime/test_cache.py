@@ -4,6 +4,7 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 import torch
 
 from ember.runtime import build, cache
@@ -28,6 +29,7 @@ def test_build_then_hit_then_corrupt_rebuild(tmp_path, monkeypatch):
     assert cache.lookup(key) is None
 
 
+@pytest.mark.slow
 def test_second_process_is_warm(tmp_path):
     script = textwrap.dedent("""
         import time, torch
