@@ -133,6 +133,7 @@ class GraphLowering:
 
     # --- the interpreter ------------------------------------------------------------------------
     def run(self):
+        from . import rules_data  # noqa: F401 - registers view/indexing/extern rules
         from .rules import RULES
         placeholders = 0
         for node in self.gm.graph.nodes:

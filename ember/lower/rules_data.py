@@ -1,0 +1,479 @@
+"""Stage 4, lower: rules for views, data movement (cat/pad/gather/index/max-pool) and externs.
+
+Same contract as `rules.py` (this file registers into the same `RULES` table): views return a
+strided `View` when the layout allows (computed by applying the op to a meta tensor) and a
+`Reindex` otherwise; indexing ops are pointwise bodies with masked or indirect loads.
+
+Consumes: GraphLowering helpers (ctx). Produces: entries in rules.RULES.
+"""
+from __future__ import annotations
+
+import sympy
+import torch
+
+from ..codegen.common import FloorDiv, ModularIndexing, compute_dtype, contiguous_strides, numel, ops
+from .ir import Pending, Pointwise, Reindex, TensorValue, View
+from .rules import RULES, broadcast_loader, out_meta, rule
+
+aten = torch.ops.aten
+prims = torch.ops.prims
+
+# --- views -----------------------------------------------------------------------------------
+
+_META_BASE = None
+
+
+def _meta_view(x: View, fn):
+    """Apply a view op to a meta tensor with x's layout; the resulting (size, stride, offset)."""
+    global _META_BASE
+    if _META_BASE is None:
+        _META_BASE = torch.empty(2 ** 62, dtype=torch.int8, device="meta")
+    t = _META_BASE.as_strided(x.size, x.stride, x.offset)
+    r = fn(t)
+    return View(x.buffer, tuple(r.shape), tuple(r.stride()), r.storage_offset())
+
+
+def view_impl(x, size):
+    size = tuple(int(s) for s in size)
+    if -1 in size:
+        known = numel([s for s in size if s != -1])
+        size = tuple(numel(x.size) // known if s == -1 else s for s in size)
+    if tuple(x.size) == size:
+        return x
+    if isinstance(x, View):
+        try:
+            return _meta_view(x, lambda t: t.view(size))
+        except RuntimeError:
+            pass
+    return Reindex(x, size, _reshape_index(tuple(x.size), size))
+
+
+def _reshape_index(old, new):
+    """index over `new` → index over `old` via matching dimension groups."""
+    groups, i, j = [], 0, 0
+    while i < len(old) or j < len(new):
+        gi, gj = [], []
+        pi = pj = 1
+        while True:
+            if pi == pj and (gi or gj) and (i >= len(old) or old[i] != 1 or pi != 1) and (
+                    j >= len(new) or new[j] != 1 or pj != 1):
+                break
+            if (pi <= pj or j >= len(new)) and i < len(old):
+                gi.append(i); pi *= old[i]; i += 1
+            elif j < len(new):
+                gj.append(j); pj *= new[j]; j += 1
+            else:
+                break
+        groups.append((gi, gj))
+
+    def reindex(index):
+        out = [sympy.Integer(0)] * len(old)
+        for gi, gj in groups:
+            flat = sympy.Integer(0)
+            for jj, st in zip(gj, contiguous_strides([new[k] for k in gj])):
+                flat = flat + index[jj] * st
+            sts = contiguous_strides([old[k] for k in gi])
+            for n, (ii, st) in enumerate(zip(gi, sts)):
+                if old[ii] == 1:
+                    continue
+                if len(gi) == 1:
+                    out[ii] = flat
+                elif n == 0:
+                    out[ii] = FloorDiv(flat, sympy.Integer(st))
+                else:
+                    out[ii] = ModularIndexing(flat, sympy.Integer(st), sympy.Integer(old[ii]))
+        return out
+    return reindex
+
+
+@rule(aten.view.default, aten._unsafe_view.default, aten.reshape.default)
+def view(ctx, node, x, size):
+    return view_impl(x, size)
+
+
+@rule(prims.collapse_view.default)
+def collapse_view(ctx, node, x, start, end):
+    return view_impl(x, tuple(out_meta(node).shape))
+
+
+@rule(aten.permute.default)
+def permute(ctx, node, x, dims):
+    n = len(x.size)
+    dims = [d % n for d in dims]
+    if isinstance(x, View):
+        return View(x.buffer, tuple(x.size[d] for d in dims), tuple(x.stride[d] for d in dims),
+                    x.offset)
+
+    def reindex(index):
+        out = [None] * n
+        for k, d in enumerate(dims):
+            out[d] = index[k]
+        return out
+    return Reindex(x, tuple(x.size[d] for d in dims), reindex)
+
+
+@rule(aten.t.default)
+def t(ctx, node, x):
+    if len(x.size) < 2:
+        return x
+    return permute(ctx, node, x, [1, 0])
+
+
+@rule(aten.transpose.int)
+def transpose(ctx, node, x, a, b):
+    n = len(x.size)
+    if n == 0:
+        return x
+    dims = list(range(n))
+    dims[a % n], dims[b % n] = dims[b % n], dims[a % n]
+    return permute(ctx, node, x, dims)
+
+
+@rule(aten.expand.default, prims.broadcast_in_dim.default)
+def expand(ctx, node, x, size, *rest):
+    size = tuple(out_meta(node).shape)
+    if node.target is prims.broadcast_in_dim.default:
+        bdims = rest[0]
+        inter = [1] * len(size)
+        for k, d in enumerate(bdims):
+            inter[d] = x.size[k]
+        x = view_impl(x, tuple(inter))
+    if isinstance(x, View):
+        lead = len(size) - len(x.size)
+        stride = [0] * lead + [0 if (xs == 1 and s != 1) else st
+                               for xs, st, s in zip(x.size, x.stride, size[lead:])]
+        return View(x.buffer, size, tuple(stride), x.offset)
+    xs = x.size
+    lead = len(size) - len(xs)
+    return Reindex(x, size, lambda index: [sympy.Integer(0) if xs[i] == 1 else index[i + lead]
+                                           for i in range(len(xs))])
+
+
+@rule(aten.unsqueeze.default)
+def unsqueeze(ctx, node, x, dim):
+    return view_impl(x, tuple(out_meta(node).shape)) if not isinstance(x, View) else _meta_view(
+        x, lambda t: t.unsqueeze(dim))
+
+
+@rule(aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default)
+def squeeze(ctx, node, x, dims=None):
+    return view_impl(x, tuple(out_meta(node).shape))
+
+
+@rule(aten.slice.Tensor)
+def slice_(ctx, node, x, dim=0, start=None, end=None, step=1):
+    n = len(x.size)
+    dim = dim % n
+    size = tuple(out_meta(node).shape)
+    s = x.size[dim]
+    start = 0 if start is None else start
+    start = max(0, min(s, start + s if start < 0 else start))
+    if isinstance(x, View):
+        stride = list(x.stride)
+        stride[dim] *= step
+        return View(x.buffer, size, tuple(stride), x.offset + start * x.stride[dim])
+
+    def reindex(index):
+        out = list(index)
+        out[dim] = start + index[dim] * step
+        return out
+    return Reindex(x, size, reindex)
+
+
+@rule(aten.select.int)
+def select(ctx, node, x, dim, idx):
+    n = len(x.size)
+    dim = dim % n
+    idx = idx + x.size[dim] if idx < 0 else idx
+    size = tuple(out_meta(node).shape)
+    if isinstance(x, View):
+        return View(x.buffer, size, x.stride[:dim] + x.stride[dim + 1:],
+                    x.offset + idx * x.stride[dim])
+    return Reindex(x, size, lambda index: list(index[:dim]) + [sympy.Integer(idx)] + list(index[dim:]))
+
+
+@rule(aten.as_strided.default)
+def as_strided(ctx, node, x, size, stride, storage_offset=None):
+    v = ctx.realize(x)
+    if not (isinstance(x, View) and x.buffer is v.buffer) and not v.arg().is_whole:
+        return NotImplemented
+    off = v.offset if storage_offset is None else storage_offset
+    return View(v.buffer, tuple(size), tuple(stride), off)
+
+
+@rule(aten.split.Tensor, aten.split_with_sizes.default)
+def split(ctx, node, x, split, dim=0):
+    dim = dim % len(x.size)
+    outs, start = [], 0
+    metas = out_meta(node)
+    for m in metas:
+        length = m.shape[dim]
+        outs.append(_slice_plain(x, dim, start, length))
+        start += length
+    return tuple(outs)
+
+
+def _slice_plain(x, dim, start, length):
+    size = list(x.size)
+    size[dim] = length
+    if isinstance(x, View):
+        return View(x.buffer, tuple(size), x.stride, x.offset + start * x.stride[dim])
+
+    def reindex(index):
+        out = list(index)
+        out[dim] = index[dim] + start
+        return out
+    return Reindex(x, tuple(size), reindex)
+
+
+@rule(aten.unbind.int)
+def unbind(ctx, node, x, dim=0):
+    dim = dim % len(x.size)
+    return tuple(_select_plain(x, dim, i) for i in range(x.size[dim]))
+
+
+def _select_plain(x, dim, i):
+    size = x.size[:dim] + x.size[dim + 1:]
+    if isinstance(x, View):
+        return View(x.buffer, size, x.stride[:dim] + x.stride[dim + 1:], x.offset + i * x.stride[dim])
+    return Reindex(x, size, lambda index: list(index[:dim]) + [sympy.Integer(i)] + list(index[dim:]))
+
+
+# --- cat / pad / gather ----------------------------------------------------------------------
+
+@rule(aten.cat.default)
+def cat(ctx, node, tensors, dim=0):
+    out = out_meta(node)
+    size = tuple(out.shape)
+    dim = dim % len(size)
+    parts = [t for t in tensors if not (len(t.size) == 1 and t.size[0] == 0)]
+    cd = compute_dtype(out.dtype)
+    offsets, acc = [], 0
+    for t in parts:
+        offsets.append(acc)
+        acc += t.size[dim]
+    loaders = [t.loader() for t in parts]
+
+    if len(parts) > 1:
+        # every part but the last is read under a mask; the last is safe only above its offset
+        def inner2(index):
+            idx_last = list(index)
+            last = len(parts) - 1
+            idx_last[dim] = index[dim] - offsets[last]
+            ge = ops.ge(ops.index_expr(index[dim], torch.int64), ops.constant(offsets[last], torch.int64))
+            value = ops.masked(ge, lambda: _cast_to(loaders[last](idx_last), parts[last].dtype, cd), 0)
+            for k in range(last - 1, -1, -1):
+                idx = list(index)
+                idx[dim] = index[dim] - offsets[k]
+                lo = ops.ge(ops.index_expr(index[dim], torch.int64), ops.constant(offsets[k], torch.int64))
+                hi = ops.lt(ops.index_expr(index[dim], torch.int64), ops.constant(offsets[k + 1], torch.int64))
+                m = ops.logical_and(lo, hi)
+                value = ops.where(m, ops.masked(m, (lambda k=k, idx=idx: _cast_to(
+                    loaders[k](idx), parts[k].dtype, cd)), 0), value)
+            return value
+        return Pending(Pointwise(size, out.dtype, inner2))
+    return Pending(Pointwise(size, out.dtype, lambda i: _cast_to(loaders[0](i), parts[0].dtype, cd)))
+
+
+def _cast_to(v, src, cd):
+    return v if compute_dtype(src) == cd else ops.to_dtype(v, cd)
+
+
+@rule(aten.constant_pad_nd.default)
+def constant_pad_nd(ctx, node, x, pad, value=0):
+    out = out_meta(node)
+    size = tuple(out.shape)
+    n = len(size)
+    cd = compute_dtype(out.dtype)
+    lows = [0] * n
+    for k in range(len(pad) // 2):
+        lows[n - 1 - k] = pad[2 * k]
+    load = x.loader()
+
+    def inner(index):
+        idx = [i - lo for i, lo in zip(index, lows)]
+        conds = []
+        for d in range(n):
+            if lows[d] > 0:
+                conds.append(ops.ge(ops.index_expr(idx[d], torch.int64), ops.constant(0, torch.int64)))
+            if lows[d] + x.size[d] < size[d] or lows[d] < 0:
+                conds.append(ops.lt(ops.index_expr(idx[d], torch.int64),
+                                    ops.constant(x.size[d], torch.int64)))
+            if lows[d] < 0:
+                conds.append(ops.ge(ops.index_expr(idx[d], torch.int64), ops.constant(0, torch.int64)))
+        if not conds:
+            return load(idx)
+        m = conds[0]
+        for c in conds[1:]:
+            m = ops.logical_and(m, c)
+        return ops.masked(m, lambda: load(idx), value)
+    return Pending(Pointwise(size, out.dtype, inner))
+
+
+@rule(aten.gather.default)
+def gather(ctx, node, x, dim, index, sparse_grad=False):
+    out = out_meta(node)
+    size = tuple(out.shape)
+    dim = dim % max(len(x.size), 1)
+    lx, li = x.loader(), index.loader()
+    xsize = x.size[dim]
+
+    def inner(idx):
+        j = ops.indirect_indexing(li(idx), xsize)
+        full = list(idx)
+        full[dim] = j
+        return lx(full)
+    return Pending(Pointwise(size, out.dtype, inner))
+
+
+@rule(aten.index_select.default)
+def index_select(ctx, node, x, dim, index):
+    out = out_meta(node)
+    size = tuple(out.shape)
+    dim = dim % len(x.size)
+    lx, li = x.loader(), index.loader()
+    xsize = x.size[dim]
+
+    def inner(idx):
+        j = ops.indirect_indexing(li([idx[dim]] if index.size else []), xsize)
+        full = list(idx)
+        full[dim] = j
+        return lx(full)
+    return Pending(Pointwise(size, out.dtype, inner))
+
+
+@rule(aten.embedding.default)
+def embedding(ctx, node, weight, indices, padding_idx=-1, scale_grad=False, sparse=False):
+    out = out_meta(node)
+    size = tuple(out.shape)
+    lw, li = weight.loader(), indices.loader()
+    nidx = len(indices.size)
+    rows = weight.size[0]
+
+    def inner(idx):
+        j = ops.indirect_indexing(li(idx[:nidx]), rows)
+        return lw([j] + list(idx[nidx:]))
+    return Pending(Pointwise(size, out.dtype, inner))
+
+
+@rule(aten.index.Tensor)
+def index(ctx, node, x, indices):
+    out = out_meta(node)
+    size = tuple(out.shape)
+    if any(t is not None and (not isinstance(t, TensorValue) or t.dtype in (torch.bool, torch.uint8))
+           for t in indices):
+        return NotImplemented
+    pos = [i for i, t in enumerate(indices) if t is not None]
+    bshape = tuple(torch.broadcast_shapes(*[indices[i].size for i in pos]))
+    nb = len(bshape)
+    start = pos[0] if pos == list(range(pos[0], pos[-1] + 1)) else 0
+    lx = x.loader()
+    loaders = {i: broadcast_loader(indices[i], bshape) for i in pos}
+
+    def inner(idx):
+        bidx = list(idx[start:start + nb])
+        rest = iter(list(idx[:start]) + list(idx[start + nb:]))
+        full = []
+        for d in range(len(x.size)):
+            if d in loaders:
+                full.append(ops.indirect_indexing(loaders[d](bidx), x.size[d]))
+            else:
+                full.append(next(rest))
+        return lx(full)
+    return Pending(Pointwise(size, out.dtype, inner))
+
+
+@rule(aten.max_pool2d_with_indices.default)
+def max_pool2d_with_indices(ctx, node, x, kernel_size, stride=(), padding=0, dilation=1,
+                            ceil_mode=False):
+    """Window max as an unrolled pointwise body: values and indices are separate Pending
+    values, so in inference the unused indices are never computed."""
+    pair = lambda v: (v, v) if isinstance(v, int) else (tuple(v) * 2 if len(v) == 1 else tuple(v))  # noqa: E731
+    (kh, kw), (ph, pw), (dh, dw) = pair(kernel_size), pair(padding), pair(dilation)
+    sh, sw = pair(stride) if stride else (kh, kw)
+    if not x.dtype.is_floating_point or len(x.size) not in (3, 4) or kh * kw > 49:
+        return NotImplemented
+    vmeta, imeta = out_meta(node)
+    size = tuple(vmeta.shape)
+    H, W = x.size[-2:]
+    Ho, Wo = size[-2:]
+    lx = x.loader()
+    cd = compute_dtype(x.dtype)
+
+    def window(index):
+        *lead, oh, ow = index
+        best = bidx = None
+        for i in range(kh):
+            for j in range(kw):
+                h, w = oh * sh - ph + i * dh, ow * sw - pw + j * dw
+                conds = []
+                for e, lo_, hi_, n in ((h, i * dh - ph, (Ho - 1) * sh - ph + i * dh, H),
+                                       (w, j * dw - pw, (Wo - 1) * sw - pw + j * dw, W)):
+                    if lo_ < 0:
+                        conds.append(ops.ge(ops.index_expr(e, torch.int64), ops.constant(0, torch.int64)))
+                    if hi_ >= n:
+                        conds.append(ops.lt(ops.index_expr(e, torch.int64), ops.constant(n, torch.int64)))
+                idx = list(lead) + [h, w]
+                if conds:
+                    m = conds[0]
+                    for c in conds[1:]:
+                        m = ops.logical_and(m, c)
+                    v = ops.masked(m, lambda idx=idx: lx(idx), float("-inf"))
+                else:
+                    v = lx(idx)
+                flat = ops.index_expr(h * W + w, torch.int64)
+                if best is None:
+                    best, bidx = v, flat
+                else:
+                    take = ops.logical_or(ops.gt(v, best), ops.isnan(v))
+                    best, bidx = ops.where(take, v, best), ops.where(take, flat, bidx)
+        return best, bidx
+    vals = Pending(Pointwise(size, x.dtype, lambda i: window(i)[0]))
+    inds = Pending(Pointwise(size, torch.int64, lambda i: window(i)[1]))
+    return (vals, inds)
+
+
+# --- externs ---------------------------------------------------------------------------------
+
+@rule(aten.mm.default)
+def mm(ctx, node, a, b):
+    return ctx.extern(aten.mm.default, (a, b), {}, out_meta(node), out_variant=aten.mm.out)
+
+
+@rule(aten.bmm.default)
+def bmm(ctx, node, a, b):
+    return ctx.extern(aten.bmm.default, (a, b), {}, out_meta(node), out_variant=aten.bmm.out)
+
+
+@rule(aten.addmm.default)
+def addmm(ctx, node, bias, a, b, *, beta=1, alpha=1):
+    return ctx.extern(aten.addmm.default, (bias, a, b), {"beta": beta, "alpha": alpha},
+                      out_meta(node), out_variant=aten.addmm.out)
+
+
+# Compute-bound / library ops the decomp contract (ember.decomp.prims, "extern" kind) leaves to
+# the backend: called functionally, not reported as fallbacks.
+EXTERNS = (
+    "convolution.default", "convolution_backward.default",
+    "_scaled_dot_product_flash_attention_for_cpu.default",
+    "_scaled_dot_product_flash_attention_for_cpu_backward.default",
+    "_scaled_dot_product_efficient_attention.default",
+    "_scaled_dot_product_efficient_attention_backward.default",
+    "_scaled_dot_product_flash_attention.default",
+    "_scaled_dot_product_flash_attention_backward.default",
+    "scaled_dot_product_attention.default",
+    "max_pool2d_with_indices_backward.default",
+    "sort.default", "sort.stable", "cumsum.default", "rand.default", "randn.default",
+    "empty_strided.default", "index_put.default", "scatter.src", "scatter.value",
+    "scatter_add.default",
+)
+
+
+def extern_functional(ctx, node, *args, **kwargs):
+    return ctx.extern(node.target, args, kwargs, out_meta(node))
+
+
+for _name in EXTERNS:
+    _packet, _, _ov = _name.rpartition(".")
+    if hasattr(aten, _packet) and _ov in getattr(aten, _packet).overloads():
+        RULES[getattr(getattr(aten, _packet), _ov)] = extern_functional
