@@ -11,11 +11,13 @@ kernel compiler built from the aten graphs this stage traced (docs/design/001-st
 """
 from __future__ import annotations
 
+import itertools
 import time
 
 import torch
 import torch.fx as fx
 
+from .. import config
 from ..logging import get_logger
 from .joint import Traced, trace_program
 from .partition import partition
@@ -73,12 +75,22 @@ def aot_compile(gm, example_inputs, *, fw_compiler, bw_compiler=None, decomposit
     return TrainingRuntime(traced, part, fw, bw_compiler or fw_compiler, bw_gm, traced.treespec)
 
 
+_dump_ids = itertools.count()
+
+
 def _log_graph(what: str, gm: fx.GraphModule, start: float) -> None:
     log = get_logger("aot")
+    n = sum(1 for x in gm.graph.nodes if x.op == "call_function")
+    header = f"# after aot: {what} graph, {n} ops, took {(time.perf_counter() - start) * 1e3:.1f} ms"
     if log.isEnabledFor(20):
-        n = sum(1 for x in gm.graph.nodes if x.op == "call_function")
-        log.info("# after aot: %s graph, %d ops, took %.1f ms", what, n,
-                 (time.perf_counter() - start) * 1e3)
+        log.info("%s", header)
+    out_dir = config.debug_dir()
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        name = what.split()[0]
+        path = out_dir / f"aot_{next(_dump_ids):03d}_{name}.py"
+        path.write_text(f"{header}\nimport torch\nfrom torch import device\n"
+                        f"{gm.print_readable(print_output=False)}\n")
 
 
 __all__ = ["aot_compile", "trace_aten", "Traced", "partition"]

@@ -146,3 +146,22 @@ def test_tied_weights_detach_no_grad_training_with_accumulation(opt_cls, kw):
     for (name, a), b in zip(ref.named_parameters(), ours.parameters()):
         torch.testing.assert_close(b, a, msg=name, **tol)
         assert b.grad is None                                  # zero_grad(set_to_none=True)
+
+
+def test_non_contiguous_output_tangent_and_debug_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("EMBER_DEBUG_DIR", str(tmp_path))
+
+    def f(x, w):
+        y = x @ w
+        return (y.t(), y.sum(0))
+
+    x, w = torch.randn(5, 4), _leaf(4, 3)
+    out = _compile(f, [x, w], GraphRecorder())(x, w)
+    ref = f(x, w)
+    assert out[0]._base is not None and not out[0].is_contiguous()
+    gy = torch.randn(3, 5).t().contiguous().t()              # a non-contiguous incoming grad
+    (g,) = torch.autograd.grad((out[0] * gy).sum() + out[1].sum(), [w])
+    (r,) = torch.autograd.grad((ref[0] * gy).sum() + ref[1].sum(), [w])
+    torch.testing.assert_close(g, r)
+    dumps = sorted(p.name for p in tmp_path.iterdir())
+    assert any("forward" in d for d in dumps) and any("backward" in d for d in dumps)
