@@ -7,6 +7,7 @@ TTY, in CI logs and pasted into an issue.
 from __future__ import annotations
 
 import math
+import statistics
 from collections import defaultdict
 
 STATUS_SHORT = {"pass": "pass", "fail": "FAIL", "wrong": "WRONG", "fallback": "eager-fb",
@@ -159,7 +160,12 @@ def _ember_vs_torch(records: list[dict], mode: str) -> list[float]:
         if comp != "ember" or r.get("status") != "pass":
             continue
         t = idx.get((model, "torch"))
-        if t and t.get("status") == "pass" and r.get("step_s") and t.get("step_s"):
+        if not (t and t.get("status") == "pass" and r.get("step_s") and t.get("step_s")):
+            continue
+        te, tt = r.get("times") or [], t.get("times") or []
+        if te and len(te) == len(tt):    # same rounds: the median of the paired ratios
+            out.append(statistics.median(b / a for a, b in zip(te, tt)))
+        else:
             out.append(t["step_s"] / r["step_s"])
     return out
 
