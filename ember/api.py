@@ -81,6 +81,10 @@ def _compile_with(obj: Any, settings: CompileSettings):
         raise TypeError("ember.compile cannot compile a TorchScript module or function; "
                         "compile the original Python module instead")
     if isinstance(obj, torch.nn.Module):
+        from .distributed import compile_distributed  # DDP / FSDP2: see ember/distributed.py
+        wrapped = compile_distributed(obj, settings, CompiledCall)
+        if wrapped is not None:
+            return wrapped
         if isinstance(getattr(obj, "_compiled_call_impl", None), CompiledCall):
             raise ValueError(f"{type(obj).__name__} is already compiled by ember; "
                              "call ember.reset() or compile a fresh module")
