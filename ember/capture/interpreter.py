@@ -157,6 +157,8 @@ class Tracer:
         if source is None or isinstance(source, ConstSource) and kind not in ("TENSOR",):
             if kind != "GLOBAL_STATE":
                 return
+        if source is not None and kind != "TENSOR" and source.unguarded:
+            return
         key = (kind, source.expr() if source is not None else None)
         if key in self._guard_keys:
             return
@@ -279,8 +281,12 @@ class Tracer:
             value = g[name]
             src = GlobalSource(frame.gid, name)
             if _is_library(g.get("__name__")) and not isinstance(value, torch.Tensor):
-                return self.wrap(value, src, guard_obj=False) if not is_literal(value) \
-                    and not isinstance(value, (list, dict, tuple)) else ObjV(value, None)
+                # library module state (functions, registries, closures) is treated as stable:
+                # an unguarded source (writes through it still replay), no per-call guards
+                if is_literal(value) or isinstance(value, (list, dict, tuple)):
+                    return ObjV(value, None)
+                return self.wrap(value, GlobalSource(frame.gid, name, library=True),
+                                 guard_obj=False)
             return self.wrap(value, src)
         b = g.get("__builtins__", builtins)
         b = b if isinstance(b, dict) else b.__dict__

@@ -28,6 +28,12 @@ class Source:
     def __hash__(self):
         return hash(self.expr())
 
+    @property
+    def unguarded(self) -> bool:
+        """Rooted in library module state (see GlobalSource): usable for effects, never guarded."""
+        base = getattr(self, "base", None)
+        return base.unguarded if base is not None else False
+
 
 class LocalSource(Source):
     __slots__ = ("local", "index")
@@ -43,11 +49,16 @@ class LocalSource(Source):
 
 
 class GlobalSource(Source):
-    """A name in a function's globals dict; `gid` names that dict in the generated code."""
-    __slots__ = ("gid", "key")
+    """A name in a function's globals dict; `gid` names that dict in the generated code.
+    `library=True`: a global of torch/transformers/... code, treated as stable (no guards)."""
+    __slots__ = ("gid", "key", "library")
 
-    def __init__(self, gid: str, key: str):
-        self.gid, self.key, self.structural = gid, key, False
+    def __init__(self, gid: str, key: str, library: bool = False):
+        self.gid, self.key, self.structural, self.library = gid, key, False, library
+
+    @property
+    def unguarded(self) -> bool:
+        return self.library
 
     def expr(self):
         return f"{self.gid}[{self.key!r}]"
