@@ -65,6 +65,20 @@ _IS_COMPILING = {"is_compiling": ("torch.compiler", "torch._dynamo.external_util
                                   "torch._dynamo.eval_frame"),
                  "is_dynamo_compiling": ("torch.compiler",),
                  "is_exporting": ()}
+# torch.distributed (issue 13): a collective never goes into a graph, where it could be
+# reordered or dropped; the call is Unsupported, so the frame runs eagerly with one warning.
+# Matched by module name (product code does not import these modules); rank queries are fine.
+_COLLECTIVE_MODULES = ("torch.distributed.distributed_c10d", "torch.distributed.c10d_logger",
+                       "torch.distributed._functional_collectives", "torch._C._distributed_c10d")
+_COLLECTIVE_OK = {"get_rank", "get_world_size", "is_initialized", "is_available", "get_backend"}
+
+
+def _is_collective(f) -> bool:
+    mods = (getattr(f, "__module__", None), type(getattr(f, "__self__", None)).__module__)
+    return any(m in _COLLECTIVE_MODULES for m in mods) and \
+        getattr(f, "__name__", "") not in _COLLECTIVE_OK
+
+
 _READ_ONLY_METHODS = {"get", "keys", "values", "items", "copy", "index", "count", "__contains__",
                       "__getitem__", "__len__", "issubset", "issuperset", "union", "intersection",
                       "difference", "isdisjoint"}
@@ -111,6 +125,9 @@ def call_obj(tr, fn: ObjV, args: list, kwargs: dict) -> V:
     f = fn.value
     if getattr(f, "_ember_disabled", False):
         raise tr.unsupported(f"call to {f.__qualname__}, marked ember.disable")
+    if _is_collective(f):
+        raise tr.unsupported(f"call to collective torch.distributed {getattr(f, '__name__', f)}",
+                             hint="collectives are not captured; the function runs eagerly")
     if isinstance(f, torch.nn.Module):
         return call_module(tr, fn, args, kwargs)
     if getattr(f, "__name__", None) in _IS_COMPILING and \
