@@ -20,6 +20,8 @@ from pathlib import Path
 def main(brief: bool = False) -> int:
     debug = Path(tempfile.mkdtemp(prefix="ember-walkthrough-"))
     os.environ["EMBER_DEBUG_DIR"] = str(debug)
+    # a fresh kernel cache, so codegen runs (a warm cache would skip straight to the built kernels)
+    os.environ["EMBER_CACHE_DIR"] = tempfile.mkdtemp(prefix="ember-walkthrough-cache-")
     import torch
 
     import ember
@@ -42,7 +44,7 @@ def main(brief: bool = False) -> int:
     for p, g in zip(model.parameters(), ref_grads):
         torch.testing.assert_close(p.grad, g)
 
-    files = sorted(p for p in debug.rglob("*") if p.is_file())
+    files = sorted((p for p in debug.rglob("*") if p.is_file()), key=lambda p: p.stat().st_mtime_ns)
     print(f"# ember walkthrough: {len(files)} stage files under {debug}; output and grads equal eager\n")
     for path in files:
         text = path.read_text()
