@@ -85,7 +85,7 @@ def compile_fsdp(root: torch.nn.Module, settings: CompileSettings, fsdp_module):
         m._ember_fsdp_compiled = True
         if nested:
             warn_once(f"fsdp-nested:{id(m)}",
-                      f"ember: FSDP unit {type(m).__name__} calls nested FSDP units "
+                      f"FSDP unit {type(m).__name__} calls nested FSDP units "
                       f"({', '.join(nested[:3])}{', ...' if len(nested) > 3 else ''}) whose "
                       "hooks gather parameters; its own forward runs eagerly, the nested "
                       "units are compiled")

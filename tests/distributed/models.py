@@ -33,7 +33,7 @@ def gpt2(seed: int = 0):
     from transformers import GPT2Config, GPT2LMHeadModel
     torch.manual_seed(seed)
     cfg = GPT2Config(n_layer=2, n_embd=64, n_head=2, n_positions=32, vocab_size=128,
-                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False)
     cfg._attn_implementation = "eager"
     return GPT2LMHeadModel(cfg)
 
