@@ -72,8 +72,12 @@ def _plan_outputs(tr: Tracer, flat_outs) -> tuple[list[OutputSpec], list[torch.T
                 specs.append(OutputSpec("input", index=index, requires_grad=rg))
             else:
                 specs.append(OutputSpec("view", index=index, views=chain, requires_grad=rg))
-        elif chain:
+        elif chain and (root.requires_grad or not rg):
             specs.append(OutputSpec("view", slot=slot(root), views=chain, requires_grad=rg))
+        elif chain:
+            # a view made inside a decomposition: its root never reached autograd, so rebuilding
+            # the output from the root would drop its grad; the output is a graph value itself
+            specs.append(OutputSpec("graph", slot=slot(o), requires_grad=rg))
         else:
             specs.append(OutputSpec("graph", slot=slot(o if root is o else root), requires_grad=rg))
     return specs, slot_tensors

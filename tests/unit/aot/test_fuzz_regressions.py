@@ -56,3 +56,20 @@ def test_vector_matrix_product_output_stays_differentiable():
     out = aot_compile(gm, [v, m], fw_compiler=_as_is, bw_compiler=_as_is)(v, m)
     assert out[0].requires_grad and out[0].shape == (7,)
     _check(lambda a, b: (torch.exp(a) @ b,), v, m)
+
+
+@pytest.mark.parametrize("shape,reps", [((), ()), ((0,), (0,)), ((3,), (2,)), ((2, 3), (2, 1))])
+def test_output_that_a_decomposition_returns_as_a_view_stays_differentiable(shape, reps):
+    # OpInfo repeat/matmul through backend "ember": repeat's decomposition ends in a view whose
+    # root never reached autograd; planning the output as that view dropped its gradient (None)
+    from ember.decomp import get_decompositions
+    from ember.lower import compile_aten_graph
+
+    x = torch.randn(shape, requires_grad=True)
+    gm = torch.fx.symbolic_trace(lambda a: (a.repeat(reps),))
+    out = aot_compile(gm, [x], fw_compiler=compile_aten_graph, bw_compiler=compile_aten_graph,
+                      decompositions=get_decompositions())(x)
+    ref = x.repeat(reps)
+    assert out[0].requires_grad and out[0].shape == ref.shape
+    g = torch.autograd.grad(out[0], x, torch.ones_like(ref))[0]
+    torch.testing.assert_close(g, torch.autograd.grad(ref, x, torch.ones_like(ref))[0])
