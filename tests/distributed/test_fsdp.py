@@ -45,6 +45,36 @@ def _cnn_fsdp(rank, world, backend):
     torch.manual_seed(0)
     _run(SmallCNN(), lambda m: [m.c1, m.c2, m.c3, m.fc1], cnn_loss, cnn_batch, rank, backend,
          dict(atol=1e-5, rtol=1e-4))
+    _fallback_unit(rank, backend)
+
+
+class DataDependent(torch.nn.Module):
+    """A unit capture cannot compile (`.item()` needs data): it must run eagerly, warned once."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        y = self.lin(x)
+        return y * float(y.abs().max().item() > 0)
+
+
+def _fallback_unit(rank, backend):
+    torch.manual_seed(0)
+    base = torch.nn.Sequential(DataDependent(), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    units = lambda m: [m[0], m[2]]  # noqa: E731
+    batch = lambda r, s: torch.randn(4, 8, generator=torch.Generator().manual_seed(10 * r + s))  # noqa: E731
+    loss = lambda m, x: m(x).square().mean()  # noqa: E731
+    ref = train(_shard(copy.deepcopy(base), units), loss, batch, rank)
+    model = _shard(copy.deepcopy(base), units)
+    ember.compile(model, backend=backend)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        train(model, loss, batch, rank)
+    eager = [str(w.message) for w in caught if "runs eagerly" in str(w.message)]
+    assert len(eager) == 1 and "DataDependent.forward" in eager[0], eager
+    assert_same_params(ref, model)
 
 
 def test_cnn_fsdp():
