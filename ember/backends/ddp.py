@@ -90,7 +90,7 @@ class DDPSplitBackend:
             delattr(split, name)
             setattr(split, name, _LazyPiece(sub, self.inner, name))
         log.info("ddp split: %d pieces at bucket_bytes_cap=%d", n, self.bucket_bytes_cap)
-        # the split graph calls `self.submod_i(...)`; recompile so the attribute lookups see pieces
+        # the split graph calls `self.submod_i(...)`: attribute lookups now find the pieces
         return split.forward
 
 
