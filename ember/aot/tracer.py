@@ -263,7 +263,7 @@ class Tracer(TorchDispatchMode):
         nodes = self.emit(func, tree_map(self._node_arg, margs), tree_map(self._node_arg, mkwargs), out)
         view = None
         if (isinstance(out, torch.Tensor) and margs and isinstance(margs[0], torch.Tensor)
-                and _skey(out) == _skey(margs[0])):
+                and out is not margs[0] and _skey(out) == _skey(margs[0])):
             # aliases its input without being a view op (_unsafe_view): replay it like a view,
             # so regenerating this alias keeps the op's shape instead of the base's
             view = (margs[0], func, tuple(margs[1:]), dict(mkwargs), None)
@@ -373,8 +373,12 @@ class Tracer(TorchDispatchMode):
 
     def view_chain(self, t: torch.Tensor) -> tuple[torch.Tensor, tuple]:
         """(root tensor, ((op, args, kwargs, index), ...)) replaying t from its storage's base."""
-        chain = []
+        chain, seen = [], set()
         while id(t) in self._view:
+            if id(t) in seen:  # never loop: an aliasing pattern we cannot replay
+                raise Unsupported("ember.aot: cyclic alias chain between tensors (unsupported "
+                                  "aliasing pattern); this graph runs eagerly")
+            seen.add(id(t))
             parent, op, args, kwargs, index = self._view[id(t)]
             if op is not None:
                 chain.append((op, args, kwargs, index))

@@ -4,9 +4,9 @@ A backend follows torch.compile's protocol: `backend(gm: torch.fx.GraphModule,
 example_inputs: list[Tensor]) -> callable`. Built-in backends are registered by import path so
 `import ember` stays cheap; user backends are registered with `register_backend(name, fn)`.
 
-Every backend handed out is wrapped by `_with_fallback`: if compiling a graph raises anything but
-`Unsupported`, the graph runs as captured (eager) with one warning naming the backend and reason,
-unless EMBER_STRICT=1, in which case the error propagates.
+Every backend handed out is wrapped by `_with_fallback`: if compiling a graph raises (an internal
+error or a stage's `Unsupported`), the graph runs as captured (eager) with one warning naming the
+backend and reason, unless EMBER_STRICT=1, in which case the error propagates.
 """
 from __future__ import annotations
 
@@ -106,8 +106,7 @@ def _with_fallback(name: str, fn: Callable) -> Callable:
                                    f"backend {name}")
                 return fn(gm, example_inputs, **kwargs)
         except Exception as exc:  # noqa: BLE001 - the fallback policy is exactly this
-            from ..errors import Unsupported
-            if config.strict() or isinstance(exc, Unsupported):
+            if config.strict():
                 raise
             counters.bump("fallbacks")
             err = BackendCompilerFailed(name, getattr(exc, "ember_stage", "compile"), exc)

@@ -73,3 +73,30 @@ def test_output_that_a_decomposition_returns_as_a_view_stays_differentiable(shap
     assert out[0].requires_grad and out[0].shape == ref.shape
     g = torch.autograd.grad(out[0], x, torch.ones_like(ref))[0]
     torch.testing.assert_close(g, torch.autograd.grad(ref, x, torch.ones_like(ref))[0])
+
+
+def test_gpt2_block_with_dynamic_cache_does_not_hang(monkeypatch):
+    # issue 13 report: GPT2Block called with a DynamicCache looped forever in view_chain (a cyclic
+    # alias chain). It must finish: compiled, or eager with one warning — never hang.
+    import warnings
+
+    import ember
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.gpt2.modeling_gpt2 import GPT2Block
+
+    monkeypatch.setenv("EMBER_STRICT", "0")
+    cfg = transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, n_positions=16, vocab_size=64,
+                                  resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(0)
+    ref = GPT2Block(cfg, layer_idx=0)
+    blk = GPT2Block(cfg, layer_idx=0)
+    blk.load_state_dict(ref.state_dict())
+    ember.compile(blk, backend="aot_eager")
+    x = torch.randn(2, 8, 32, requires_grad=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = blk(x, transformers.DynamicCache(config=cfg), None, None, use_cache=True)
+    expected = ref(x, transformers.DynamicCache(config=cfg), None, None, use_cache=True)
+    first = lambda o: o[0] if isinstance(o, tuple) else o  # noqa: E731
+    torch.testing.assert_close(first(out), first(expected))
