@@ -152,6 +152,32 @@ class ModularIndexing(sympy.Function):
         return None
 
 
+def index_printer(div: str, integer: Callable[[int], str] = str) -> Callable[[Any], str]:
+    """A printer of sympy index expressions for one target: C++ divides with "/", Triton with
+    "//" (indices are non-negative, so both floor). `integer` formats literals (C++ adds LL)."""
+    def pr(e) -> str:
+        if isinstance(e, int):
+            return integer(e)
+        if e.is_Integer:
+            return integer(int(e))
+        if e.is_Symbol:
+            return e.name
+        if isinstance(e, FloorDiv):
+            return f"({pr(e.args[0])} {div} {pr(e.args[1])})"
+        if isinstance(e, ModularIndexing):
+            a, b, m = e.args
+            inner = pr(a) if b == 1 else f"({pr(a)} {div} {pr(b)})"
+            return f"({inner} % {pr(m)})"
+        if e.is_Add:
+            return "(" + " + ".join(pr(t) for t in e.args) + ")"
+        if e.is_Mul:
+            return "(" + " * ".join(pr(t) for t in e.args) + ")"
+        if e.is_Pow and e.args[1].is_Integer and int(e.args[1]) > 0:
+            return "(" + " * ".join([pr(e.args[0])] * int(e.args[1])) + ")"
+        raise NotImplementedError(f"index expression {e}")
+    return pr
+
+
 def _all_nonneg(terms) -> bool:
     return all(t.is_nonnegative for t in terms)
 

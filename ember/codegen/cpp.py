@@ -19,7 +19,7 @@ import sympy
 import torch
 
 from .common import (BINARY, COMPARE, CTYPE, UNARY, FloorDiv, IndentedBuffer, ModularIndexing,
-                     compute_dtype, numel, set_handler, sym)
+                     compute_dtype, index_printer, numel, set_handler, sym)
 from .cpp_prelude import PRELUDE
 
 PARALLEL_MIN_WORK = 32768
@@ -27,31 +27,11 @@ PARALLEL_MIN_WORK = 32768
 
 # --- index printing ------------------------------------------------------------------------
 
-def cexpr(e) -> str:
-    if isinstance(e, int):
-        return _int(e)
-    if e.is_Integer:
-        return _int(int(e))
-    if e.is_Symbol:
-        return e.name
-    if isinstance(e, FloorDiv):
-        return f"({cexpr(e.args[0])} / {cexpr(e.args[1])})"
-    if isinstance(e, ModularIndexing):
-        a, b, m = e.args
-        inner = cexpr(a) if b == 1 else f"({cexpr(a)} / {cexpr(b)})"
-        return f"({inner} % {cexpr(m)})"
-    if e.is_Add:
-        parts = [cexpr(t) for t in e.args]
-        return "(" + " + ".join(parts) + ")"
-    if e.is_Mul:
-        return "(" + "*".join(cexpr(t) for t in e.args) + ")"
-    if e.is_Pow and e.args[1].is_Integer and int(e.args[1]) > 0:
-        return "(" + "*".join([cexpr(e.args[0])] * int(e.args[1])) + ")"
-    raise NotImplementedError(f"index expression {e}")
-
-
 def _int(v: int) -> str:
     return f"{v}LL" if abs(v) >= 2 ** 31 else str(v)
+
+
+cexpr = index_printer("/", _int)
 
 
 # --- the handler ---------------------------------------------------------------------------

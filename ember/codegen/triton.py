@@ -30,8 +30,8 @@ import math
 import sympy
 import torch
 
-from .common import (BINARY, COMPARE, UNARY, FloorDiv, IndentedBuffer, ModularIndexing,
-                     compute_dtype, numel, set_handler, sym)
+from .common import (BINARY, COMPARE, UNARY, IndentedBuffer, compute_dtype, index_printer, numel,
+                     set_handler, sym)
 
 MAX_PERSISTENT = 1024      # rows up to this many elements are reduced in one block
 LOOP_RBLOCK = 512          # column block of looped reductions
@@ -159,26 +159,7 @@ class TritonUnsupported(NotImplementedError):
 
 # --- index printing ------------------------------------------------------------------------
 
-def texpr(e) -> str:
-    if isinstance(e, int):
-        return str(e)
-    if e.is_Integer:
-        return str(int(e))
-    if e.is_Symbol:
-        return e.name
-    if isinstance(e, FloorDiv):
-        return f"({texpr(e.args[0])} // {texpr(e.args[1])})"
-    if isinstance(e, ModularIndexing):
-        a, b, m = e.args
-        inner = texpr(a) if b == 1 else f"({texpr(a)} // {texpr(b)})"
-        return f"({inner} % {texpr(m)})"
-    if e.is_Add:
-        return "(" + " + ".join(texpr(t) for t in e.args) + ")"
-    if e.is_Mul:
-        return "(" + " * ".join(texpr(t) for t in e.args) + ")"
-    if e.is_Pow and e.args[1].is_Integer and int(e.args[1]) > 0:
-        return "(" + " * ".join([texpr(e.args[0])] * int(e.args[1])) + ")"
-    raise NotImplementedError(f"index expression {e}")
+texpr = index_printer("//")
 
 
 # --- the handler ---------------------------------------------------------------------------
