@@ -19,7 +19,8 @@ import torch
 import torch.fx as fx
 from torch.utils._pytree import tree_flatten
 
-from .tracer import OutputSpec, TensorSpec, Tracer, order_placeholders, remove_identity_views
+from .tracer import (LiftTensorLiterals, OutputSpec, TensorSpec, Tracer, order_placeholders,
+                     remove_identity_views)
 
 
 @dataclasses.dataclass
@@ -90,7 +91,7 @@ def trace_program(fn: Callable, specs: list, *, decompositions: dict | None, dev
     tr = Tracer(decompositions, device)
     inputs = [tr.add_input(f"arg{i}", s) for i, s in enumerate(specs)]
     grad_mode = torch.enable_grad() if joint else torch.no_grad()
-    with grad_mode, tr:
+    with grad_mode, tr, LiftTensorLiterals(tr):
         out = fn(*inputs)
         flat, treespec = tree_flatten(out)
         if plan_aliases:

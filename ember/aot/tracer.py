@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 import torch
 import torch.fx as fx
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
 from torch.utils._pytree import tree_flatten, tree_map
 
@@ -492,3 +493,25 @@ def order_placeholders(graph: fx.Graph, order: list[fx.Node]) -> None:
         return
     for p in order:
         first.prepend(p)
+
+
+_TENSOR_LITERALS = (torch.tensor, torch.as_tensor, torch.scalar_tensor)
+
+
+class LiftTensorLiterals(TorchFunctionMode):
+    """`torch.tensor(v, device=x.device)` inside traced code: the constructor runs with Python
+    dispatch excluded, so on meta inputs it would make a meta tensor whose value the tracer never
+    sees. Build the literal on the graph's real device instead; ops lift it as a constant."""
+
+    def __init__(self, tracer: Tracer):
+        super().__init__()
+        self.tracer = tracer
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        device = kwargs.get("device")
+        if func in _TENSOR_LITERALS and device is not None and torch.device(device).type == "meta" \
+                and not any(isinstance(a, torch.Tensor) for a in tree_flatten(args)[0]):
+            # the real tensor itself: every op that uses it lifts it as a graph constant
+            return func(*args, **{**kwargs, "device": self.tracer.device})
+        return func(*args, **kwargs)
