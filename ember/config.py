@@ -54,7 +54,7 @@ def progress() -> bool:
 class CompileSettings:
     """Everything one `ember.compile(...)` call fixed. Passed down to capture as `ctx`."""
 
-    backend: Callable[..., Any]          # torch.compile protocol: (gm, example_inputs) -> callable
+    backend: Callable[..., Any]          # backend protocol: (gm, example_inputs) -> callable
     backend_name: str
     mode: str = "default"
     fullgraph: bool = False

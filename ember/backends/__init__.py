@@ -1,4 +1,4 @@
-"""Backend registry: names → torch.compile-protocol callables `(gm, example_inputs) -> callable`."""
+"""Backend registry: names → backend callables `(gm, example_inputs) -> callable` (the protocol Dynamo backends use)."""
 from .registry import get_backend, list_backends, lookup_backend, register_backend
 
 __all__ = ["get_backend", "list_backends", "lookup_backend", "register_backend"]
