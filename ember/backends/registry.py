@@ -1,6 +1,6 @@
 """Backend registry.
 
-A backend follows torch.compile's protocol: `backend(gm: torch.fx.GraphModule,
+A backend follows the protocol Dynamo backends use: `backend(gm: torch.fx.GraphModule,
 example_inputs: list[Tensor]) -> callable`. Built-in backends are registered by import path so
 `import ember` stays cheap; user backends are registered with `register_backend(name, fn)`.
 
@@ -60,7 +60,7 @@ def _raw_backend(name: str) -> Callable:
 
 
 def get_backend(name: str) -> Callable:
-    """The registered backend `name` as a torch.compile-protocol callable (with the fallback policy).
+    """The registered backend `name` as a Dynamo-protocol callable (with the fallback policy).
 
     `torch.compile(model, backend=ember.get_backend("aot_eager"))` runs Dynamo's capture with ours.
     """

@@ -386,6 +386,18 @@ def _loop_var(i):
     return sym(f"v{i}")
 
 
+def _open_rloop(code, h, stage, rn, rv) -> None:
+    """Open a looped reduction's `for roffset` block: rindex/rmask, the decoded reduction vars and
+    the loop mask. The caller closes it (code.level -= 1)."""
+    code.writeline(f"for roffset in range(0, {rn}, RBLOCK):")
+    code.level += 1
+    code.writeline("rindex = roffset + rbase")
+    code.writeline(f"rmask = rindex < {rn}")
+    h.levels["rindex"] = 2
+    _decode(code, "rindex", list(stage.inner), rv, h, 2)
+    h.loop_mask = h.emit("xmask & rmask", torch.bool, 2)
+
+
 def _decode(code, flat: str, sizes, vars_, handler, level):
     """vars_[i] = digit i of `flat` in the mixed radix `sizes` (outermost first)."""
     strides, acc = [], 1
@@ -567,13 +579,7 @@ class TritonKernelCodegen:
             h.loop_mask = h.emit("xmask & rmask", torch.bool, 2)
         else:
             saved = h.push()
-            code.writeline(f"for roffset in range(0, {rn}, RBLOCK):")
-            code.level += 1
-            code.writeline("rindex = roffset + rbase")
-            code.writeline(f"rmask = rindex < {rn}")
-            h.levels["rindex"] = 2
-            _decode(code, "rindex", list(stage.inner), rv, h, 2)
-            h.loop_mask = h.emit("xmask & rmask", torch.bool, 2)
+            _open_rloop(code, h, stage, rn, rv)
         if stage.kind == "pointwise":
             for n in stage.nodes:
                 n.store_pointwise(xv + rv)

@@ -15,7 +15,7 @@ import sympy
 import torch
 
 from .common import set_handler
-from .triton import TVal, _decode, _full2, _loop_var, _reads, _row_rnumel
+from .triton import TVal, _full2, _loop_var, _open_rloop, _reads, _row_rnumel
 
 
 class _TreeHandler:
@@ -101,13 +101,7 @@ def welford_stage(self, stage, stage_q, s_node, xv, m, written):
     for name in (wm, w2, wn):
         code.writeline(f"{name} = {_full2(0.0, dt)}")
     saved = h.push()
-    code.writeline(f"for roffset in range(0, {rn}, RBLOCK):")
-    code.level += 1
-    code.writeline("rindex = roffset + rbase")
-    code.writeline(f"rmask = rindex < {rn}")
-    h.levels["rindex"] = 2
-    _decode(code, "rindex", list(stage.inner), rv, h, 2)
-    h.loop_mask = h.emit("xmask & rmask", torch.bool, 2)
+    _open_rloop(code, h, stage, rn, rv)
     v = h._as(s_node.reduction_value(xv, rv), dt)
     mask = h.loop_mask
     code.writelines([
