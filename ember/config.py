@@ -42,6 +42,17 @@ def cache_dir() -> Path:
     return Path(base) / "ember"
 
 
+def cache_subdir(*parts: str) -> Path:
+    """`cache_dir()/parts...`, created private to the user (0700): the cache holds code that
+    ember loads and runs, so no other user may write into it."""
+    d = cache_dir()
+    for p in ("",) + parts:
+        d = d / p if p else d
+        if not d.is_dir():
+            d.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return d
+
+
 def strict() -> bool:
     return _flag("EMBER_STRICT")
 

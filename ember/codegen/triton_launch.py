@@ -86,8 +86,7 @@ def selected(gm, example_inputs, options) -> bool:
 def load_module(source: str):
     """Write `source` under the cache dir (Triton reads kernel source from files) and import it."""
     key = hashlib.sha256(source.encode()).hexdigest()[:24]
-    d = config.cache_dir() / "triton"
-    d.mkdir(parents=True, exist_ok=True)
+    d = config.cache_subdir("triton")
     path = d / f"k{key}.py"
     if not path.exists() or path.read_text() != source:
         fd, tmp = tempfile.mkstemp(dir=d, suffix=".py")
@@ -142,7 +141,7 @@ def heuristic_configs(ks, loop_rblock=LOOP_RBLOCK) -> list:
 
 
 def _autotune_path(key: str):
-    return config.cache_dir() / "triton" / "autotune" / f"{key}.json"
+    return config.cache_subdir("triton", "autotune") / f"{key}.json"
 
 
 class Launcher:
@@ -214,7 +213,6 @@ class Launcher:
         perf_log.info("autotune %s: %s", self.ks.name,
                       ", ".join(f"{c} {t * 1e6:.1f}us" for t, c in timings))
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".json")
             with os.fdopen(fd, "w") as f:
                 json.dump({"kernel": self.ks.name, "config": dataclasses.asdict(best),

@@ -27,9 +27,7 @@ def key_of(*parts: str) -> str:
 
 
 def entry_dir(key: str) -> Path:
-    d = config.cache_dir() / "kernels" / key[:2]
-    d.mkdir(parents=True, exist_ok=True)
-    return d
+    return config.cache_subdir("kernels", key[:2])
 
 
 def _digest(path: Path) -> str:

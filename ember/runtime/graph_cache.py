@@ -3,14 +3,17 @@
 Key: the aten graph's code, its placeholders' shapes/strides/dtypes, the backend options,
 torch's version and a hash of ember's lower/schedule/codegen/runtime sources (a compiler change
 invalidates every entry). Value (JSON): wrapper source, C++ source, kernel signatures, the aten
-ops the wrapper calls (by qualified name) and the graph's stats. Written atomically; an entry
-that does not parse is ignored (and overwritten by the next compile).
+ops the wrapper calls (by qualified name) and the graph's stats, stored with the sha256 of that
+payload. Written atomically; an entry that does not parse or whose hash does not match (a
+truncated write, a corrupt disk, an edit) is rebuilt with one warning. The wrapper source is
+executed on load, so only entries whose hash verifies are used; nothing is unpickled.
 
 Consumes: fx.GraphModule. Produces: entries for ember.lower.compile.
 """
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import os
 import tempfile
@@ -19,6 +22,7 @@ from pathlib import Path
 import torch
 
 from .. import config
+from ..logging import warn_once
 from . import cache
 
 
@@ -51,23 +55,36 @@ def graph_key(gm, options) -> str | None:
 
 
 def _path(key: str) -> Path:
-    d = config.cache_dir() / "graphs" / key[:2]
-    d.mkdir(parents=True, exist_ok=True)
-    return d / f"{key}.json"
+    return config.cache_subdir("graphs", key[:2]) / f"{key}.json"
+
+
+def _payload_hash(payload: str) -> str:
+    return hashlib.sha256(payload.encode()).hexdigest()
 
 
 def load(key: str):
+    path = _path(key)
     try:
-        return json.loads(_path(key).read_text())
-    except (OSError, ValueError):
+        text = path.read_text()
+    except OSError:
         return None
+    try:
+        doc = json.loads(text)
+        if doc["sha256"] == _payload_hash(doc["payload"]):
+            return json.loads(doc["payload"])
+    except (ValueError, KeyError, TypeError):
+        pass
+    warn_once(f"graph-cache:{key}", f"graph cache entry {path} is corrupt (hash mismatch or "
+              f"truncated); rebuilding it")
+    return None
 
 
 def store(key: str, entry: dict) -> None:
     path = _path(key)
+    payload = json.dumps(entry)
     fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
     with os.fdopen(fd, "w") as f:
-        json.dump(entry, f)
+        json.dump({"sha256": _payload_hash(payload), "payload": payload}, f)
     os.replace(tmp, path)
 
 

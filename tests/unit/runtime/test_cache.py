@@ -52,3 +52,40 @@ def test_second_process_is_warm(tmp_path):
     warm = run()
     assert list((tmp_path / "kernels").rglob("*.so")) == files
     assert warm < 2.0
+
+
+def _graph_cache_fn(x):
+    from ember.aot import trace_aten
+    from ember.decomp import get_decompositions
+    from ember.lower import compile_aten_graph
+    gm = trace_aten(lambda t: (t.sin() + 1).sum(0), (x,), decompositions=get_decompositions())
+    return compile_aten_graph(gm, [x])
+
+
+def test_cache_dirs_are_private(tmp_path, monkeypatch):
+    root = tmp_path / "fresh"
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(root))
+    x = torch.randn(8, 8)
+    _graph_cache_fn(x)(x)
+    for d in [root, *[p for p in root.rglob("*") if p.is_dir()]]:
+        assert d.stat().st_mode & 0o777 == 0o700, d
+
+
+def test_corrupt_graph_entry_warns_and_rebuilds(tmp_path, monkeypatch):
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))
+    from ember.logging import reset_warnings
+    reset_warnings()
+    x = torch.randn(8, 8)
+    ref = (x.sin() + 1).sum(0)
+    torch.testing.assert_close(_graph_cache_fn(x)(x)[0], ref)
+    [entry] = list((tmp_path / "graphs").rglob("*.json"))
+    doc = entry.read_text()
+    entry.write_text(doc.replace("sin", "cos"))          # same length, hash no longer matches
+    with pytest.warns(UserWarning, match="corrupt"):
+        out = _graph_cache_fn(x)(x)
+    torch.testing.assert_close(out[0], ref)
+    entry.write_text(entry.read_text()[:40])             # truncated
+    with pytest.warns(UserWarning, match="corrupt"):
+        reset_warnings()
+        out = _graph_cache_fn(x)(x)
+    torch.testing.assert_close(out[0], ref)
