@@ -108,6 +108,7 @@ class Tracer(TorchDispatchMode):
         self.constants: list[tuple[fx.Node, torch.Tensor]] = []
         self._const_ids: dict[int, torch.Tensor] = {}
         self._decomposing: set = set()
+        self._rng0 = torch.default_generator.get_state()
 
     # ---- inputs -------------------------------------------------------------------------
     def add_input(self, name: str, spec: TensorSpec | Any) -> Any:
@@ -228,6 +229,8 @@ class Tracer(TorchDispatchMode):
     # ---- dispatch ----------------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if torch.Tag.nondeterministic_seeded in func.tags:
+            self._check_rng_untouched(func)
         decomp = self.decomps.get(func)
         if decomp is not None and func not in self._decomposing and func not in NEVER_DECOMPOSE:
             # a decomposition that calls its own op (a fallback case) records that op as is
@@ -253,6 +256,16 @@ class Tracer(TorchDispatchMode):
         if func._schema.is_mutable:
             return self._mutating_op(func, args, kwargs)
         return self._functional_op(func, args, kwargs)
+
+    def _check_rng_untouched(self, func) -> None:
+        """A random op after the traced code reseeded the global RNG (torch.manual_seed inside
+        the graph, as under `freeze_rng_state`) would draw from the caller's state at run time,
+        not from the seed: a silently different result. Restore the state and refuse."""
+        if not torch.equal(torch.default_generator.get_state(), self._rng0):
+            torch.default_generator.set_state(self._rng0)
+            raise Unsupported(f"ember.aot: {func} draws random numbers after the traced code "
+                              f"changed the global RNG state (torch.manual_seed inside the graph)",
+                              hint="seed outside the compiled region")
 
     def _run_meta(self, func, args, kwargs):
         margs = tree_map(self._meta_arg, args)

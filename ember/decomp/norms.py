@@ -122,7 +122,7 @@ def fused_rms_norm_backward(grad_out, input, normalized_shape, rstd, weight, out
 def native_group_norm(input, weight, bias, N, C, HxW, group, eps):
     acc = opmath_dtype(input.dtype)
     x = to(aten.view.default(aten.clone.default(input, memory_format=torch.contiguous_format),
-                             [N, group, -1]), acc)
+                             [N, group, (C // group) * HxW]), acc)   # not -1: N may be 0
     if x.numel() == 0 or x.shape[-1] == 0:
         var = mean = aten.full.default([N, group, 1], float("nan"), dtype=acc, device=input.device)
     else:

@@ -382,11 +382,13 @@ def iota(ctx, node, length, *, start, step, dtype, device, requires_grad):
 
 def _dims(x, dims):
     n = len(x.size)
+    if n == 0:          # a 0-d tensor reduced over dim 0 or -1 (as eager allows) is itself
+        return []
     if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
         return list(range(n))
     if isinstance(dims, int):
         dims = [dims]
-    return sorted({d % n if n else 0 for d in dims})
+    return sorted({d % n for d in dims})
 
 
 def reduce(ctx, x, dims, keepdim, rtype, dtype, src_dtype=None, pre=None) -> View:

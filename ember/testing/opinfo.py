@@ -200,15 +200,38 @@ def _compare(got, ref, dtype):
             raise AssertionError(f"non-tensor output differs: {g!r} vs {r!r}")
 
 
-def _grads(fn, tensors, cotangent_seed=0):
+def _grads(fn, tensors, cotangent_seed=0, cot_dtype=None):
     inputs = [t for t in tensors if t.requires_grad]
     out = fn(*tensors)
     outs = [o for o in tree_leaves(out) if isinstance(o, torch.Tensor) and o.requires_grad]
     if not outs or not inputs:
         return None
     gen = torch.Generator().manual_seed(cotangent_seed)
-    cots = [torch.randn(o.shape, generator=gen, dtype=o.dtype).to(o.device) for o in outs]
+    cots = [torch.randn(o.shape, generator=gen, dtype=cot_dtype or o.dtype).to(o) for o in outs]
     return torch.autograd.grad(outs, inputs, cots, allow_unused=True)
+
+
+def _exact_reference(fn, tensors, dtype, grad):
+    """The same computation in float64 from the same float32 values (and cotangents)."""
+    t64 = [t.detach().double().requires_grad_(t.requires_grad) if t.dtype == dtype else
+           t.detach() for t in tensors]
+    torch.manual_seed(0)
+    return _grads(fn, t64, cot_dtype=dtype) if grad else fn(*t64)
+
+
+def _no_further_from_exact(got, ref, exact, dtype):
+    """float32 mismatches where eager is the inexact one (LayerNorm over one element: eager's
+    grad is rounding noise times 1/sqrt(eps), ours is 0): pass when every element of ours is
+    within twice eager's own distance from the float64 value (plus the usual tolerances)."""
+    rtol, atol = _tols(dtype)
+    for g, r, e in zip(tree_leaves(got), tree_leaves(ref), tree_leaves(exact)):
+        if isinstance(r, torch.Tensor) and r.is_floating_point() and isinstance(g, torch.Tensor):
+            e = e.to(torch.float64)
+            slack = 2 * (r.double() - e).abs() + atol + rtol * e.abs()
+            bad = ((g.double() - e).abs() > slack) & ~(g.isnan() & r.isnan())
+            if bad.any():
+                return False
+    return True
 
 
 
@@ -258,12 +281,26 @@ def check_sample(opinfo, sample, dtype, kind, backend_name, via_dynamo=None):
             # the op reads tensor values back to Python (.item(), equal, nonzero): under capture
             # that is a graph break, not something a single aten graph can express
             return "skip: data-dependent op (graph break under capture): " + reason[7:]
+        if "changed the global RNG state" in reason:
+            # the OpInfo wraps a random op in torch.manual_seed (wrapper_set_seed): under capture
+            # the seeding call is a graph break; one aten graph cannot express it, and the
+            # tracer refuses it rather than drawing from the wrong state
+            return "skip: reseeds the RNG inside the op (graph break under capture)"
         return reason
     if counter.graphs == 0:
         return "skip: not captured (Dynamo ran it eagerly)"
     try:
         _compare(got, ref, dtype)
     except AssertionError as e:
+        if dtype == torch.float32:
+            try:
+                exact = _exact_reference(fn, tensors, dtype, grad)
+                if not via_dynamo and not grad:
+                    exact = tuple(tree_leaves(exact))
+                if _no_further_from_exact(got, ref, exact, dtype):
+                    return None
+            except Exception:  # noqa: BLE001 - no float64 reference: the mismatch stands
+                pass
         first = str(e).strip().splitlines()
         return "mismatch: " + (" ".join(first[:3]) if first else "values differ")[:300]
     return None

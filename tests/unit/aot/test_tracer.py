@@ -180,3 +180,21 @@ def test_dropout_in_inference_graph_matches_eager_rng():
 def test_data_dependent_op_is_unsupported():
     with pytest.raises(Unsupported):
         trace_aten(lambda x: (x * x.sum().item(),), [torch.randn(3)])
+
+
+def test_reseeding_inside_the_trace_is_refused_not_silently_wrong():
+    # eager draws the dropout mask from seed 42 every call; a graph traced once would draw from
+    # the caller's RNG state instead. The tracer must refuse and leave the caller's RNG as it was.
+    import pytest
+    from ember.aot import trace_aten
+    from ember.errors import Unsupported
+
+    def f(x):
+        torch.manual_seed(42)
+        return torch.nn.functional.dropout(x, 0.5)
+    x = torch.randn(16)
+    torch.manual_seed(7)
+    state = torch.random.get_rng_state()
+    with pytest.raises(Unsupported, match="RNG state"):
+        trace_aten(f, (x,))
+    assert torch.equal(torch.random.get_rng_state(), state)

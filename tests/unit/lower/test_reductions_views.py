@@ -45,6 +45,16 @@ def test_empty_and_size1_reductions():
     check(lambda t: (t.sum(1), t.amax(0)), torch.randn(1, 5))
 
 
+@pytest.mark.parametrize("dim", [0, -1, None])
+def test_zero_dim_input_reduced_over_dim(dim):
+    # eager lets a 0-d tensor be reduced "over" dim 0 or -1: the result is the value itself
+    x = torch.tensor(2.5)
+    if dim is None:
+        check(lambda t: (t.sum(), t.amax(), t.mean()), x)
+    else:
+        check(lambda t: (t.sum(dim), t.amax(dim, keepdim=True), t.mean(dim), t.logsumexp(dim)), x)
+
+
 def test_views_reshape_permute_expand():
     x = torch.randn(4, 6, 10)
     check(lambda t: (t.permute(2, 0, 1).reshape(10, 24) * 2,
