@@ -106,7 +106,7 @@ class Tracer(TorchDispatchMode):
         self.inputs: list[torch.Tensor] = []
         self.placeholders: list[fx.Node] = []
         self.constants: list[tuple[fx.Node, torch.Tensor]] = []
-        self._const_ids: dict[int, torch.Tensor] = {}
+        self._const_ids: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._decomposing: set = set()
         self._rng0 = torch.default_generator.get_state()
 
@@ -128,15 +128,15 @@ class Tracer(TorchDispatchMode):
         return t
 
     def _lift_constant(self, real: torch.Tensor) -> torch.Tensor:
-        t = self._const_ids.get(id(real))
-        if t is not None:
-            return t
+        ent = self._const_ids.get(id(real))
+        if ent is not None and ent[0] is real:
+            return ent[1]
         node = self.graph.placeholder(f"_const{len(self.constants)}")
         t = torch.empty_strided(tuple(real.shape), tuple(real.stride()), dtype=real.dtype, device=META)
         node.meta["val"] = fresh_val(t)
         self._register(t, node)
         self.constants.append((node, real.detach()))
-        self._const_ids[id(real)] = t
+        self._const_ids[id(real)] = (real, t)   # holding `real` keeps its id from being reused
         return t
 
     # ---- tensor ↔ node ----------------------------------------------------------------
@@ -270,7 +270,14 @@ class Tracer(TorchDispatchMode):
     def _run_meta(self, func, args, kwargs):
         margs = tree_map(self._meta_arg, args)
         mkwargs = tree_map(self._meta_arg, kwargs)
-        return func(*margs, **mkwargs), margs, mkwargs
+        try:
+            return func(*margs, **mkwargs), margs, mkwargs
+        except NotImplementedError as e:
+            # no meta kernel: the output's shape cannot be known without running the op
+            if torch.Tag.dynamic_output_shape in func.tags:
+                raise Unsupported(f"ember.aot: data-dependent output shape of {func} "
+                                  f"(a boolean mask index, nonzero, unique, ...)") from e
+            raise Unsupported(f"ember.aot: {func} has no meta kernel, so it cannot be traced") from e
 
     def _functional_op(self, func, args, kwargs):
         out, margs, mkwargs = self._run_meta(func, args, kwargs)
@@ -308,8 +315,7 @@ class Tracer(TorchDispatchMode):
         if st.input_index is not None or id(t) in self._view or st.base is not t:
             raise Unsupported(f"ember.aot: in-place metadata change {func} of a graph input or "
                               "of a view is not supported")
-        name = func._schema.name.split("::")[1]
-        view_func = getattr(getattr(aten, name.rstrip("_")), func._overloadname)
+        view_func = _out_of_place_view(func)
         old_node = self.node_of(t)
         func(t, *rest, **kwargs)  # meta: changes t's sizes/strides in place
         node = self.emit(view_func, (old_node,) + rest, kwargs, t)
@@ -408,6 +414,21 @@ class Tracer(TorchDispatchMode):
     def input_index_of(self, t: torch.Tensor) -> int | None:
         st = self._storage.get(_skey(t))
         return None if st is None else st.input_index
+
+
+def _out_of_place_view(func):
+    """aten.squeeze_.dim → aten.squeeze.dim; overload names can differ (transpose_.default →
+    transpose.int), so match on the argument names when the same name is missing."""
+    packet = getattr(aten, func._schema.name.split("::")[1].rstrip("_"))
+    same = getattr(packet, func._overloadname, None)
+    if same is not None:
+        return same
+    names = [a.name for a in func._schema.arguments]
+    for ov in packet.overloads():
+        cand = getattr(packet, ov)
+        if [a.name for a in cand._schema.arguments] == names:
+            return cand
+    raise Unsupported(f"ember.aot: no out-of-place form of {func}")
 
 
 def bind_args(func, args, kwargs) -> dict:
@@ -527,4 +548,21 @@ class LiftTensorLiterals(TorchFunctionMode):
                 and not any(isinstance(a, torch.Tensor) for a in tree_flatten(args)[0]):
             # the real tensor itself: every op that uses it lifts it as a graph constant
             return func(*args, **{**kwargs, "device": self.tracer.device})
+        if func is torch.Tensor.__getitem__ or func is torch.Tensor.__setitem__:
+            # `x[[1, 2]]`: indexing turns the list into an index tensor on x's device the same
+            # way; make it a real tensor first
+            args = (args[0], _index_literals(args[1])) + tuple(args[2:])
         return func(*args, **kwargs)
+
+
+def _int_list(v) -> bool:
+    return isinstance(v, list) and all(
+        (isinstance(e, (int, bool)) and not isinstance(e, torch.Tensor)) or _int_list(e) for e in v)
+
+
+def _index_literals(index):
+    if _int_list(index) and index:
+        return torch.tensor(index)
+    if isinstance(index, tuple):
+        return tuple(torch.tensor(i) if _int_list(i) and i else i for i in index)
+    return index

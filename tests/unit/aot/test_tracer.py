@@ -198,3 +198,28 @@ def test_reseeding_inside_the_trace_is_refused_not_silently_wrong():
     with pytest.raises(Unsupported, match="RNG state"):
         trace_aten(f, (x,))
     assert torch.equal(torch.random.get_rng_state(), state)
+
+
+def test_list_index_literals_and_constant_identity():
+    # x[[1, 2]] builds its index tensor inside indexing; two temporaries in one trace may share
+    # an id() once the first is freed, and must still be two different constants
+    from ember.aot import trace_aten
+
+    def f(x):
+        return x[[1, 2]] + x[[0, 3]], x[:, [2, 0]]
+    x = torch.randn(5, 4)
+    gm = trace_aten(f, (x,))
+    got = gm(x, *gm.meta["constants"])
+    for g, r in zip(got, f(x)):
+        torch.testing.assert_close(g, r)
+
+
+def test_ops_without_meta_kernels_are_unsupported_with_the_reason():
+    import pytest
+    from ember.aot import trace_aten
+    from ember.errors import Unsupported
+    x = torch.randn(6)
+    with pytest.raises(Unsupported, match="data-dependent output shape"):
+        trace_aten(lambda t: t[t > 0], (x,))
+    with pytest.raises(Unsupported, match="no meta kernel"):
+        trace_aten(lambda t: torch.geqrf(t.reshape(2, 3)), (x,))
