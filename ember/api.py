@@ -6,6 +6,8 @@ the object, its class, state_dict keys, hooks and pickling are unchanged.
 """
 from __future__ import annotations
 
+import collections
+
 import functools
 from typing import Any, Callable
 
@@ -127,15 +129,30 @@ def reset() -> None:
     """Drop every cache: captured frames, compiled graphs, warn-once memory, counters."""
     from . import counters
     from .logging import reset_warnings
+    from .lower import STATS as graph_stats
     capture.reset()
     reset_warnings()
     counters.clear()
+    graph_stats.clear()
 
 
 def stats() -> dict:
-    """Counters since the last reset: {"counts": {...}, "compile_seconds": {stage: s}}."""
+    """Counters since the last reset: {"counts": {...}, "compile_seconds": {stage: s}}.
+
+    counts: graphs (captured and compiled), recompiles, breaks, fallbacks (capture and backend),
+    eager_calls, kernel_graphs / graph_cache_hits / kernels (the C++/Triton backend).
+    compile_seconds: per stage, exclusive (capture, aot, codegen, backend:<name> for the rest)."""
     from . import counters
-    return counters.snapshot()
+    from .lower import STATS as graph_stats
+    snap = counters.snapshot()
+    counts = collections.Counter(snap["counts"])
+    counts.update({k: v for k, v in capture.stats().items() if isinstance(v, int)})
+    for g in list(graph_stats):
+        counts["kernel_graphs"] += 1
+        counts["graph_cache_hits"] += bool(g.get("cached"))
+        counts["kernels"] += g.get("kernels", 0)
+    snap["counts"] = {k: v for k, v in sorted(counts.items()) if v}
+    return snap
 
 
 def explain(fn: Callable, *args, **kwargs):

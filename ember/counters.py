@@ -17,15 +17,28 @@ def bump(name: str, n: int = 1) -> None:
         _counts[name] += n
 
 
+_local = threading.local()
+
+
 @contextlib.contextmanager
 def timed(stage: str):
-    """Add the wall time of the block to `compile_seconds[stage]`."""
+    """Add the wall time of the block to `compile_seconds[stage]`, less the time of `timed`
+    blocks nested in it (so aot's figure excludes the codegen it calls into): the stages' figures
+    add up to the total."""
+    stack = getattr(_local, "stack", None)
+    if stack is None:
+        stack = _local.stack = []
+    stack.append(0.0)                 # time spent in nested timed blocks
     start = time.perf_counter()
     try:
         yield
     finally:
+        total = time.perf_counter() - start
+        nested = stack.pop()
+        if stack:
+            stack[-1] += total
         with _lock:
-            _seconds[stage] += time.perf_counter() - start
+            _seconds[stage] += total - nested
 
 
 def snapshot() -> dict:

@@ -1,6 +1,7 @@
 """The live progress line (TTY only, after a delay, erased at the end) and ember.stats()."""
 from __future__ import annotations
 
+import copy
 import io
 import time
 
@@ -55,5 +56,34 @@ def test_stats_count_fallbacks(monkeypatch):
     s = ember.stats()
     assert s["counts"]["fallbacks"] == 1
     assert "backend:test-broken-stats" in s["compile_seconds"]
+    ember.reset()
+    assert ember.stats()["counts"] == {}
+
+
+def test_timed_blocks_nest_exclusively():
+    import time
+    from ember import counters
+    counters.clear()
+    with counters.timed("outer"):
+        time.sleep(0.02)
+        with counters.timed("inner"):
+            time.sleep(0.05)
+    sec = counters.snapshot()["compile_seconds"]
+    assert 0.045 <= sec["inner"] < 0.2
+    assert 0.015 <= sec["outer"] < 0.045          # its own 20 ms, not the inner 50 ms
+
+
+def test_stats_count_graphs_recompiles_and_stage_seconds():
+    ember.reset()
+    m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU())
+    ref = copy.deepcopy(m)
+    c = ember.compile(m, dynamic=False)
+    for n in (2, 3, 3):
+        x = torch.randn(n, 8)
+        torch.testing.assert_close(c(x), ref(x))
+    s = ember.stats()
+    assert s["counts"]["graphs"] == 2 and s["counts"]["recompiles"] == 1, s
+    assert s["counts"]["kernel_graphs"] == 2 and s["counts"]["kernels"] >= 2, s
+    assert s["compile_seconds"]["aot"] > 0 and s["compile_seconds"]["codegen"] > 0, s
     ember.reset()
     assert ember.stats()["counts"] == {}
