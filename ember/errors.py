@@ -12,7 +12,13 @@ class EmberError(Exception):
 
 
 class Unsupported(EmberError):
-    """A construct ember cannot compile. Carries the reason and, when known, the user location."""
+    """A construct ember cannot compile. Carries the reason and, when known, the user location.
+
+    Raised while tracing a frame's own bytecode, capture also sets `break_at` (instruction
+    index, visit number) and `break_location`: where a graph break can resume."""
+
+    break_at: tuple | None = None
+    break_location: str | None = None
 
     def __init__(self, reason: str, *, location: str | None = None, source_line: str | None = None,
                  hint: str | None = None):

@@ -5,7 +5,7 @@ import pytest
 
 os.environ.setdefault("EMBER_STRICT", "1")
 # Triton reads TRITON_INTERPRET when a @triton.jit function is defined; anything collected before
-# tests/unit/triton may import triton (torch.compile does), so on a machine without a GPU the
+# tests/unit/triton_backend may import triton (torch.compile does), so on a machine without a GPU the
 # interpreter is switched on here, before any test module is imported.
 if not os.path.exists("/dev/nvidia0") and not os.environ.get("CUDA_VISIBLE_DEVICES"):
     os.environ.setdefault("TRITON_INTERPRET", "1")

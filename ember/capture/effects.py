@@ -137,6 +137,19 @@ def finalize(tr, ret: V) -> Plan:
     body = list(rb.pre)
     body.append(f"__ret = {ret_expr}")
     n_pre = len(rb.pre)
+    effects = effect_lines(tr, rb)
+    if torch.is_grad_enabled() != tr.state0[0]:
+        # a resumed frame that leaves a `with no_grad()` block: the mode it returns with
+        effects.append(f"{tr.bind_const(torch._C._set_grad_enabled, 'f')}({torch.is_grad_enabled()})")
+    # temps created while writing effects must run before them
+    body = rb.pre[:n_pre] + [body[n_pre]] + rb.pre[n_pre:] + effects + ["return __ret"]
+    gm, structural, dynamic, examples = _graph_module(tr, rb.outputs)
+    n_ops = sum(1 for n in tr.graph.nodes if n.op == "call_function")
+    return Plan(gm, structural, dynamic, examples, body, n_ops)
+
+
+def effect_lines(tr, rb: _Rebuild) -> list[str]:
+    """Statements that replay the trace's side effects on the caller's objects, in order."""
     effects: list[str] = []
     for m in tr.mutated:
         if isinstance(m, ListV):
@@ -151,11 +164,7 @@ def finalize(tr, ret: V) -> Plan:
         elif eff[0] == "global":
             _, gid, name, value = eff
             effects.append(f"{gid}[{name!r}] = {rb.expr(value)}")
-    # temps created while writing effects must run before them
-    body = rb.pre[:n_pre] + [body[n_pre]] + rb.pre[n_pre:] + effects + ["return __ret"]
-    gm, structural, dynamic, examples = _graph_module(tr, rb.outputs)
-    n_ops = sum(1 for n in tr.graph.nodes if n.op == "call_function")
-    return Plan(gm, structural, dynamic, examples, body, n_ops)
+    return effects
 
 
 def _graph_module(tr, outputs: list[TensorV]):

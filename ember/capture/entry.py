@@ -54,11 +54,12 @@ def global_hooks_present() -> bool:
 
 
 class Entry:
-    __slots__ = ("run", "guards", "gm", "source", "n_ops", "eager", "reason")
+    __slots__ = ("run", "guards", "gm", "source", "n_ops", "eager", "reason", "breaks")
 
     def __init__(self, run, guards, gm, source, n_ops, eager=False, reason=None):
         self.run, self.guards, self.gm, self.source = run, guards, gm, source
         self.n_ops, self.eager, self.reason = n_ops, eager, reason
+        self.breaks: list = []
 
 
 class FrameCache:
@@ -221,6 +222,10 @@ class Runner:
             STATS["unsupported"] += 1
             if self.settings.fullgraph:
                 raise
+            from .breaks import compile_break
+            entry = compile_break(self, locals_, e)
+            if entry is not None:
+                return entry
             STATS["fallbacks"] += 1
             warn_once(f"unsupported:{id(self.code)}:{e.reason}",
                       f"{_where(self.code)} runs eagerly: {e}")

@@ -1,7 +1,8 @@
 """Capture, explain: run a function once under capture and report what happened.
 
 `explain(fn, *args, **kwargs)` → `Explanation` with graphs (fx.GraphModule), ops per graph,
-guards (readable), recompiles, breaks (empty until graph breaks land) and unsupported reasons.
+guards (readable), recompiles, graph breaks (breaks.BreakInfo: reason, user file:line, kind)
+and the reasons of frames that ran eagerly.
 """
 from __future__ import annotations
 
@@ -26,11 +27,17 @@ class Explanation:
     def graph_count(self) -> int:
         return len(self.graphs)
 
+    @property
+    def break_count(self) -> int:
+        return len(self.breaks)
+
     def __str__(self) -> str:
         lines = [f"graphs: {len(self.graphs)}  ops: {self.ops_per_graph}  "
                  f"recompiles: {self.recompiles}  breaks: {len(self.breaks)}"]
+        for i, b in enumerate(self.breaks):
+            lines.append(f"break {i}: {b}")
         for r in self.unsupported:
-            lines.append(f"unsupported: {r}")
+            lines.append(f"runs eagerly: {r}")
         for i, gm in enumerate(self.graphs):
             lines.append(f"--- graph {i} ---")
             lines.append(gm.print_readable(print_output=False))
@@ -40,8 +47,10 @@ class Explanation:
 
 
 def explain(fn, *args, **kwargs) -> Explanation:
+    from .breaks import RECORD
     from .entry import STATS, compile_function, compile_module
     graphs = []
+    n_breaks = len(RECORD)
 
     def recording_backend(gm, example_inputs):
         graphs.append(gm)
@@ -60,10 +69,13 @@ def explain(fn, *args, **kwargs) -> Explanation:
         inner.cache = cache
     try:
         result = runner(*args, **kwargs)
+        recompiles = STATS.get("recompiles", 0) - before.get("recompiles", 0)
         guards = [g.describe() for e in cache.entries for g in e.guards]
         unsupported = [e.reason for e in cache.entries if e.eager]
+        breaks = RECORD[n_breaks:]
     finally:
+        del RECORD[n_breaks:]
         STATS.clear()
         STATS.update(before)
     ops = [sum(1 for n in g.graph.nodes if n.op == "call_function") for g in graphs]
-    return Explanation(graphs, ops, guards, max(0, len(graphs) - 1), [], unsupported, result)
+    return Explanation(graphs, ops, guards, recompiles, breaks, unsupported, result)

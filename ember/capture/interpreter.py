@@ -44,6 +44,14 @@ class TracedRaise(Exception):
         self.exc = exc
 
 
+class StopTrace(Exception):
+    """The root frame reached `Tracer.stop_at`: the prefix of a graph break is traced."""
+
+    def __init__(self, frame):
+        super().__init__("stop")
+        self.frame = frame
+
+
 class Return:
     __slots__ = ("value",)
 
@@ -104,7 +112,9 @@ class Tracer:
         self.real_contexts: list = []
         self.fresh: set[int] = set()
         self.owned: set[int] = set()                    # ids of real objects the trace created
-        self.autocast: dict = {d: dt for d, on, dt in (self.state0[3] or ()) if on}                    # ids of containers the call created
+        self.autocast: dict = {d: dt for d, on, dt in (self.state0[3] or ()) if on}
+        self.stop_at: tuple | None = None                # (instruction index, visit) in the root
+        self.visits: dict[int, int] = {}
 
     # ---- dispatch helpers (implemented in calls/builtins/handlers) --------------------
     def call(self, fn, args, kwargs):
@@ -414,20 +424,34 @@ class Tracer:
         from .handlers import HANDLERS
         if len(self.frames) >= MAX_INLINE_DEPTH:
             raise self.unsupported(f"inlining deeper than {MAX_INLINE_DEPTH} frames")
+        root = not self.frames
         self.frames.append(frame)
         try:
             instrs = frame.instrs
+            visits = self.visits
+            n = 0
             while True:
                 ins = instrs[frame.pc]
+                if root:
+                    # the root frame counts visits per instruction: a graph break is the
+                    # n-th arrival at one instruction, and the retrace stops right there
+                    n = visits[frame.pc] = visits.get(frame.pc, 0) + 1
+                    if self.stop_at is not None and self.stop_at == (frame.pc, n):
+                        raise StopTrace(frame)
                 frame.pc += 1
                 h = HANDLERS.get(ins.opname)
-                if h is None:
-                    raise self.unsupported(f"bytecode {ins.opname} is not supported")
                 try:
+                    if h is None:
+                        raise self.unsupported(f"bytecode {ins.opname} is not supported")
                     r = h(self, frame, ins)
                 except TracedRaise as e:
                     self._unwind(frame, e)       # jumps to the handler or re-raises
                     continue
+                except Unsupported as e:
+                    if root and e.break_at is None:
+                        e.break_at = (frame.pc - 1, n)
+                        e.break_location = self.location()
+                    raise
                 if r is not None:
                     return r.value
         finally:

@@ -391,14 +391,25 @@ def test_unsupported_raises_with_location_under_fullgraph():
         cf(x3)
 
 
-def test_unsupported_without_fullgraph_runs_eagerly_once_warned(monkeypatch):
+def test_print_breaks_the_graph_instead_of_falling_back(capsys):
     def f(x):
         print("side effect")
         return x + 1
     cf = ember.compile(f, backend="eager")
-    with pytest.warns(UserWarning, match="runs eagerly"):
-        torch.testing.assert_close(cf(x3), x3 + 1)
     torch.testing.assert_close(cf(x3), x3 + 1)
+    torch.testing.assert_close(cf(x3), x3 + 1)
+    assert capsys.readouterr().out == "side effect\n" * 2
+    s = capture.stats()
+    assert s["graph_breaks"] == 1 and s["graphs"] == 1 and s.get("fallbacks", 0) == 0
+
+
+def test_unresumable_frame_runs_eagerly_once_warned():
+    def gen(x):
+        yield x + 1
+    cf = ember.compile(gen, backend="eager")
+    with pytest.warns(UserWarning, match="runs eagerly"):
+        torch.testing.assert_close(list(cf(x3))[0], x3 + 1)
+    torch.testing.assert_close(list(cf(x3))[0], x3 + 1)
     assert capture.stats()["fallbacks"] == 1
 
 

@@ -1,0 +1,290 @@
+"""Capture, graph breaks: compile the prefix, run the unsupported instruction, resume.
+
+Consumes a Runner, the call's locals and the `Unsupported` a full trace raised at instruction
+`break_at` of the root frame; produces a cache entry (entry.build_entry) whose run function
+calls the prefix graph, replays side effects, rebuilds the frame's stack and locals as real
+values and then, by the kind of instruction:
+  call  - calls the function eagerly (user functions and modules through `dispatch`, which
+          compiles them as their own roots) and continues in a compiled resume function;
+  jump  - evaluates the tensor condition and continues in one of two compiled resume functions;
+  eager - anything else, and any break inside a loop, a try block or an unknown `with`: the
+          rest of the frame runs eagerly from the unsupported instruction on.
+Context managers open at the break (no_grad & co.) are closed at the end of the prefix graph,
+the residual call runs inside real ones, and resume functions re-enter them (resume.py). Breaks are recorded for explain() and logged
+once each under EMBER_LOGS=graph_breaks.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import linecache
+import types
+import weakref
+
+import torch
+
+from ..errors import Unsupported
+from ..logging import enabled, get_logger
+from .bytecode import decode
+from .effects import Plan, _graph_module, _Rebuild, effect_lines
+from .handlers.contexts import context_method
+from .interpreter import StopTrace, Tracer, _is_library
+from .resume import NULL as NULL_SLOT, UNBOUND, VALUE, instruction_starts, resume_function
+from .values import NULL, BuiltinMethodV, ContextV, IterV, MethodV, ObjV, TensorV
+
+_JUMPS = {"POP_JUMP_IF_TRUE": True, "POP_JUMP_IF_FALSE": False}
+_LOGGED: set = set()
+RECORD: list = []          # BreakInfo of every break compiled (explain() reads a slice)
+
+
+@dataclasses.dataclass
+class BreakInfo:
+    reason: str
+    filename: str
+    lineno: int
+    source_line: str | None
+    kind: str               # call / jump / eager
+
+    def __str__(self) -> str:
+        line = f"    {self.source_line.strip()}" if self.source_line else ""
+        return f"{self.filename}:{self.lineno}: {self.reason} [{self.kind}]" + \
+            (f"\n{line}" if line else "")
+
+
+class ResumeTarget:
+    """Calls the rest of a frame: compiled through capture, or eagerly."""
+
+    def __init__(self, fn, offset, layout, unbound, settings, compiled: bool):
+        self.settings, self.compiled = settings, compiled
+        self.closure = bool(fn.__code__.co_freevars)
+        self.fn = resume_function(fn, offset, layout, unbound)
+        self.runner = self._runner(self.fn)
+
+    def _runner(self, fn):
+        if not self.compiled:
+            return fn
+        from .entry import Runner
+        return Runner(fn, self.settings)
+
+    def __call__(self, fn, *args):
+        if self.closure and fn.__closure__ is not self.fn.__closure__:
+            # same code, another closure: build the resume function over this one's cells
+            self.fn = types.FunctionType(self.fn.__code__, fn.__globals__, self.fn.__name__,
+                                         None, fn.__closure__)
+            self.runner = self._runner(self.fn)
+        return self.runner(*args)
+
+
+_DISPATCH: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def dispatch(settings, fn):
+    """What a residual call should call: user functions and modules compiled as their own roots
+    (cached per object), anything else (builtins, library functions) as it is."""
+    from .entry import compile_function, compile_module
+    if isinstance(fn, types.MethodType) and isinstance(fn.__func__, types.FunctionType):
+        if _is_library(fn.__func__.__module__):
+            return fn
+        return compile_function(fn, settings)
+    if isinstance(fn, (types.FunctionType, torch.nn.Module)):
+        if _is_library(getattr(type(fn) if isinstance(fn, torch.nn.Module) else fn,
+                               "__module__", None)):
+            return fn
+        per = _DISPATCH.setdefault(fn, {})
+        key = (settings.backend, settings.mode, settings.dynamic)
+        hit = per.get(key)
+        if hit is None:
+            hit = per[key] = (compile_module if isinstance(fn, torch.nn.Module)
+                              else compile_function)(fn, settings)
+        return hit
+    return fn
+
+
+def compile_break(runner, locals_, err: Unsupported):
+    """An Entry for a frame whose full trace raised `err`, or None (run the frame eagerly)."""
+    if err.break_at is None:
+        return None
+    idx, visit = err.break_at
+    code = runner.code
+    instrs, table = decode(code)
+    ins = instrs[idx]
+    tr = Tracer(runner.settings)
+    tr.stop_at = err.break_at
+    try:
+        try:
+            runner._trace(tr, locals_)
+        except StopTrace as s:
+            frame = s.frame
+        else:
+            return None            # the retrace took another path: do not guess
+        kind = _kind(instrs, table, idx, ins, frame)
+        if kind == "eager" and idx == 0:
+            return None
+        plan = _plan(tr, runner, frame, idx, ins, kind)
+    except Unsupported as e:       # the stack cannot be rebuilt: the frame runs eagerly
+        if enabled("graph_breaks"):
+            get_logger("graph_breaks").info("no resumable break at %s: %s", err.location, e)
+        return None
+    finally:
+        torch._C._set_grad_enabled(tr.state0[0])
+        for c in reversed(tr.real_contexts):
+            c.__exit__(None, None, None)
+    info = _record(err, code, ins, kind)
+    from .entry import build_entry
+    entry = build_entry(tr, plan, runner.argnames, settings=runner.settings)
+    entry.breaks = [info]
+    return entry
+
+
+def _kind(instrs, table, idx, ins, frame) -> str:
+    in_loop = any(j.opname == "JUMP" and j.target is not None and j.target <= idx < k
+                  for k, j in enumerate(instrs))
+    covering = [e for e in table if e.start <= idx <= e.end]
+    with_only = all(_is_with_cleanup(instrs, e) for e in covering)
+    contexts = [v.recv for v in frame.stack
+                if isinstance(v, BuiltinMethodV) and isinstance(v.recv, ContextV)]
+    python_ctx = any(isinstance(v, MethodV) and isinstance(v.func, ObjV) and
+                     getattr(v.func.value, "__name__", "") == "__exit__" for v in frame.stack)
+    simple_ctx = all(c.ctx_kind in ("grad", "grad_set", "null") for c in contexts) and \
+        not python_ctx
+    if in_loop or not with_only or not simple_ctx:
+        return "eager"
+    if ins.opname == "CALL":
+        return "call"
+    if ins.opname in _JUMPS and frame.stack and isinstance(frame.stack[-1], TensorV):
+        return "jump"
+    return "eager"
+
+
+def _is_with_cleanup(instrs, e) -> bool:
+    h = instrs[e.target:e.target + 2]
+    return len(h) == 2 and h[0].opname == "PUSH_EXC_INFO" and h[1].opname == "WITH_EXCEPT_START"
+
+
+_FACTORIES: dict = {}
+
+
+def context_factory(ctx: ContextV):
+    """A zero-argument callable that makes a context manager equal to `ctx` (one per kind)."""
+    k = ctx.ctx_kind
+    if k in ("grad", "grad_set"):
+        return torch.enable_grad if ctx.args[0] else torch.no_grad
+    if k == "null":
+        return contextlib.nullcontext
+    if k == "autocast":
+        dev, dtype, on, cache = ctx.args
+        key = (k, dev, dtype, on, cache)
+        make = functools.partial(torch.autocast, dev, dtype=dtype, enabled=on, cache_enabled=cache)
+    elif k == "inference":
+        key, make = (k, ctx.args[0]), functools.partial(torch.inference_mode, ctx.args[0])
+    else:
+        raise Unsupported(f"graph break inside a {k} context")
+    return _FACTORIES.setdefault(key, make)
+
+
+class _BreakRebuild(_Rebuild):
+    """Rebuilds stack values too: iterators, bound methods, methods of values."""
+
+    def expr(self, v):
+        if isinstance(v, _Res):
+            return "__res"
+        if isinstance(v, IterV):
+            return f"iter([{', '.join(self.expr(i) for i in v.items[v.pos:])}])"
+        if isinstance(v, MethodV):
+            return f"{self.bind(types.MethodType, 'c')}({self.expr(v.func)}, {self.expr(v.self_v)})"
+        if isinstance(v, BuiltinMethodV):
+            if isinstance(v.recv, ContextV):
+                raise self.tr.unsupported(f"graph break with {v.name} of a context on the stack")
+            return f"{self.expr(v.recv)}.{v.name}"
+        return super().expr(v)
+
+
+def _is_exit(v) -> bool:
+    return isinstance(v, BuiltinMethodV) and isinstance(v.recv, ContextV) and v.name == "__exit__"
+
+
+def _plan(tr, runner, frame, idx, ins, kind) -> Plan:
+    code = runner.code
+    stack = list(frame.stack)
+    # close, innermost first, the contexts still open on the stack: the graph ends balanced
+    for v in reversed(stack):
+        if isinstance(v, BuiltinMethodV) and isinstance(v.recv, ContextV) and v.name == "__exit__":
+            context_method(tr, v.recv, "__exit__", [])
+    rb = _BreakRebuild(tr)
+    contexts = [context_factory(v.recv) for v in stack if _is_exit(v)]
+    local_exprs, unbound = [], []
+    for name in code.co_varnames:
+        v = frame.locals.get(name)
+        if v is None:
+            unbound.append(name)
+            local_exprs.append(rb.bind(UNBOUND, "u"))
+        else:
+            local_exprs.append(rb.expr(v))
+    starts = instruction_starts(code)
+    settings = runner.settings
+    fn_b = runner.fn
+    tail: list[str] = []
+
+    def resume(offset, slots, compiled):
+        layout = tuple(NULL_SLOT if s is NULL else context_factory(s.recv) if _is_exit(s)
+                       else VALUE for s in slots)
+        target = ResumeTarget(fn_b, offset, layout, tuple(unbound), settings, compiled)
+        args = local_exprs + [rb.expr(s) for s, k in zip(slots, layout) if k is VALUE]
+        return f"{rb.bind(target, 'resume')}(__fn, {', '.join(args)})"
+
+    if kind == "call":
+        argc = ins.arg
+        args = stack[len(stack) - argc:]
+        a, b = stack[len(stack) - argc - 2], stack[len(stack) - argc - 1]
+        fn_v, args = (b, args) if a is NULL else (a, [b] + args)
+        nkw = len(ins.kw_names)
+        pos = [rb.expr(x) for x in args[:len(args) - nkw]]
+        kws = [f"{k}={rb.expr(x)}" for k, x in zip(ins.kw_names, args[len(args) - nkw:])]
+        call = f"{rb.bind(dispatch, 'f')}({rb.bind(settings, 'k')}, {rb.expr(fn_v)})" \
+               f"({', '.join(pos + kws)})"
+        # the call runs inside the contexts open at the break (outermost first)
+        for i, make in enumerate(contexts):
+            tail.append("    " * i + f"with {rb.bind(make, 'c')}():")
+        tail.append("    " * len(contexts) + f"__res = {call}")
+        rest = stack[:len(stack) - argc - 2]
+        tail.append(f"return {resume(starts[idx + 1], rest + [_Res()], True)}")
+    elif kind == "jump":
+        cond = rb.expr(stack[-1])
+        rest = stack[:-1]
+        taken = resume(starts[ins.target], rest, True)
+        fallthrough = resume(starts[idx + 1], rest, True)
+        neg = "" if _JUMPS[ins.opname] else "not "
+        tail += [f"if {neg}{cond}:", f"    return {taken}", f"return {fallthrough}"]
+    else:
+        tail.append(f"return {resume(starts[idx], stack, False)}")
+    effects = effect_lines(tr, rb)
+    body = rb.pre + effects + tail
+    gm, structural, dynamic, examples = _graph_module(tr, rb.outputs)
+    n_ops = sum(1 for n in tr.graph.nodes if n.op == "call_function")
+    return Plan(gm, structural, dynamic, examples, body, n_ops)
+
+
+class _Res(ObjV):
+    """The residual call's result on the resumed stack."""
+
+    def __init__(self):
+        super().__init__(None)
+
+
+def _record(err: Unsupported, code, ins, kind) -> BreakInfo:
+    from .entry import STATS
+    STATS["graph_breaks"] += 1
+    lineno = ins.lineno or code.co_firstlineno
+    src = linecache.getline(code.co_filename, lineno) or None
+    reason = err.reason
+    if err.location and err.location != f"{code.co_filename}:{lineno}":
+        reason = f"{reason} (at {err.location})"
+    info = BreakInfo(reason, code.co_filename, lineno, src, kind)
+    RECORD.append(info)
+    key = (code.co_filename, lineno, err.reason)
+    if enabled("graph_breaks") and key not in _LOGGED:
+        _LOGGED.add(key)
+        get_logger("graph_breaks").info("graph break at %s:%d (%s): %s", code.co_filename,
+                                        lineno, code.co_qualname, err.reason)
+    return info

@@ -1,0 +1,190 @@
+"""Capture, resume functions: the rest of a frame after a graph break, as a new code object.
+
+Consumes a code object, a raw bytecode offset and the stack layout at that offset (per slot:
+NULL, a value, or the `__exit__` of an open `with`, given as a zero-argument factory of the
+context manager); produces a function whose positional parameters are the frame's locals (in
+`co_varnames` order) followed by the value slots. Its bytecode is a short prologue
+(COPY_FREE_VARS, RESUME, push the stack back — re-entering each open context with
+`factory()` + BEFORE_WITH, so the resumed code runs inside it and exits it as the original
+would — delete locals that were unbound, jump) followed by
+the original bytecode unchanged: jumps in 3.11+ are relative, so only the exception table, the
+line table and the closure-variable indices (which follow the locals) need shifting.
+Resume code objects are deduplicated by (code, offset, stack layout, unbound locals).
+"""
+from __future__ import annotations
+
+import dis
+import sys
+import types
+
+from ..errors import Unsupported
+
+_OP = dis.opmap
+_DEREF_OPS = {_OP[n] for n in ("LOAD_DEREF", "STORE_DEREF", "DELETE_DEREF", "LOAD_CLOSURE",
+                               "LOAD_CLASSDEREF", "LOAD_FROM_DICT_OR_DEREF", "MAKE_CELL")
+              if n in _OP}
+_CODE_CACHE: dict = {}
+STACK_PREFIX = "__ember_stack"
+
+
+class UnboundLocal:
+    """Passed for a local that is unbound at the break; the prologue deletes it again."""
+
+    def __repr__(self):
+        return "<unbound>"
+
+
+UNBOUND = UnboundLocal()
+
+
+NULL, VALUE = "null", "value"       # stack-slot kinds; anything else is a context factory
+
+
+def _emit(op: int, arg: int = 0) -> bytes:
+    out = b""
+    ext = [(arg >> s) & 0xFF for s in (24, 16, 8) if arg >> s]
+    for e in ext:
+        out += bytes((_OP["EXTENDED_ARG"], e))
+    return out + bytes((op, arg & 0xFF)) + b"\0\0" * dis._inline_cache_entries[op]
+
+
+def _enter_context(const_index: int) -> bytes:
+    """factory() then BEFORE_WITH, keeping `__exit__` on the stack."""
+    out = _emit(_OP["PUSH_NULL"]) + _emit(_OP["LOAD_CONST"], const_index)
+    if sys.version_info < (3, 12):
+        out += _emit(_OP["PRECALL"], 0)
+    return out + _emit(_OP["CALL"], 0) + _emit(_OP["BEFORE_WITH"]) + _emit(_OP["POP_TOP"])
+
+
+def _parse_table(table: bytes) -> list[list[int]]:
+    """Exception-table entries as [start, length, target, depth_lasti] in code units."""
+    out, it = [], iter(table)
+
+    def varint(b):
+        val = b & 63
+        while b & 64:
+            b = next(it)
+            val = (val << 6) | (b & 63)
+        return val
+    for b in it:
+        out.append([varint(b), varint(next(it)), varint(next(it)), varint(next(it))])
+    return out
+
+
+def _varint(val: int, first: bool) -> bytes:
+    chunks = [val & 63]
+    val >>= 6
+    while val:
+        chunks.append(val & 63)
+        val >>= 6
+    chunks.reverse()
+    out = [c | 64 for c in chunks[:-1]] + [chunks[-1]]
+    if first:
+        out[0] |= 128
+    return bytes(out)
+
+
+def _shift_table(table: bytes, units: int) -> bytes:
+    out = b""
+    for start, length, target, dl in _parse_table(table):
+        out += _varint(start + units, True) + _varint(length, False) + \
+            _varint(target + units, False) + _varint(dl, False)
+    return out
+
+
+def _no_location(units: int) -> bytes:
+    """Line-table entries that give `units` code units no source location (code 15)."""
+    out = b""
+    while units:
+        n = min(units, 8)
+        out += bytes((0x80 | (15 << 3) | (n - 1),))
+        units -= n
+    return out
+
+
+def _shift_derefs(co_code: bytes, code: types.CodeType, n_new: int) -> bytes:
+    """Closure-variable indices follow the locals: shift them by the added parameters."""
+    if not n_new or not code.co_freevars:
+        return co_code
+    raw = bytearray(co_code)
+    prev_op = None
+    for i in range(0, len(raw), 2):
+        op, arg = raw[i], raw[i + 1]
+        if op in _DEREF_OPS:
+            if prev_op == _OP["EXTENDED_ARG"] or arg + n_new > 255:
+                raise Unsupported("graph break in a function with more than 255 locals and "
+                                  "closure variables")
+            raw[i + 1] = arg + n_new
+        prev_op = op
+    return bytes(raw)
+
+
+def instruction_starts(code: types.CodeType) -> list[int]:
+    """Raw offset where each normalized instruction (bytecode.decode) begins, prefixes
+    (EXTENDED_ARG, 3.11 KW_NAMES/PRECALL) included; one extra entry for the end."""
+    starts, pending = [], None
+    for ins in dis.get_instructions(code):
+        if ins.opname == "CACHE":
+            continue
+        if pending is None:
+            pending = ins.offset
+        if ins.opname in ("EXTENDED_ARG", "PRECALL", "KW_NAMES"):
+            continue
+        starts.append(pending)
+        pending = None
+    starts.append(len(code.co_code))
+    return starts
+
+
+def resume_code(code: types.CodeType, offset: int, layout: tuple, unbound: tuple) -> types.CodeType:
+    """A code object that continues `code` at raw `offset` with the stack `layout`
+    (NULL / VALUE / context factory per slot); `unbound` lists locals to delete."""
+    key = (code, offset, layout, unbound)
+    hit = _CODE_CACHE.get(key)
+    if hit is not None:
+        return hit
+    if code.co_cellvars:
+        raise Unsupported("graph break in a function whose locals are captured by an inner "
+                          "function (cell variables)")
+    if code.co_flags & (0x20 | 0x80 | 0x100 | 0x200):
+        raise Unsupported("graph break in a generator or coroutine")
+    varnames, consts = code.co_varnames, code.co_consts
+    n_stack = sum(1 for s in layout if s is VALUE)
+    new_names = tuple(f"{STACK_PREFIX}{i}" for i in range(n_stack))
+    pro = b""
+    if code.co_freevars:
+        pro += _emit(_OP["COPY_FREE_VARS"], len(code.co_freevars))
+    pro += _emit(_OP["RESUME"], 0)
+    k = 0
+    for slot in layout:
+        if slot is NULL:
+            pro += _emit(_OP["PUSH_NULL"])
+        elif slot is VALUE:
+            pro += _emit(_OP["LOAD_FAST"], len(varnames) + k)
+            k += 1
+        else:
+            consts += (slot,)
+            pro += _enter_context(len(consts) - 1)
+    for name in unbound:
+        pro += _emit(_OP["DELETE_FAST"], varnames.index(name))
+    pro += _emit(_OP["JUMP_FORWARD"], offset // 2)
+    units = len(pro) // 2
+    body = _shift_derefs(code.co_code, code, n_stack)
+    flags = code.co_flags & ~(0x04 | 0x08)
+    names = varnames + new_names
+    new = code.replace(
+        co_code=pro + body, co_consts=consts, co_argcount=len(names), co_posonlyargcount=0,
+        co_kwonlyargcount=0, co_nlocals=len(names), co_varnames=names, co_flags=flags,
+        co_name=f"__resume_{code.co_name}_at_{offset}",
+        co_qualname=f"{code.co_qualname}.<resume at {offset}>",
+        co_exceptiontable=_shift_table(code.co_exceptiontable, units),
+        co_linetable=_no_location(units) + code.co_linetable,
+        co_stacksize=max(code.co_stacksize, len(layout)) + 2)
+    _CODE_CACHE[key] = new
+    return new
+
+
+def resume_function(fn: types.FunctionType, offset: int, layout: tuple,
+                    unbound: tuple) -> types.FunctionType:
+    code = resume_code(fn.__code__, offset, layout, unbound)
+    return types.FunctionType(code, fn.__globals__, code.co_name, None, fn.__closure__)
