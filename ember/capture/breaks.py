@@ -29,8 +29,9 @@ from ..logging import enabled, get_logger
 from .bytecode import decode
 from .effects import Plan, _graph_module, _Rebuild, effect_lines
 from .handlers.contexts import context_method
-from .interpreter import StopTrace, Tracer, _is_library
-from .resume import NULL as NULL_SLOT, UNBOUND, VALUE, instruction_starts, resume_function
+from .interpreter import StopTrace, Tracer
+from .resume import (NULL as NULL_SLOT, UNBOUND, VALUE, call_trampoline, instruction_starts,
+                     resume_function)
 from .values import NULL, BuiltinMethodV, ContextV, IterV, MethodV, ObjV, TensorV
 
 _JUMPS = {"POP_JUMP_IF_TRUE": True, "POP_JUMP_IF_FALSE": False}
@@ -79,16 +80,28 @@ class ResumeTarget:
 _DISPATCH: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
+# modules whose functions a residual call runs as they are (torch, ember, the standard library)
+_EAGER_MODULES = frozenset(("torch", "ember", "builtins", "logging", "warnings", "numpy", "typing",
+                            "collections", "functools", "itertools", "inspect", "contextlib",
+                            "copy", "re", "importlib", "abc", "enum", "dataclasses", "operator",
+                            "math", "types", "os", "sys", "traceback", "threading", "tqdm"))
+
+
+def _runs_as_is(module_name) -> bool:
+    return not module_name or module_name.split(".")[0] in _EAGER_MODULES
+
+
 def dispatch(settings, fn):
-    """What a residual call should call: user functions and modules compiled as their own roots
-    (cached per object), anything else (builtins, library functions) as it is."""
+    """What a residual call should call: Python functions and modules of user code and model
+    libraries (transformers, torchvision, ...) compiled as their own roots (cached per object);
+    torch, the standard library and builtins as they are."""
     from .entry import compile_function, compile_module
     if isinstance(fn, types.MethodType) and isinstance(fn.__func__, types.FunctionType):
-        if _is_library(fn.__func__.__module__):
+        if _runs_as_is(fn.__func__.__module__):
             return fn
         return compile_function(fn, settings)
     if isinstance(fn, (types.FunctionType, torch.nn.Module)):
-        if _is_library(getattr(type(fn) if isinstance(fn, torch.nn.Module) else fn,
+        if _runs_as_is(getattr(type(fn) if isinstance(fn, torch.nn.Module) else fn,
                                "__module__", None)):
             return fn
         per = _DISPATCH.setdefault(fn, {})
@@ -138,8 +151,8 @@ def compile_break(runner, locals_, err: Unsupported):
 
 
 def _kind(instrs, table, idx, ins, frame) -> str:
-    in_loop = any(j.opname == "JUMP" and j.target is not None and j.target <= idx < k
-                  for k, j in enumerate(instrs))
+    in_loop = any(j.target is not None and j.target <= idx <= k and j.target <= k
+                  for k, j in enumerate(instrs))      # inside some backward jump's range
     covering = [e for e in table if e.start <= idx <= e.end]
     with_only = all(_is_with_cleanup(instrs, e) for e in covering)
     contexts = [v.recv for v in frame.stack
@@ -150,7 +163,7 @@ def _kind(instrs, table, idx, ins, frame) -> str:
         not python_ctx
     if in_loop or not with_only or not simple_ctx:
         return "eager"
-    if ins.opname == "CALL":
+    if ins.opname in ("CALL", "CALL_FUNCTION_EX"):
         return "call"
     if ins.opname in _JUMPS and frame.stack and isinstance(frame.stack[-1], TensorV):
         return "jump"
@@ -234,20 +247,19 @@ def _plan(tr, runner, frame, idx, ins, kind) -> Plan:
         return f"{rb.bind(target, 'resume')}(__fn, {', '.join(args)})"
 
     if kind == "call":
-        argc = ins.arg
-        args = stack[len(stack) - argc:]
-        a, b = stack[len(stack) - argc - 2], stack[len(stack) - argc - 1]
-        fn_v, args = (b, args) if a is NULL else (a, [b] + args)
-        nkw = len(ins.kw_names)
-        pos = [rb.expr(x) for x in args[:len(args) - nkw]]
-        kws = [f"{k}={rb.expr(x)}" for k, x in zip(ins.kw_names, args[len(args) - nkw:])]
-        call = f"{rb.bind(dispatch, 'f')}({rb.bind(settings, 'k')}, {rb.expr(fn_v)})" \
-               f"({', '.join(pos + kws)})"
+        n_slots = ins.arg + 2 if ins.opname == "CALL" else 3 + (ins.arg & 1)
+        slots = stack[len(stack) - n_slots:]
+        fi = 1 if slots[0] is NULL else 0          # [NULL, fn, args] or [fn, self, args]
+        args = [f"{rb.bind(dispatch, 'f')}({rb.bind(settings, 'k')}, {rb.expr(s)})" if i == fi
+                else rb.expr(s) for i, s in enumerate(slots) if s is not NULL]
+        tramp = call_trampoline(code, starts[idx], starts[idx + 1],
+                                tuple(s is NULL for s in slots), ins.lineno or code.co_firstlineno)
+        call = f"{rb.bind(tramp, 'f')}({', '.join(args)})"
         # the call runs inside the contexts open at the break (outermost first)
         for i, make in enumerate(contexts):
             tail.append("    " * i + f"with {rb.bind(make, 'c')}():")
         tail.append("    " * len(contexts) + f"__res = {call}")
-        rest = stack[:len(stack) - argc - 2]
+        rest = stack[:len(stack) - n_slots]
         tail.append(f"return {resume(starts[idx + 1], rest + [_Res()], True)}")
     elif kind == "jump":
         cond = rb.expr(stack[-1])

@@ -156,7 +156,9 @@ def effect_lines(tr, rb: _Rebuild) -> list[str]:
             effects.append(f"{m.source.expr()}[:] = [{', '.join(rb.expr(i) for i in m.items)}]")
         elif isinstance(m, DictV):
             inner = ", ".join(f"{rb._key(k)}: {rb.expr(x)}" for k, x in m.items.items())
-            effects.append(f"__d = {m.source.expr()}; __d.clear(); __d.update({{{inner}}})")
+            # new contents first: they may be read through the dict itself
+            effects.append(f"__v = {{{inner}}}; __d = {m.source.expr()}; __d.clear(); "
+                           f"__d.update(__v)")
     for eff in tr.effects:
         if eff[0] == "setattr":
             _, obj_v, name, value = eff
@@ -167,7 +169,33 @@ def effect_lines(tr, rb: _Rebuild) -> list[str]:
     return effects
 
 
+def _mutates_first_arg(node) -> bool:
+    name = getattr(node.target, "__name__", "")
+    return node.op == "call_function" and bool(node.args) and (
+        name in ("__setitem__", "setitem") or name.startswith("__i") or
+        (name.endswith("_") and not name.startswith("_")) or "out" in node.kwargs)
+
+
+def guard_mutated_aliases(tr) -> None:
+    """A graph that mutates an input treats every input as its own memory. Two caller tensors
+    sharing storage with one of them mutated would read stale values: refuse that here, and
+    guard the entry on the inputs staying apart."""
+    dynamic = [(src, tv, real) for src, tv, real in tr.inputs if not src.structural]
+    mutated = {n.args[0] for n in tr.graph.nodes if _mutates_first_arg(n)}
+    for src, tv, real in dynamic:
+        if tv.node not in mutated:
+            continue
+        others = [(s, r) for s, t, r in dynamic if t is not tv]
+        if not others:
+            continue
+        ptr = real.untyped_storage().data_ptr()
+        if any(r.untyped_storage().data_ptr() == ptr for _, r in others):
+            raise tr.unsupported(f"{src.name()} is mutated and shares memory with another input")
+        tr.guard("NO_ALIAS", src, [s for s, _ in others])
+
+
 def _graph_module(tr, outputs: list[TensorV]):
+    guard_mutated_aliases(tr)
     g = tr.graph
     used = []
     for src, tv, real in tr.inputs:

@@ -18,7 +18,8 @@ from .sources import Source
 
 # kind → rank: cheap checks first
 RANKS = {"GLOBAL_STATE": 0, "ID": 1, "TYPE": 2, "NONE": 2, "EQ": 3, "LEN": 3, "KEYS": 4,
-         "ALIAS": 5, "TENSOR": 6, "NO_HOOKS": 7}
+         "ALIAS": 5, "TENSOR": 6, "NO_ALIAS": 7,
+         "NO_HOOKS": 7}
 
 
 @dataclasses.dataclass
@@ -59,6 +60,9 @@ class Guard:
                     f"{e}.requires_grad is {rg} and {dev}")
         if k == "GLOBAL_STATE":
             return f"{bind(global_state)}() == {bind(self.expected)}"
+        if k == "NO_ALIAS":
+            ptrs = ", ".join(f"{o.expr()}.untyped_storage().data_ptr()" for o in self.expected)
+            return f"{e}.untyped_storage().data_ptr() not in ({ptrs},)"
         if k == "NO_HOOKS":
             return (f"not ({e}._forward_hooks or {e}._forward_pre_hooks or {e}._backward_hooks "
                     f"or {e}._backward_pre_hooks)")
@@ -79,6 +83,8 @@ class Guard:
             exp = getattr(exp, "__qualname__", exp)
         elif self.kind == "ID":
             exp = f"id {id(exp):#x} ({type(exp).__name__})"
+        elif self.kind == "NO_ALIAS":
+            exp = "shares no memory with " + ", ".join(o.name() for o in exp)
         elif self.kind == "GLOBAL_STATE":
             exp = dict(zip(("grad_enabled", "inference_mode", "default_dtype", "autocast"), exp))
         return f"{self.kind}: {name} {exp}"

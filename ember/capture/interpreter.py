@@ -22,7 +22,7 @@ import torch.fx as fx
 from ..errors import Unsupported
 from .bytecode import decode
 from .guards import Guard, global_state
-from .sources import (ClosureSource, ConstSource, DictEntrySource, GlobalSource, ItemSource,
+from .sources import (AttrSource, ClosureSource, ConstSource, DictEntrySource, GlobalSource, ItemSource,
                       Source)
 from .values import (NULL, CellV, DictV, ListV, ObjV, TensorV, TupleV, V, is_literal)
 
@@ -218,6 +218,11 @@ class Tracer:
         if is_literal(value):
             self.guard("EQ" if t not in (torch.dtype, torch.device) else "EQ", source, value)
             return ObjV(value, source)
+        if t is list or t is dict:
+            hit = self.by_real_id.get(id(value))
+            if hit is not None:           # one container reached through two sources
+                self.guard("ALIAS", source, hit.source)
+                return hit
         if t is list or t is tuple or (isinstance(value, tuple) and hasattr(t, "_fields")) \
                 or t is torch.Size:
             self.guard("TYPE", source, t)
@@ -225,18 +230,26 @@ class Tracer:
             items = [self.wrap(x, ItemSource(source, i) if source else None)
                      for i, x in enumerate(value)]
             if t is list:
-                return ListV(items, source)
+                return self._remember(value, ListV(items, source))
             return TupleV(items, source, cls=t)
         if t is dict or (isinstance(value, dict) and t.__module__ == "collections"):
             self.guard("TYPE", source, t)
             self.guard("KEYS", source, list(value.keys()))
             if not all(is_literal(k) for k in value):
                 raise self.unsupported("dict with non-constant keys")
-            return DictV({k: self.wrap(x, ItemSource(source, k) if source else None)
-                          for k, x in value.items()}, source, cls=t)
+            d = DictV({k: self.wrap(x, ItemSource(source, k) if source else None)
+                       for k, x in value.items()}, source, cls=t)
+            return self._remember(value, d) if t is dict else d
         if isinstance(value, torch.nn.Module):
             self.guard("TYPE", source, t)
             return ObjV(value, source)
+        if t is types.MethodType and source is not None and \
+                isinstance(value.__func__, types.FunctionType):
+            # a bound method is a new object per attribute read: guard what it binds
+            from .values import MethodV
+            self.guard("TYPE", source, t)
+            return MethodV(self.wrap(value.__func__, AttrSource(source, "__func__")),
+                           self.wrap(value.__self__, AttrSource(source, "__self__")), source)
         if isinstance(value, (types.FunctionType, types.BuiltinFunctionType, type,
                               types.ModuleType, types.MethodType)) or callable(value) and \
                 t.__module__.startswith("torch"):
@@ -251,6 +264,12 @@ class Tracer:
             return ObjV(value, source)
         self.guard("TYPE", source, t)
         return ObjV(value, source)
+
+    def _remember(self, value, v):
+        if v.source is not None:
+            self.by_real_id[id(value)] = v
+            self.keepalive.append(value)
+        return v
 
     def wrap_tensor(self, value: torch.Tensor, source: Source | None) -> TensorV:
         hit = self.by_real_id.get(id(value))
@@ -338,18 +357,19 @@ class Tracer:
     def call_graph(self, target, args: list, kwargs: dict) -> V:
         """Record `target(*args, **kwargs)` in the graph; run it on meta for the result."""
         device = _result_device(args, kwargs)
+        if self.autocast and getattr(target, "__name__", None) in AUTOCAST_LOWER:
+            # autocast as explicit casts in the graph: backends trace on meta tensors, which
+            # have no autocast dispatch key, so the graph must not rely on it
+            dtype = self.autocast.get(device.type)
+            if dtype is not None:
+                args = [self._autocast_arg(a, dtype) for a in args]
+                kwargs = {k: self._autocast_arg(x, dtype) for k, x in kwargs.items()}
         margs = [self.to_meta(a) for a in args]
         mkw = {k: self.to_meta(x) for k, x in kwargs.items()}
         if "device" in mkw and mkw["device"] is not None:
             mkw["device"] = torch.device("meta")
         if target in _TO_METHODS:
             margs = [("meta" if isinstance(a, str) and _is_device_str(a) else a) for a in margs]
-        if self.autocast and getattr(target, "__name__", None) in AUTOCAST_LOWER:
-            # meta tensors have no autocast dispatch key: apply the lower-precision cast here
-            dtype = self.autocast.get(device.type)
-            if dtype is not None:
-                margs = [_cast_meta(a, dtype) for a in margs]
-                mkw = {k: _cast_meta(x, dtype) for k, x in mkw.items()}
         try:
             if _has_tensor(margs) or _has_tensor(mkw):
                 out = target(*margs, **mkw)
@@ -371,6 +391,16 @@ class Tracer:
             raise self.unsupported(f"{_fname(target)} raised {type(e).__name__} at trace time: {e}",
                                    hint="the same call fails eagerly")
         return self._result(target, args, kwargs, out, margs, mkw, device)
+
+    def _autocast_arg(self, v, dtype):
+        if isinstance(v, TensorV) and v.meta.is_floating_point() and v.meta.dtype != dtype:
+            node = self.graph.call_function(torch.Tensor.to, (v.node, dtype))
+            node.meta["example_value"] = meta = v.meta.to(dtype)
+            return TensorV(node, meta, v.device)
+        if isinstance(v, (ListV, TupleV)):
+            items = [self._autocast_arg(i, dtype) for i in v.items]
+            return ListV(items) if isinstance(v, ListV) else TupleV(items)
+        return v
 
     def _result(self, target, args, kwargs, out, margs, mkw, device):
         if not _has_tensor(out) and not (out is None and target in _SIDE_EFFECT_FNS):
@@ -572,12 +602,6 @@ AUTOCAST_LOWER = {"conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transp
                   "conv_tbc", "addmv", "addr", "mv", "einsum"}
 
 
-def _cast_meta(x, dtype):
-    if isinstance(x, torch.Tensor) and x.is_floating_point() and x.dtype != dtype:
-        return x.to(dtype)
-    if isinstance(x, (list, tuple)):
-        return type(x)(_cast_meta(i, dtype) for i in x)
-    return x
 _SIDE_EFFECT_FNS = {operator.setitem, torch.Tensor.__setitem__}
 
 

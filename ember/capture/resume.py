@@ -188,3 +188,43 @@ def resume_function(fn: types.FunctionType, offset: int, layout: tuple,
                     unbound: tuple) -> types.FunctionType:
     code = resume_code(fn.__code__, offset, layout, unbound)
     return types.FunctionType(code, fn.__globals__, code.co_name, None, fn.__closure__)
+
+
+def _line_entries(units: int) -> bytes:
+    """Line-table entries giving `units` code units the code's first line (no columns)."""
+    out = b""
+    while units:
+        n = min(units, 8)
+        out += bytes((0x80 | (13 << 3) | (n - 1), 0))
+        units -= n
+    return out
+
+
+def call_trampoline(code: types.CodeType, start: int, end: int, nulls: tuple,
+                    lineno: int) -> types.FunctionType:
+    """A function that runs the one call instruction code.co_code[start:end] (with its
+    KW_NAMES/PRECALL prefix) on its arguments (the call's stack slots; `nulls` marks NULL ones)
+    and returns the result. It carries the user's file, line and function name, so a warning
+    or log record the call emits names the same place as in eager."""
+    key = (code, start, nulls, "call")
+    hit = _CODE_CACHE.get(key)
+    if hit is None:
+        pro = b""
+        k = 0
+        for is_null in nulls:
+            if is_null:
+                pro += _emit(_OP["PUSH_NULL"])
+            else:
+                pro += _emit(_OP["LOAD_FAST"], k)
+                k += 1
+        pro = _emit(_OP["RESUME"], 0) + pro
+        call = code.co_code[start:end]
+        ret = _emit(_OP["RETURN_VALUE"])
+        names = tuple(f"{STACK_PREFIX}{i}" for i in range(k))
+        hit = _CODE_CACHE[key] = code.replace(
+            co_code=pro + call + ret, co_argcount=k, co_posonlyargcount=0, co_kwonlyargcount=0,
+            co_nlocals=k, co_varnames=names, co_cellvars=(), co_freevars=(), co_flags=0x3,
+            co_firstlineno=lineno, co_exceptiontable=b"", co_stacksize=len(nulls) + 1,
+            co_linetable=_no_location(len(pro) // 2) + _line_entries(len(call) // 2) +
+            _no_location(len(ret) // 2))
+    return types.FunctionType(hit, {"__builtins__": __builtins__}, code.co_name)

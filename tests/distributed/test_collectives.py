@@ -1,5 +1,5 @@
-"""A collective called inside user code is never put into a graph: capture reports it as
-unsupported, the frame runs eagerly with one warning, and the result is eager's."""
+"""A collective called inside user code is never put into a graph: capture breaks the graph
+there, runs the collective eagerly on real tensors and resumes; the result is eager's."""
 from __future__ import annotations
 
 import warnings
@@ -35,9 +35,12 @@ def _all_reduce(rank, world):
         got2 = m(x)
     torch.testing.assert_close(got, expected)
     torch.testing.assert_close(got2, expected)
-    msgs = [str(w.message) for w in caught]
-    assert len(msgs) == 1 and "collective torch.distributed all_reduce" in msgs[0], msgs
+    assert not [str(w.message) for w in caught]
+    counts = ember.stats()["counts"]
+    assert counts["graph_breaks"] == 1 and counts.get("fallbacks", 0) == 0, counts
+    e = ember.explain(AllReduceInForward.forward, m, x)
+    assert "collective torch.distributed all_reduce" in e.breaks[0].reason, e
 
 
-def test_all_reduce_in_forward_runs_eagerly():
+def test_all_reduce_in_forward_breaks_the_graph():
     run_ranks(_all_reduce)

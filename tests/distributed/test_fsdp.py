@@ -45,7 +45,7 @@ def _cnn_fsdp(rank, world, backend):
     torch.manual_seed(0)
     _run(SmallCNN(), lambda m: [m.c1, m.c2, m.c3, m.fc1], cnn_loss, cnn_batch, rank, backend,
          dict(atol=1e-5, rtol=1e-4))
-    _fallback_unit(rank, backend)
+    _data_dependent_unit(rank, backend)
 
 
 class DataDependent(torch.nn.Module):
@@ -60,7 +60,7 @@ class DataDependent(torch.nn.Module):
         return y * float(y.abs().max().item() > 0)
 
 
-def _fallback_unit(rank, backend):
+def _data_dependent_unit(rank, backend):
     torch.manual_seed(0)
     base = torch.nn.Sequential(DataDependent(), torch.nn.ReLU(), torch.nn.Linear(8, 2))
     units = lambda m: [m[0], m[2]]  # noqa: E731
@@ -73,7 +73,8 @@ def _fallback_unit(rank, backend):
         warnings.simplefilter("always")
         train(model, loss, batch, rank)
     eager = [str(w.message) for w in caught if "runs eagerly" in str(w.message)]
-    assert len(eager) == 1 and "DataDependent.forward" in eager[0], eager
+    assert not eager, eager            # .item() breaks the graph of that unit; nothing falls back
+    assert ember.stats()["counts"]["graph_breaks"] >= 1, ember.stats()
     assert_same_params(ref, model)
 
 

@@ -648,3 +648,29 @@ def test_disable_inside_is_unsupported_and_allow_in_graph_is_one_node():
         return opaque(x) * 2
     ember.reset()
     check(g, x3, ops=[2])
+
+
+def test_mutated_input_sharing_memory_with_another_input_is_never_wrong():
+    def f(a, b):
+        a.add_(1)
+        return b * 2
+    cf = ember.compile(f, backend="aot_eager")
+    a, b = torch.zeros(4), torch.ones(4)
+    torch.testing.assert_close(cf(a, b), torch.full((4,), 2.0))     # apart: compiled
+    assert capture.stats()["graphs"] == 1
+    base = torch.zeros(4)
+    with pytest.warns(UserWarning, match="shares memory with another input"):
+        got = cf(base, base.view(2, 2))                              # aliased: guard fails
+    torch.testing.assert_close(got, torch.full((2, 2), 2.0))
+    torch.testing.assert_close(base, torch.ones(4))
+
+
+def test_one_list_reached_through_two_arguments_stays_one_list():
+    def f(lst, d):
+        lst.append(lst[0] + 1)
+        return len(d["l"]), d["l"][-1] * 2
+    x = torch.ones(2)
+    lst = [x]
+    n, y = ember.compile(f, backend="eager")(lst, {"l": lst})
+    assert n == 2 and len(lst) == 2
+    torch.testing.assert_close(y, x * 4)

@@ -1,0 +1,176 @@
+"""Tiny transformers models whose forward logs and warns the way HF code does (logger.warning_once,
+logger.info, warnings.warn, a loss `.item()` for the log line): compiled without fullgraph they
+break, and outputs, printed/logged text and every gradient must match eager."""
+from __future__ import annotations
+
+import copy
+import logging
+import warnings
+
+import pytest
+import torch
+
+import ember
+
+transformers = pytest.importorskip("transformers")
+hf_logging = transformers.utils.logging
+logger = hf_logging.get_logger("tests.hf_breaks")
+
+
+class ChattyBert(transformers.BertForMaskedLM):
+    def forward(self, input_ids, labels=None):
+        logger.warning_once("ChattyBert: computing the masked-LM loss")
+        out = super().forward(input_ids=input_ids, labels=labels)
+        logger.info("loss %.4f", out.loss.item())
+        if input_ids.shape[1] > 8:
+            warnings.warn("long sequence", FutureWarning)
+        return out
+
+
+class ChattyGPT2(torch.nn.Module):
+    """An HF model inside a user module that prints between the model and the loss."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.lm = transformers.GPT2LMHeadModel(cfg)
+
+    def forward(self, input_ids):
+        logits = self.lm(input_ids=input_ids).logits
+        print("logits", tuple(logits.shape))
+        shift = logits[:, :-1].reshape(-1, logits.shape[-1])
+        return torch.nn.functional.cross_entropy(shift, input_ids[:, 1:].reshape(-1))
+
+
+def _ids():
+    g = torch.Generator().manual_seed(0)
+    return torch.randint(0, 100, (2, 12), generator=g)
+
+
+def _bert():
+    cfg = transformers.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2,
+                                  num_attention_heads=2, intermediate_size=64,
+                                  max_position_embeddings=32, hidden_dropout_prob=0.0,
+                                  attention_probs_dropout_prob=0.0)
+    return ChattyBert(cfg)
+
+
+def _gpt2():
+    cfg = transformers.GPT2Config(vocab_size=100, n_embd=32, n_layer=2, n_head=2, n_positions=32,
+                                  resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                                  bos_token_id=0, eos_token_id=0)
+    return ChattyGPT2(cfg)
+
+
+class Records(logging.Handler):
+    def __init__(self):
+        super().__init__()
+        self.messages = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
+@pytest.fixture
+def hf_log():
+    h = Records()
+    lg = logging.getLogger("tests.hf_breaks")
+    old = lg.level
+    lg.addHandler(h)
+    lg.setLevel(logging.INFO)
+    hf_logging.get_logger("tests.hf_breaks").warning_once.cache_clear()
+    yield h
+    lg.removeHandler(h)
+    lg.setLevel(old)
+
+
+def _grads_match(m, ref):
+    for (name, p), q in zip(m.named_parameters(), ref.parameters()):
+        if q.grad is None:
+            assert p.grad is None, name
+            continue
+        assert p.grad is not None, name
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-3, atol=1e-5, msg=name)
+
+
+def test_bert_with_hf_logging_breaks_and_trains(hf_log):
+    torch.manual_seed(0)
+    model = _bert()
+    ref = copy.deepcopy(model)
+    ember.compile(model, backend="aot_eager")
+    ids = _ids()
+    for step in range(2):
+        n0 = len(hf_log.messages)
+        with pytest.warns(FutureWarning, match="long sequence"):
+            exp = ref(ids, labels=ids)
+        n1 = len(hf_log.messages)
+        with pytest.warns(FutureWarning, match="long sequence"):
+            got = model(ids, labels=ids)
+        loss_line = f"loss {exp.loss.item():.4f}"
+        assert hf_log.messages[n0:n1][-1:] == [loss_line], hf_log.messages
+        assert hf_log.messages[n1:] == [loss_line], hf_log.messages
+        assert type(got) is type(exp)
+        torch.testing.assert_close(got.logits, exp.logits, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(got.loss, exp.loss, rtol=1e-4, atol=1e-5)
+        got.loss.backward()
+        exp.loss.backward()
+        _grads_match(model, ref)
+        model.zero_grad()
+        ref.zero_grad()
+    # warning_once logs once in the whole process, eager and compiled together
+    assert hf_log.messages.count("ChattyBert: computing the masked-LM loss") == 1, hf_log.messages
+    assert sum(m.startswith("loss ") for m in hf_log.messages) == 4, hf_log.messages
+    assert ember.stats()["counts"].get("fallbacks", 0) == 0, ember.stats()
+    assert ember.stats()["counts"].get("recompiles", 0) == 0, ember.stats()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        e = ember.explain(_bert(), ids, labels=ids)
+    assert e.break_count == len(e.breaks) >= 2, str(e)
+    assert any("item" in b.reason for b in e.breaks), str(e)
+    assert e.graph_count >= 1 and max(e.ops_per_graph) > 50, e.ops_per_graph
+
+
+def test_gpt2_inside_user_module_that_prints(capsys):
+    torch.manual_seed(0)
+    model = _gpt2()
+    ref = copy.deepcopy(model)
+    ember.compile(model, backend="aot_eager")
+    ids = _ids()
+    for _ in range(2):
+        capsys.readouterr()
+        exp = ref(ids)
+        out_eager = capsys.readouterr().out
+        got = model(ids)
+        assert capsys.readouterr().out == out_eager == "logits (2, 12, 100)\n"
+        torch.testing.assert_close(got, exp, rtol=1e-4, atol=1e-5)
+        got.backward()
+        exp.backward()
+        _grads_match(model, ref)
+        model.zero_grad()
+        ref.zero_grad()
+    assert ember.stats()["counts"].get("fallbacks", 0) == 0, ember.stats()
+    assert ember.stats()["counts"].get("recompiles", 0) == 0, ember.stats()
+    e = ember.explain(_gpt2(), ids)
+    assert (e.graph_count, e.break_count) == (2, 1), str(e)
+
+
+def test_plain_bert_mlm_with_labels_compiles_its_body():
+    """BertForMaskedLM builds CrossEntropyLoss() in forward (a break) under the can_return_tuple
+    wrapper: the break is at the wrapper's `func(self, *args, **kwargs)`, and the forward it calls
+    must then be compiled as its own root (the encoder is one big graph), not run eagerly."""
+    torch.manual_seed(0)
+    model = transformers.BertForMaskedLM(_bert().config)
+    ref = copy.deepcopy(model)
+    ids = _ids()
+    ember.compile(model, backend="aot_eager")
+    for _ in range(2):
+        got, exp = model(input_ids=ids, labels=ids), ref(input_ids=ids, labels=ids)
+        torch.testing.assert_close(got.loss, exp.loss, rtol=1e-4, atol=1e-5)
+        got.loss.backward()
+        exp.loss.backward()
+        _grads_match(model, ref)
+        model.zero_grad()
+        ref.zero_grad()
+    assert ember.stats()["counts"].get("recompiles", 0) == 0, ember.stats()
+    e = ember.explain(transformers.BertForMaskedLM(_bert().config), input_ids=ids, labels=ids)
+    assert e.break_count >= 1 and e.graph_count >= 1, str(e)[:2000]
+    assert max(e.ops_per_graph) > 50, e.ops_per_graph
