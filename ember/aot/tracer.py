@@ -310,7 +310,9 @@ class Tracer(TorchDispatchMode):
         out-of-place view and rebind `t` to it. `t` stays the autograd-visible tensor, so it is
         registered as a value of its own (not a view of a hidden pre-squeeze alias, which would
         carry no autograd history and make the output non-differentiable)."""
-        t, rest = args[0], tuple(args[1:])
+        t = args[0]
+        rest = tuple(tree_map(self._meta_arg, tuple(args[1:])))
+        kwargs = tree_map(self._meta_arg, kwargs)
         st = self._storage[_skey(t)]
         if st.input_index is not None or id(t) in self._view or st.base is not t:
             raise Unsupported(f"ember.aot: in-place metadata change {func} of a graph input or "
@@ -318,7 +320,8 @@ class Tracer(TorchDispatchMode):
         view_func = _out_of_place_view(func)
         old_node = self.node_of(t)
         func(t, *rest, **kwargs)  # meta: changes t's sizes/strides in place
-        node = self.emit(view_func, (old_node,) + rest, kwargs, t)
+        node = self.emit(view_func, (old_node,) + tree_map(self._node_arg, rest),
+                         tree_map(self._node_arg, kwargs), t)
         self._node[id(t)] = (t, node, st.gen)
         return t
 

@@ -119,3 +119,10 @@ def test_tensor_literal_on_the_input_device(grad):
     mask = torch.rand(3, 4) > 0.5
     _check(lambda a, m: (torch.where(m, a, torch.tensor(0.5, device=a.device, dtype=a.dtype)).sum(1),
                          torch.masked._ops.sum(a, 1, mask=m)), x, mask, opaque=True)
+
+
+def test_inplace_view_op_with_tensor_argument():
+    # OpInfo resize_as_: an in-place metadata op whose other argument is a tensor put the meta
+    # tensor itself into the graph (NameError: float32 at run time) instead of its node
+    x, template = torch.randn(5, 25), torch.randn(5, 5, 5)
+    _check(lambda a, b: (torch.resize_as_(a.clone().exp(), b) * 2,), x, template, opaque=True)
