@@ -186,16 +186,41 @@ class View(TensorValue):
 
 
 class Reindex(TensorValue):
-    """`base` seen through an index map: loader(index) = base.loader()(reindex(index))."""
+    """`base` seen through an index map: loader(index) = base.loader()(reindex(index)).
 
-    def __init__(self, base: TensorValue, size, reindex: Callable, dtype=None):
+    `view_fn`, when set, is the same map as a view op on a strided tensor (reshape, permute):
+    once `base` is stored, the value can be a View of that storage instead of a copy."""
+
+    def __init__(self, base: TensorValue, size, reindex: Callable, dtype=None, view_fn=None):
         self.base, self.size, self.reindex = base, tuple(size), reindex
         self.dtype = dtype or base.dtype
+        self.view_fn = view_fn
+        self.realized: Optional["View"] = None
 
     def loader(self):
         inner = self.base.loader()
         reindex = self.reindex
         return lambda index: inner(reindex(index))
+
+
+_META_BASE = None
+
+
+def meta_strided(size, stride, offset=0):
+    """A meta tensor with this layout (views applied to it give the layout of the result)."""
+    global _META_BASE
+    if _META_BASE is None:
+        _META_BASE = torch.empty(2 ** 62, dtype=torch.int8, device="meta")
+    return _META_BASE.as_strided(size, stride, offset)
+
+
+def view_chain(value: Reindex):
+    """(base, view ops innermost first) when `value` is only reshapes/permutes of `base`."""
+    fns = []
+    while isinstance(value, Reindex) and value.view_fn is not None:
+        fns.append(value.view_fn)
+        value = value.base
+    return value, fns[::-1]
 
 
 def dense_view(buffer: Buffer) -> View:

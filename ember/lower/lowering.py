@@ -23,7 +23,8 @@ from ..codegen.common import compute_dtype, contiguous_strides, count_body, ops
 from ..errors import InternalError
 from ..logging import get_logger
 from .ir import (Buffer, ComputedBuffer, ExternBuffer, InputBuffer, MultiOutput, Pending,
-                 Pointwise, Reindex, TensorArg, TensorValue, View, dense_view)
+                 Pointwise, Reindex, TensorArg, TensorValue, View, dense_view, meta_strided,
+                 view_chain)
 
 aten = torch.ops.aten
 perf_log = get_logger("perf")
@@ -75,9 +76,33 @@ class GraphLowering:
                 value.realized = dense_view(buf)
             return value.realized
         if isinstance(value, Reindex):
-            body = Pointwise(value.size, value.dtype, value.loader())
-            return dense_view(self.add_computed(body, stride=stride))
+            if value.realized is None:
+                value.realized = self._realize_as_view(value, stride)
+            if value.realized is None:
+                body = Pointwise(value.size, value.dtype, value.loader())
+                value.realized = dense_view(self.add_computed(body, stride=stride))
+            return value.realized
         raise InternalError(f"cannot realize {type(value).__name__}")
+
+    def _realize_as_view(self, value: Reindex, stride) -> View | None:
+        """Reshapes/permutes of a pending value: store the value once in its own dense layout
+        and view that storage, instead of a copy per view (and one more per user)."""
+        base, fns = view_chain(value)
+        if not fns or not isinstance(base, (Pending, View)):
+            return None
+        layout = base if isinstance(base, View) else base.realized
+        size, st, off = ((layout.size, layout.stride, layout.offset) if layout is not None
+                         else (base.size, contiguous_strides(base.size), 0))
+        t = meta_strided(size, st, off)
+        try:
+            for fn in fns:
+                t = fn(t)
+        except RuntimeError:
+            return None     # not expressible as a view of that layout: copy
+        if stride is not None and tuple(t.stride()) != tuple(stride):
+            return None
+        buf = self.realize(base)
+        return View(buf.buffer, tuple(t.shape), tuple(t.stride()), t.storage_offset())
 
     def to_arg(self, value) -> TensorArg:
         return self.realize(value).arg()

@@ -12,7 +12,7 @@ import sympy
 import torch
 
 from ..codegen.common import FloorDiv, ModularIndexing, compute_dtype, contiguous_strides, numel, ops
-from .ir import Pending, Pointwise, Reindex, TensorValue, View
+from .ir import Pending, Pointwise, Reindex, TensorValue, View, meta_strided
 from .rules import RULES, broadcast_loader, out_meta, rule
 
 aten = torch.ops.aten
@@ -20,16 +20,9 @@ prims = torch.ops.prims
 
 # --- views -----------------------------------------------------------------------------------
 
-_META_BASE = None
-
-
 def _meta_view(x: View, fn):
     """Apply a view op to a meta tensor with x's layout; the resulting (size, stride, offset)."""
-    global _META_BASE
-    if _META_BASE is None:
-        _META_BASE = torch.empty(2 ** 62, dtype=torch.int8, device="meta")
-    t = _META_BASE.as_strided(x.size, x.stride, x.offset)
-    r = fn(t)
+    r = fn(meta_strided(x.size, x.stride, x.offset))
     return View(x.buffer, tuple(r.shape), tuple(r.stride()), r.storage_offset())
 
 
@@ -45,7 +38,7 @@ def view_impl(x, size):
             return _meta_view(x, lambda t: t.view(size))
         except RuntimeError:
             pass
-    return Reindex(x, size, _reshape_index(tuple(x.size), size))
+    return Reindex(x, size, _reshape_index(tuple(x.size), size), view_fn=lambda t: t.view(size))
 
 
 def _reshape_index(old, new):
@@ -109,7 +102,7 @@ def permute(ctx, node, x, dims):
         for k, d in enumerate(dims):
             out[d] = index[k]
         return out
-    return Reindex(x, tuple(x.size[d] for d in dims), reindex)
+    return Reindex(x, tuple(x.size[d] for d in dims), reindex, view_fn=lambda t: t.permute(dims))
 
 
 @rule(aten.t.default)

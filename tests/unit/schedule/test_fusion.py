@@ -71,3 +71,21 @@ def test_softmax_keeps_exp_row_in_scratch_not_memory():
     fn = compile_aten_graph(gm, [x])
     assert fn.ember_wrapper.count("empty_strided") == 1   # only the output is allocated
     torch.testing.assert_close(fn(x)[0], torch.softmax(x, -1))
+
+
+def test_reshape_of_pointwise_is_a_view_not_a_copy():
+    # relu(x) reshaped for a matmul and also returned: the pointwise result is stored once and
+    # the reshape is a view of it (was: one kernel for relu, one copy per reshape user)
+    x, w = torch.randn(4, 8, 32), torch.randn(32, 16)
+
+    def f(t, m):
+        h = torch.relu(t * 2)
+        flat = h.reshape(32, 32)
+        return flat @ m, flat, h.permute(2, 0, 1)
+    check(f, x, w, kernels=1)
+
+
+def test_non_viewable_reshape_still_copies_correctly():
+    # permute then reshape is not a view of the dense result: a copy kernel, values as eager
+    x, w = torch.randn(4, 8, 32), torch.randn(32, 16)
+    check(lambda t, m: (torch.relu(t).permute(1, 0, 2).reshape(32, 32) @ m,), x, w, max_kernels=2)
