@@ -27,6 +27,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatc
 from torch.utils._pytree import tree_flatten, tree_map
 
 from ..errors import InternalError, Unsupported
+from ..fallback import stage
 from .functionalize import IDENTITY_VIEWS, SCATTER, SCATTER_MULTI, functional_variant, mutated_args
 
 aten = torch.ops.aten
@@ -236,7 +237,7 @@ class Tracer(TorchDispatchMode):
             # a decomposition that calls its own op (a fallback case) records that op as is
             self._decomposing.add(func)
             try:
-                with self:
+                with self, stage("decomp"):
                     out = decomp(*args, **kwargs)
             finally:
                 self._decomposing.discard(func)

@@ -17,8 +17,7 @@ import threading
 from typing import Any, Callable
 
 from .. import config, counters, debug, progress
-from ..errors import BackendCompilerFailed
-from ..logging import get_logger, warn_once
+from ..fallback import fall_back
 
 _BUILTIN: dict[str, str] = {
     "eager": "ember.backends.eager:eager",
@@ -92,7 +91,6 @@ def accepts_options(fn: Callable) -> bool:
 
 
 def _with_fallback(name: str, fn: Callable) -> Callable:
-    log = get_logger("fallbacks")
     takes_options = accepts_options(fn)
 
     @functools.wraps(fn)
@@ -108,12 +106,7 @@ def _with_fallback(name: str, fn: Callable) -> Callable:
         except Exception as exc:  # noqa: BLE001 - the fallback policy is exactly this
             if config.strict():
                 raise
-            counters.bump("fallbacks")
-            err = BackendCompilerFailed(name, getattr(exc, "ember_stage", "compile"), exc)
-            warn_once(f"backend-fallback:{name}:{err}",
-                      f"{err}; running this graph eagerly (EMBER_STRICT=1 raises, "
-                      f"EMBER_LOGS=fallbacks shows the trace)")
-            log.info("fallback in backend %s", name, exc_info=True)
+            fall_back(name, exc)
             return gm.forward
 
     compile_graph.ember_backend_name = name

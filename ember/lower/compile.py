@@ -16,6 +16,7 @@ import time
 import torch
 
 from .. import config
+from ..fallback import fall_back, stage
 from ..codegen.cpp import generate_tu
 from ..codegen.wrapper import WrapperCodegen
 from ..logging import get_logger
@@ -63,35 +64,39 @@ def compile_aten_graph(gm, example_inputs, *, options=None):
         future = build_async(entry["source"]) if entry["source"] else None
         perf_log.info("graph %d: graph cache hit (%d kernels), fallbacks %s", stats["graph"],
                       stats["kernels"], stats["fallbacks"])
-        return _Compiled(entry["wrapper"], globs, future, entry["sigs"], stats).entry()
-    g = GraphLowering(gm, example_inputs).run()
-    deps = {n.name: node_deps(n) for n in g.nodes}
-    out_names = {o.buffer.name for o in g.outputs if isinstance(o, TensorArg)}
-    nodes = _dce(g.nodes, deps, out_names)
-    buffers = {b.name: b for b in g.inputs if b.size is not None}
-    for n in nodes:
-        buffers[n.name] = n
-        for o in getattr(n, "outputs", []):
-            buffers[o.name] = o
-    steps = fuse(nodes, deps, enable=options.get("fusion", True))
-    mark_locals(steps, deps, keep=out_names)
-    plan = plan_memory(steps, deps, out_names)
+        return _Compiled(entry["wrapper"], globs, future, entry["sigs"], stats, gm).entry()
+    with stage("lower"):
+        g = GraphLowering(gm, example_inputs).run()
+    with stage("schedule"):
+        deps = {n.name: node_deps(n) for n in g.nodes}
+        out_names = {o.buffer.name for o in g.outputs if isinstance(o, TensorArg)}
+        nodes = _dce(g.nodes, deps, out_names)
+        buffers = {b.name: b for b in g.inputs if b.size is not None}
+        for n in nodes:
+            buffers[n.name] = n
+            for o in getattr(n, "outputs", []):
+                buffers[o.name] = o
+        steps = fuse(nodes, deps, enable=options.get("fusion", True))
+        mark_locals(steps, deps, keep=out_names)
+        plan = plan_memory(steps, deps, out_names)
     kernels = [s for s in steps if isinstance(s, Kernel)]
     if use_triton:
-        run = compile_steps(g, steps, plan, deps, buffers, options, kernels=kernels,
-                            step_reads=lambda s: step_reads(s, deps), step_writes=step_writes,
-                            inplace_ok=lambda s, a, b: can_write_in_place(s, deps, a, b),
-                            stats={"kernels": len(kernels), "nodes": len(nodes),
-                                   "externs": sum(isinstance(s, ExternStep) for s in steps),
-                                   "fallbacks": list(g.fallbacks)})
+        with stage("codegen"):
+            run = compile_steps(g, steps, plan, deps, buffers, options, kernels=kernels,
+                                step_reads=lambda s: step_reads(s, deps), step_writes=step_writes,
+                                inplace_ok=lambda s, a, b: can_write_in_place(s, deps, a, b),
+                                stats={"kernels": len(kernels), "nodes": len(nodes),
+                                       "externs": sum(isinstance(s, ExternStep) for s in steps),
+                                       "fallbacks": list(g.fallbacks)})
         with _lock:
             STATS.append(run.ember_stats)
         return run
-    source, sigs = generate_tu(kernels, deps, buffers)
-    wrapper = WrapperCodegen(g.inputs, steps, plan, sigs, buffers, g.outputs,
-                             lambda s: step_reads(s, deps), step_writes,
-                             inplace_ok=lambda s, src, dst: can_write_in_place(s, deps, src, dst))
-    wsrc = wrapper.generate()
+    with stage("codegen"):
+        source, sigs = generate_tu(kernels, deps, buffers)
+        wrapper = WrapperCodegen(g.inputs, steps, plan, sigs, buffers, g.outputs,
+                                 lambda s: step_reads(s, deps), step_writes,
+                                 inplace_ok=lambda s, src, dst: can_write_in_place(s, deps, src, dst))
+        wsrc = wrapper.generate()
     gid = next(_ids)
     stats = {"graph": gid, "kernels": len(kernels),
              "externs": sum(isinstance(s, ExternStep) for s in steps),
@@ -105,25 +110,40 @@ def compile_aten_graph(gm, example_inputs, *, options=None):
     future = build_async(source) if kernels else None
     perf_log.info("graph %d: %d kernels, %d externs, fallbacks %s, lowered in %.3fs", gid,
                   stats["kernels"], stats["externs"], g.fallbacks, time.perf_counter() - t0)
-    return _Compiled(wsrc, wrapper.globals, future, sigs, stats).entry()
+    return _Compiled(wsrc, wrapper.globals, future, sigs, stats, gm).entry()
 
 
 class _Compiled:
-    def __init__(self, wsrc, globs, future, sigs, stats):
+    """The wrapper, made callable at the first call: that waits for the kernels' build. A
+    build that fails (g++ error, no compiler) makes this graph run its aten graph eagerly."""
+
+    def __init__(self, wsrc, globs, future, sigs, stats, gm):
         self.wsrc, self.globs, self.future, self.sigs, self.stats = wsrc, globs, future, sigs, stats
+        self.gm = gm
         self.call = self._first_call
         self.lock = threading.Lock()
 
     def _first_call(self, args):
         with self.lock:
             if self.call == self._first_call:
-                globs = dict(self.globs)
-                if self.future is not None:
-                    fns = load(self.future.result(), self.sigs)
-                    globs.update(fns)
-                exec(compile(self.wsrc, f"<ember wrapper {self.stats['graph']}>", "exec"), globs)
-                self.call = globs["call"]
+                try:
+                    with stage("build"):
+                        self.call = self._load()
+                except Exception as exc:  # noqa: BLE001 - the fallback policy
+                    fall_back("ember", exc)
+                    self.call = self._eager
         return self.call(args)
+
+    def _load(self):
+        globs = dict(self.globs)
+        if self.future is not None:
+            globs.update(load(self.future.result(), self.sigs))
+        exec(compile(self.wsrc, f"<ember wrapper {self.stats['graph']}>", "exec"), globs)
+        return globs["call"]
+
+    def _eager(self, args):
+        out = self.gm(*args)
+        return tuple(out) if isinstance(out, (list, tuple)) else (out,)
 
     def entry(self):
         compiled = self
