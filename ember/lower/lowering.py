@@ -70,6 +70,7 @@ class GraphLowering:
         """A strided View of a buffer holding `value` (storing it if needed)."""
         if isinstance(value, View):
             return value
+        stride = stride or getattr(value, "preferred_stride", None)
         if isinstance(value, Pending):
             if value.realized is None:
                 buf = self.add_computed(value.node, stride=stride)
@@ -161,6 +162,7 @@ class GraphLowering:
         from . import rules_data  # noqa: F401 - registers view/indexing/extern rules
         from .rules import RULES
         placeholders = 0
+        out_strides = self._output_strides()
         for node in self.gm.graph.nodes:
             self.current_node = node
             if node.op == "placeholder":
@@ -196,6 +198,8 @@ class GraphLowering:
                     if value is NotImplemented or rule is None:
                         value = self.fallback(node, args, kwargs)
                 self.env[node] = value
+                if node in out_strides and isinstance(value, (Pending, Reindex)):
+                    value.preferred_stride = out_strides[node]   # store it once, in that layout
                 self.maybe_realize(node, value)
             elif node.op == "output":
                 outs = torch.fx.node.map_arg(node.args[0], self.env.__getitem__)
@@ -207,6 +211,19 @@ class GraphLowering:
                 raise InternalError(f"unexpected node {node.op} {node.target}")
         return self
 
+    def _output_strides(self) -> dict:
+        """Output nodes whose meta layout is a dense permutation → that stride."""
+        out = {}
+        for node in self.gm.graph.nodes:
+            if node.op != "output":
+                continue
+            outs = node.args[0] if isinstance(node.args[0], (list, tuple)) else (node.args[0],)
+            for o in outs:
+                meta = meta_of(o) if isinstance(o, torch.fx.Node) else None
+                if isinstance(meta, torch.Tensor) and _dense_permutation(meta):
+                    out[o] = tuple(meta.stride())
+        return out
+
     def _output(self, value, meta):
         if not isinstance(value, TensorValue):
             return value
@@ -215,7 +232,13 @@ class GraphLowering:
         stride = None
         if isinstance(meta, torch.Tensor) and _dense_permutation(meta):
             stride = tuple(meta.stride())
-        return self.realize(value, stride=stride).arg()
+        out = self.realize(value, stride=stride)
+        if stride is not None and out.stride != stride:
+            # realized earlier (for a user inside the graph) in another layout: the next graph
+            # (a backward taking this as a saved activation) was traced with the meta layout
+            body = Pointwise(out.size, out.dtype, out.loader())
+            out = dense_view(self.add_computed(body, stride=stride))
+        return out.arg()
 
 
 def _dense_permutation(t: torch.Tensor) -> bool:

@@ -24,7 +24,7 @@ from . import cache
 
 CXX = os.environ.get("CXX", "g++")
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17",
-         "-fno-math-errno", "-fno-trapping-math", "-w"]
+         "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=off", "-w"]
 _pool = ThreadPoolExecutor(max_workers=max(2, min(8, os.cpu_count() or 2)),
                            thread_name_prefix="ember-build")
 
