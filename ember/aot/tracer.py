@@ -23,7 +23,8 @@ from typing import Any, Callable
 import torch
 import torch.fx as fx
 from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
+from torch.utils._python_dispatch import (TorchDispatchMode, _disable_current_modes,
+                                          _get_current_dispatch_mode)
 from torch.utils._pytree import tree_flatten, tree_map
 
 from ..errors import InternalError, Unsupported
@@ -552,11 +553,44 @@ class LiftTensorLiterals(TorchFunctionMode):
                 and not any(isinstance(a, torch.Tensor) for a in tree_flatten(args)[0]):
             # the real tensor itself: every op that uses it lifts it as a graph constant
             return func(*args, **{**kwargs, "device": self.tracer.device})
+        if func is torch._C._nn.scaled_dot_product_attention and self.tracer.device.type == "cpu":
+            out = _cpu_fused_sdpa(*args, **kwargs)
+            if out is not None:
+                return out
         if func is torch.Tensor.__getitem__ or func is torch.Tensor.__setitem__:
             # `x[[1, 2]]`: indexing turns the list into an index tensor on x's device the same
             # way; make it a real tensor first
             args = (args[0], _index_literals(args[1])) + tuple(args[2:])
         return func(*args, **kwargs)
+
+
+def _cpu_fused_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                    enable_gqa=False):
+    """Eager runs CPU attention as one fused (flash) kernel when its checks pass; on meta tensors
+    sdpa always takes the math path (bmm, softmax, bmm: slower, other rounding). Ask eager's own
+    question with empty CPU tensors of the same layout, and call the fused kernel when eager would
+    (its backward is the fused backward, an extern too). None: let sdpa decompose."""
+    from torch.nn.attention import SDPBackend
+    if dropout_p != 0.0 or enable_gqa:
+        return None
+
+    def real(t):
+        if not isinstance(t, torch.Tensor):
+            return t
+        r = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cpu")
+        return r.requires_grad_(t.requires_grad) if t.dtype.is_floating_point else r
+    with _disable_current_modes():      # real CPU tensors, not traced ones
+        choice = torch._fused_sdp_choice(real(query), real(key), real(value), real(attn_mask),
+                                         dropout_p, is_causal, scale=scale)
+    if choice != int(SDPBackend.FLASH_ATTENTION):
+        return None
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
+        # as eager's sdpa does before the fused kernel: True keeps, False is -inf
+        attn_mask = torch.zeros(attn_mask.shape, dtype=query.dtype, device=attn_mask.device) \
+            .masked_fill(attn_mask.logical_not(), float("-inf"))
+    out, _ = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)
+    return out
 
 
 def _int_list(v) -> bool:
