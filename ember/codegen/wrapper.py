@@ -141,10 +141,12 @@ class WrapperCodegen:
             self._fix_layout(node)
 
     def _fix_layout(self, buf):
-        """Externs return whatever layout aten picks; kernels index by the meta layout."""
+        """Externs return whatever layout aten picks; kernels index by the meta layout. (An
+        output the meta kernel gives as a tensor may be None at run time: the attention weights
+        of _native_multi_head_attention with need_weights=False.)"""
         if buf.size is None:
             return
         n = buf.name
         self.code.writeline(
-            f"if {n}.stride() != {py_repr(tuple(buf.stride))}: {n} = empty_strided("
+            f"if {n} is not None and {n}.stride() != {py_repr(tuple(buf.stride))}: {n} = empty_strided("
             f"{py_repr(tuple(buf.size))}, {py_repr(tuple(buf.stride))}, dtype={n}.dtype).copy_({n})")

@@ -111,3 +111,18 @@ def test_resnet18_training():
         torch.testing.assert_close(p, q, atol=2e-3, rtol=2e-3, msg=n)
     for b1, b2 in zip(m.buffers(), m2.buffers()):
         torch.testing.assert_close(b1.float(), b2.float(), atol=1e-3, rtol=1e-3)
+
+
+def test_mha_fast_path_without_weights():
+    # eval nn.MultiheadAttention with need_weights=False runs _native_multi_head_attention, whose
+    # meta kernel gives a tensor for the weights but which returns None at run time (torchvision
+    # ViT fell back to aot_eager: 'NoneType' object has no attribute 'stride')
+    torch.manual_seed(0)
+    mha = torch.nn.MultiheadAttention(32, 4, batch_first=True).eval()
+    x = torch.randn(2, 5, 32)
+
+    def f(t):
+        return mha(t, t, t, need_weights=False)[0].relu()
+    compiled = ember.compile(f, backend="ember", fullgraph=True)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), f(x), rtol=1e-5, atol=1e-5)
