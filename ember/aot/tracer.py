@@ -540,7 +540,9 @@ _TENSOR_LITERALS = (torch.tensor, torch.as_tensor, torch.scalar_tensor)
 class LiftTensorLiterals(TorchFunctionMode):
     """`torch.tensor(v, device=x.device)` inside traced code: the constructor runs with Python
     dispatch excluded, so on meta inputs it would make a meta tensor whose value the tracer never
-    sees. Build the literal on the graph's real device instead; ops lift it as a constant."""
+    sees. Build the literal on the graph's real device instead; ops lift it as a constant.
+    Also picks eager's fused CPU attention kernel for sdpa (`_cpu_fused_sdpa`): composite ops
+    decompose above the dispatch mode, so this torch-function level is where to choose."""
 
     def __init__(self, tracer: Tracer):
         super().__init__()
