@@ -15,10 +15,12 @@ class Unsupported(EmberError):
     """A construct ember cannot compile. Carries the reason and, when known, the user location.
 
     Raised while tracing a frame's own bytecode, capture also sets `break_at` (instruction
-    index, visit number) and `break_location`: where a graph break can resume."""
+    index, visit number) and `break_location`: where a graph break can resume; `no_break` says
+    why a break could not be made there (the frame then runs eagerly)."""
 
     break_at: tuple | None = None
     break_location: str | None = None
+    no_break: str | None = None     # why no resumable graph break could be made there
 
     def __init__(self, reason: str, *, location: str | None = None, source_line: str | None = None,
                  hint: str | None = None):

@@ -136,6 +136,7 @@ def compile_break(runner, locals_, err: Unsupported):
             return None
         plan = _plan(tr, runner, frame, idx, ins, kind)
     except Unsupported as e:       # the stack cannot be rebuilt: the frame runs eagerly
+        err.no_break = e.reason
         if enabled("graph_breaks"):
             get_logger("graph_breaks").info("no resumable break at %s: %s", err.location, e)
         return None

@@ -412,8 +412,8 @@ def _super(tr, args, kwargs):
 
 @builtin(print)
 def _print(tr, args, kwargs):
-    raise tr.unsupported("print() inside the compiled region", hint="graph breaks are not "
-                         "implemented yet; remove the print or compile a smaller function")
+    raise tr.unsupported("print() inside the compiled region", hint="it runs eagerly at a graph "
+                         "break, between two graphs; fullgraph=True refuses it")
 
 
 @builtin(id)

@@ -227,8 +227,9 @@ class Runner:
             if entry is not None:
                 return entry
             STATS["fallbacks"] += 1
+            why = f"\n(no graph break here: {e.no_break})" if getattr(e, "no_break", None) else ""
             warn_once(f"unsupported:{id(self.code)}:{e.reason}",
-                      f"{_where(self.code)} runs eagerly: {e}")
+                      f"{_where(self.code)} runs eagerly: {e}{why}")
             return build_entry(tr, None, self.argnames, eager=True, reason=str(e))
         except Exception as e:  # noqa: BLE001 - internal errors fall back unless strict
             if config.strict():
@@ -265,8 +266,7 @@ class Runner:
         except TracedRaise as e:
             tr.frames.append(frame)
             raise tr.unsupported(f"the traced code raises {type(e.exc).__name__}: {e.exc}",
-                                 hint="it raises eagerly too; graph breaks are not "
-                                      "implemented yet") from None
+                                 hint="it raises eagerly too") from None
 
 
 def _call_with_locals(fn, code, locals_):

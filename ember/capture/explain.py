@@ -31,9 +31,15 @@ class Explanation:
     def break_count(self) -> int:
         return len(self.breaks)
 
+    @property
+    def fallbacks(self) -> int:
+        """Frames that ran eagerly (unsupported with no break point, or an internal error)."""
+        return len(self.unsupported)
+
     def __str__(self) -> str:
         lines = [f"graphs: {len(self.graphs)}  ops: {self.ops_per_graph}  "
-                 f"recompiles: {self.recompiles}  breaks: {len(self.breaks)}"]
+                 f"recompiles: {self.recompiles}  breaks: {len(self.breaks)}  "
+                 f"fallbacks: {self.fallbacks}"]
         for i, b in enumerate(self.breaks):
             lines.append(f"break {i}: {b}")
         for r in self.unsupported:

@@ -56,12 +56,30 @@ def test_explain_reports_graphs_ops_guards():
         return (x * n).relu()
     e = capture.explain(f, x3, 2)
     assert len(e.graphs) == 1 and e.ops_per_graph == [2] and e.breaks == [] and e.recompiles == 0
+    assert e.fallbacks == 0
     text = str(e)
     assert "graphs: 1" in text and "TENSOR: L['x']" in text and "EQ: L['n'] 2" in text
     node = next(n for n in e.graphs[0].graph.nodes if n.op == "call_function")
     assert node.meta["example_value"].device.type == "meta"
     # ember.explain is the same
     assert len(ember.explain(f, x3, 2).graphs) == 1
+
+
+def test_explain_counts_frames_that_ran_eagerly(monkeypatch):
+    monkeypatch.setenv("EMBER_STRICT", "0")
+
+    def f(x):
+        y = x * 2
+
+        def g():            # a closure over y: no resumable break at the print (v1)
+            return y + 1
+        print("mid")
+        return g()
+    ember.reset()
+    with pytest.warns(UserWarning, match="(?s)runs eagerly.*print.*no graph break here"):
+        e = ember.explain(f, x3)
+    assert e.fallbacks == 1 and e.graphs == [] and "fallbacks: 1" in str(e)
+    torch.testing.assert_close(e.result, x3 * 2 + 1)
 
 
 def test_graph_is_clean_fx_with_tensor_placeholders():
