@@ -3,7 +3,7 @@ empty and size-1 dims; each fused chain is one kernel."""
 import pytest
 import torch
 
-from .helpers import check
+from .helpers import check, compile_fn
 
 DTYPES = [torch.float32, torch.float64, torch.bfloat16]
 
@@ -86,3 +86,16 @@ def test_scalar_and_0d():
 def test_float16_roundtrip():
     x = torch.randn(64, 16).half()
     check(lambda t: torch.relu(t) * 2 + 1, x)
+
+
+@pytest.mark.parametrize("exponent", [3, -2, -0.5, 2, 0.5, 2.5])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_pow_scalar_special_cases_match_eager_bits(exponent, dtype):
+    # eager's pow(tensor, scalar) computes x*x*x, 1/(x*x), rsqrt... itself; ours must round the
+    # same way (and vectorize: std::pow kept GPT-2's gelu loop scalar)
+    x = torch.rand(257, dtype=dtype) * 4 + 0.1
+    run, _ = compile_fn(lambda t: t.pow(exponent) * 1.5, x)
+    # 0.5 (our sqrt is exact where eager's vector pow is 1 ulp) and 2.5 (libm pow) match closely
+    exact = exponent in (3, -2, -0.5, 2)
+    tol = dict(rtol=0, atol=0) if exact else {}
+    torch.testing.assert_close(run(x)[0], x.pow(exponent) * 1.5, **tol)
