@@ -22,8 +22,8 @@ import torch.fx as fx
 from ..errors import Unsupported
 from .bytecode import decode
 from .guards import Guard, global_state
-from .sources import (AttrSource, ClosureSource, ConstSource, DictEntrySource, GlobalSource, ItemSource,
-                      Source)
+from .sources import (AttrSource, ClosureSource, ConstSource, DictEntrySource, GlobalSource,
+                      ItemSource, Source)
 from .values import (NULL, CellV, DictV, ListV, ObjV, TensorV, TupleV, V, is_literal)
 
 MAX_INLINE_DEPTH = 64

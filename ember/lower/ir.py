@@ -151,6 +151,7 @@ class TensorArg:
 class TensorValue:
     size: tuple
     dtype: torch.dtype
+    preferred_stride: Optional[tuple] = None   # a graph output's layout: realize it that way
 
     def loader(self) -> Callable:
         raise NotImplementedError

@@ -70,7 +70,7 @@ class GraphLowering:
         """A strided View of a buffer holding `value` (storing it if needed)."""
         if isinstance(value, View):
             return value
-        stride = stride or getattr(value, "preferred_stride", None)
+        stride = stride or value.preferred_stride
         if isinstance(value, Pending):
             if value.realized is None:
                 buf = self.add_computed(value.node, stride=stride)
@@ -214,14 +214,12 @@ class GraphLowering:
     def _output_strides(self) -> dict:
         """Output nodes whose meta layout is a dense permutation → that stride."""
         out = {}
-        for node in self.gm.graph.nodes:
-            if node.op != "output":
-                continue
+        for node in self.gm.graph.find_nodes(op="output"):
             outs = node.args[0] if isinstance(node.args[0], (list, tuple)) else (node.args[0],)
             for o in outs:
-                meta = meta_of(o) if isinstance(o, torch.fx.Node) else None
-                if isinstance(meta, torch.Tensor) and _dense_permutation(meta):
-                    out[o] = tuple(meta.stride())
+                stride = _output_stride(meta_of(o)) if isinstance(o, torch.fx.Node) else None
+                if stride is not None:
+                    out[o] = stride
         return out
 
     def _output(self, value, meta):
@@ -229,9 +227,7 @@ class GraphLowering:
             return value
         if isinstance(value, View):
             return value.arg()
-        stride = None
-        if isinstance(meta, torch.Tensor) and _dense_permutation(meta):
-            stride = tuple(meta.stride())
+        stride = _output_stride(meta)
         out = self.realize(value, stride=stride)
         if stride is not None and out.stride != stride:
             # realized earlier (for a user inside the graph) in another layout: the next graph
@@ -239,6 +235,13 @@ class GraphLowering:
             body = Pointwise(out.size, out.dtype, out.loader())
             out = dense_view(self.add_computed(body, stride=stride))
         return out.arg()
+
+
+def _output_stride(meta):
+    """The layout an output is stored in: its meta stride when that is a dense permutation."""
+    if isinstance(meta, torch.Tensor) and _dense_permutation(meta):
+        return tuple(meta.stride())
+    return None
 
 
 def _dense_permutation(t: torch.Tensor) -> bool:

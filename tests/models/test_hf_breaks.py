@@ -83,13 +83,18 @@ def hf_log():
     lg.setLevel(old)
 
 
-def _grads_match(m, ref):
+def _backward_and_compare(got_loss, exp_loss, m, ref):
+    """Backward through both losses; every parameter's grad matches eager; grads zeroed."""
+    got_loss.backward()
+    exp_loss.backward()
     for (name, p), q in zip(m.named_parameters(), ref.parameters()):
         if q.grad is None:
             assert p.grad is None, name
             continue
         assert p.grad is not None, name
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-3, atol=1e-5, msg=name)
+    m.zero_grad()
+    ref.zero_grad()
 
 
 def test_bert_with_hf_logging_breaks_and_trains(hf_log):
@@ -111,11 +116,7 @@ def test_bert_with_hf_logging_breaks_and_trains(hf_log):
         assert type(got) is type(exp)
         torch.testing.assert_close(got.logits, exp.logits, rtol=1e-4, atol=1e-5)
         torch.testing.assert_close(got.loss, exp.loss, rtol=1e-4, atol=1e-5)
-        got.loss.backward()
-        exp.loss.backward()
-        _grads_match(model, ref)
-        model.zero_grad()
-        ref.zero_grad()
+        _backward_and_compare(got.loss, exp.loss, model, ref)
     # warning_once logs once in the whole process, eager and compiled together
     assert hf_log.messages.count("ChattyBert: computing the masked-LM loss") == 1, hf_log.messages
     assert sum(m.startswith("loss ") for m in hf_log.messages) == 4, hf_log.messages
@@ -142,11 +143,7 @@ def test_gpt2_inside_user_module_that_prints(capsys):
         got = model(ids)
         assert capsys.readouterr().out == out_eager == "logits (2, 12, 100)\n"
         torch.testing.assert_close(got, exp, rtol=1e-4, atol=1e-5)
-        got.backward()
-        exp.backward()
-        _grads_match(model, ref)
-        model.zero_grad()
-        ref.zero_grad()
+        _backward_and_compare(got, exp, model, ref)
     assert ember.stats()["counts"].get("fallbacks", 0) == 0, ember.stats()
     assert ember.stats()["counts"].get("recompiles", 0) == 0, ember.stats()
     e = ember.explain(_gpt2(), ids)
@@ -165,11 +162,7 @@ def test_plain_bert_mlm_with_labels_compiles_its_body():
     for _ in range(2):
         got, exp = model(input_ids=ids, labels=ids), ref(input_ids=ids, labels=ids)
         torch.testing.assert_close(got.loss, exp.loss, rtol=1e-4, atol=1e-5)
-        got.loss.backward()
-        exp.loss.backward()
-        _grads_match(model, ref)
-        model.zero_grad()
-        ref.zero_grad()
+        _backward_and_compare(got.loss, exp.loss, model, ref)
     assert ember.stats()["counts"].get("recompiles", 0) == 0, ember.stats()
     e = ember.explain(transformers.BertForMaskedLM(_bert().config), input_ids=ids, labels=ids)
     assert e.break_count >= 1 and e.graph_count >= 1, str(e)[:2000]

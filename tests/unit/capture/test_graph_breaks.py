@@ -83,6 +83,23 @@ def compare(capsys, fn, *args, calls=2, backend=BACKEND, compiled=None, **kwargs
     return cf
 
 
+def compare_module(capsys, make, x, calls=2):
+    """Build a module (seed 0), compile it in place and compare `calls` calls with an eager
+    deep copy: results and stdout. Returns (compiled module, eager copy)."""
+    torch.manual_seed(0)
+    m = make()
+    ref = copy.deepcopy(m)
+    ember.compile(m, backend=BACKEND)
+    for _ in range(calls):
+        capsys.readouterr()
+        exp = ref(x)
+        out_eager = capsys.readouterr().out
+        got = m(x)
+        assert capsys.readouterr().out == out_eager
+        torch.testing.assert_close(got, exp)
+    return m, ref
+
+
 def counts(fn, *args, graphs, breaks, **kwargs):
     """`ember.explain` on copies of the arguments: graphs with ops and breaks as expected, and
     its `.result` equal to eager (functions only: a compiled module has no eager twin here)."""
@@ -715,17 +732,7 @@ class Helper(nn.Module):
 
 
 def test_break_in_method_called_on_self(capsys):
-    torch.manual_seed(0)
-    m = Helper()
-    ref = copy.deepcopy(m)
-    ember.compile(m, backend=BACKEND)
-    for _ in range(2):
-        capsys.readouterr()
-        exp = ref(X)
-        out_eager = capsys.readouterr().out
-        got = m(X)
-        assert capsys.readouterr().out == out_eager
-        torch.testing.assert_close(got, exp)
+    m, _ = compare_module(capsys, Helper, X)
     no_recompiles_no_fallbacks()
     counts(m, X, graphs=3, breaks=2)
 
@@ -975,18 +982,8 @@ class Stack(nn.Module):
 
 
 def test_break_in_submodule_inside_modulelist_loop(capsys):
-    torch.manual_seed(0)
-    m = Stack()
-    ref = copy.deepcopy(m)
-    ember.compile(m, backend=BACKEND)
     x = torch.randn(3, 4)
-    for _ in range(2):
-        capsys.readouterr()
-        exp = ref(x)
-        out_eager = capsys.readouterr().out
-        got = m(x)
-        assert capsys.readouterr().out == out_eager
-        torch.testing.assert_close(got, exp)
+    m, ref = compare_module(capsys, Stack, x)
     assert stat("fallbacks") == 0, ember.stats()
     e = counts(m, x, graphs=1, breaks=1)          # self.norm(x); the loop over layers is eager
     torch.testing.assert_close(e.result, ref(x))
@@ -1128,17 +1125,7 @@ class QuietChild(LoudBase):
 
 
 def test_break_inside_super_forward(capsys):
-    torch.manual_seed(0)
-    m = QuietChild()
-    ref = copy.deepcopy(m)
-    ember.compile(m, backend=BACKEND)
-    for _ in range(2):
-        capsys.readouterr()
-        exp = ref(X)
-        out_eager = capsys.readouterr().out
-        got = m(X)
-        assert capsys.readouterr().out == out_eager
-        torch.testing.assert_close(got, exp)
+    m, _ = compare_module(capsys, QuietChild, X)
     no_recompiles_no_fallbacks()
     counts(m, X, graphs=4, breaks=2)
 
