@@ -11,7 +11,8 @@ import warnings
 
 from . import config
 
-AREAS = ("graph", "guards", "recompiles", "graph_breaks", "aot", "output_code", "perf", "fallbacks")
+AREAS = ("graph", "guards", "recompiles", "graph_breaks", "aot", "output_code", "perf", "fallbacks",
+         "dynamic")
 
 _configured: set[str] = set()
 _lock = threading.Lock()

@@ -51,7 +51,7 @@ def aot_compile(gm, example_inputs, *, fw_compiler, bw_compiler=None, decomposit
                 partitioner="min_cut"):
     """See docs/design/001-stage-contracts.md (backends → aot)."""
     start = time.perf_counter()
-    specs = specs_of(example_inputs)
+    specs = specs_of(example_inputs, gm if isinstance(gm, fx.GraphModule) else None)
     device = graph_device(example_inputs)
     joint = torch.is_grad_enabled() and any(
         isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs)

@@ -24,6 +24,7 @@ import networkx as nx
 import torch
 import torch.fx as fx
 
+from .. import shapes
 from ..errors import InternalError
 from ..logging import get_logger
 
@@ -56,7 +57,7 @@ def recomputable(node: fx.Node) -> bool:
     if node.op != "call_function":
         return False
     target = node.target
-    if target is operator.getitem:
+    if target is operator.getitem or is_size_node(node):
         return True
     if not isinstance(target, torch._ops.OpOverload):
         return False
@@ -65,10 +66,17 @@ def recomputable(node: fx.Node) -> bool:
     return torch.Tag.pointwise in target.tags or target.is_view or target in CHEAP
 
 
+def is_size_node(node: fx.Node) -> bool:
+    """Size arithmetic (dynamic shapes): aten.sym_size and operator.* on SymInts. Recomputed
+    where needed, never saved."""
+    return node.op == "call_function" and isinstance(node.meta.get("val"), (torch.SymInt,
+                                                                           torch.SymFloat))
+
+
 def nbytes(node: fx.Node) -> int:
     val = node.meta.get("val")
     if isinstance(val, torch.Tensor):
-        return val.numel() * val.element_size()
+        return shapes.hint_int(val.numel()) * val.element_size()
     return 1 << 40          # tuples and numbers cannot be saved as tensors
 
 

@@ -18,6 +18,7 @@ import torch
 import torch.fx as fx
 from torch.utils._pytree import tree_unflatten
 
+from .. import shapes
 from .joint import Traced
 from .partition import Partition
 
@@ -71,6 +72,13 @@ class InferenceRuntime:
 
 
 def _coerce_tangent(g: torch.Tensor, spec) -> torch.Tensor:
+    if any(isinstance(s, torch.SymInt) for s in spec.stride):
+        # dynamic sizes: the backward was compiled for strides dense in the traced dim order
+        order = sorted(range(g.dim()), key=lambda d: shapes.hint_int(spec.stride[d]), reverse=True)
+        want = torch.empty_permuted(g.shape, order, dtype=g.dtype, device=g.device)
+        if g.stride() == want.stride() or g.numel() <= 1:
+            return g
+        return want.copy_(g)
     if tuple(g.stride()) == spec.stride or g.numel() <= 1:
         return g
     out = torch.empty_strided(spec.shape, spec.stride, dtype=g.dtype, device=g.device)
@@ -107,7 +115,10 @@ class TrainingRuntime:
                 outs = rt.fw(*full)
                 fw_outs, acts = list(outs[:n_fw]), list(outs[n_fw:])
                 saved_in = [full[i].clone() if i in mutated else full[i] for i in part.saved_inputs]
-                ctx.save_for_backward(*saved_in, *acts)
+                saved = saved_in + acts
+                # sizes (dynamic shapes) travel beside the tensors
+                ctx.ember_ints = [(i, x) for i, x in enumerate(saved) if not isinstance(x, torch.Tensor)]
+                ctx.save_for_backward(*[x for x in saved if isinstance(x, torch.Tensor)])
                 ctx.mark_non_differentiable(*[o for j, o in enumerate(fw_outs)
                                               if j not in tangent_set and isinstance(o, torch.Tensor)])
                 return tuple(fw_outs)
@@ -118,7 +129,9 @@ class TrainingRuntime:
                     raise RuntimeError(
                         "ember: double backward (create_graph=True, or differentiating a gradient) "
                         "through an ember-compiled graph is not supported; run this part eagerly")
-                saved = ctx.saved_tensors
+                saved = list(ctx.saved_tensors)
+                for i, x in ctx.ember_ints:
+                    saved.insert(i, x)
                 tangents = [_coerce_tangent(grad_outs[j], spec)
                             for j, spec in zip(t.tangent_outs, t.tangent_specs)]
                 grads = rt.backward_fn()(*saved, *tangents)

@@ -16,10 +16,12 @@ a decomposition runs under this mode, so its body is traced like user code.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import operator
 from typing import Any, Callable
 
+import sympy
 import torch
 import torch.fx as fx
 from torch.overrides import TorchFunctionMode
@@ -27,6 +29,7 @@ from torch.utils._python_dispatch import (TorchDispatchMode, _disable_current_mo
                                           _get_current_dispatch_mode)
 from torch.utils._pytree import tree_flatten, tree_map
 
+from .. import shapes
 from ..errors import InternalError, Unsupported
 from ..fallback import stage
 from .functionalize import IDENTITY_VIEWS, SCATTER, SCATTER_MULTI, functional_variant, mutated_args
@@ -111,6 +114,11 @@ class Tracer(TorchDispatchMode):
         self._const_ids: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._decomposing: set = set()
         self._rng0 = torch.default_generator.get_state()
+        # dynamic shapes: where each size symbol's value comes from (an int input, or a dim of
+        # a tensor input), and the nodes computing size expressions
+        self._symbols: dict = {}
+        self._symbol_dims: dict = {}
+        self._size_nodes: dict = {}
 
     # ---- inputs -------------------------------------------------------------------------
     def add_input(self, name: str, spec: TensorSpec | Any) -> Any:
@@ -119,7 +127,12 @@ class Tracer(TorchDispatchMode):
         if not isinstance(spec, TensorSpec):
             node.meta["val"] = spec
             self.inputs.append(spec)
+            if isinstance(spec, torch.SymInt) and isinstance(shapes.expr_of(spec), sympy.Symbol):
+                self._symbols[shapes.expr_of(spec)] = node
             return spec
+        for d, n in enumerate(spec.shape):
+            if isinstance(n, torch.SymInt) and isinstance(shapes.expr_of(n), sympy.Symbol):
+                self._symbol_dims.setdefault(shapes.expr_of(n), (node, d))
         t = torch.empty_strided(spec.shape, spec.stride, dtype=spec.dtype, device=META)
         if spec.requires_grad:
             t.requires_grad_(True)
@@ -191,9 +204,29 @@ class Tracer(TorchDispatchMode):
     def _node_arg(self, x):
         if isinstance(x, torch.Tensor):
             return self.node_of(x)
+        if isinstance(x, (torch.SymInt, torch.SymFloat)):
+            return self.size_node(x)
         if isinstance(x, torch.device):
             return self.device if x.type == "meta" else x
         return x
+
+    def size_node(self, x) -> fx.Node | int | float:
+        """A node computing SymInt/SymFloat `x` from the inputs (aten.sym_size of an input dim)."""
+        env = x.node.env
+        first = _first_op(self.graph)       # sizes first: ops later in the graph may use them
+        with self.graph.inserting_before(first) if first is not None else contextlib.nullcontext():
+            return shapes.to_fx(self.graph, shapes.expr_of(x), self._symbol_node,
+                                self._size_nodes, env)
+
+    def _symbol_node(self, sym) -> fx.Node:
+        node = self._symbols.get(sym)
+        if node is None:
+            src = self._symbol_dims.get(sym)
+            if src is None:
+                raise InternalError(f"ember.aot tracer: size symbol {sym} is no input's size")
+            node = self.graph.call_function(aten.sym_size.int, src)
+            self._symbols[sym] = node
+        return node
 
     # ---- emitting ----------------------------------------------------------------------
     def emit(self, op, args, kwargs, out) -> fx.Node | list:
@@ -506,10 +539,26 @@ def remove_identity_views(graph: fx.Graph) -> None:
             graph.erase_node(node)
 
 
-def specs_of(example_inputs) -> list:
+def specs_of(example_inputs, gm: fx.GraphModule | None = None) -> list:
+    """Input specs; a placeholder traced with symbolic sizes (capture's dynamic shapes: its
+    example_value has SymInt sizes, or is a SymInt) gives the symbolic spec."""
+    symbolic = [None] * len(example_inputs)
+    if gm is not None:
+        phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        if len(phs) == len(example_inputs):
+            for i, n in enumerate(phs):
+                v = n.meta.get("example_value", n.meta.get("val"))
+                if isinstance(v, torch.SymInt) or (isinstance(v, torch.Tensor) and
+                                                   shapes.is_symbolic(v)):
+                    symbolic[i] = v
     out = []
-    for x in example_inputs:
-        if isinstance(x, torch.Tensor):
+    for x, sym in zip(example_inputs, symbolic):
+        if isinstance(sym, torch.SymInt):
+            out.append(sym)
+        elif sym is not None:
+            out.append(TensorSpec(tuple(sym.shape), tuple(sym.stride()), x.dtype, x.device,
+                                  bool(x.requires_grad)))
+        elif isinstance(x, torch.Tensor):
             out.append(TensorSpec.of(x))
         elif isinstance(x, (int, float, bool)) or x is None:
             out.append(x)
@@ -517,6 +566,12 @@ def specs_of(example_inputs) -> list:
             raise Unsupported(f"ember.aot: graph input of type {type(x).__name__} (symbolic sizes are "
                               "not supported; compile with dynamic=False)")
     return out
+
+
+def _first_op(graph: fx.Graph):
+    """The first node that is neither an input nor size arithmetic (where new sizes go)."""
+    return next((n for n in graph.nodes if n.op != "placeholder" and not isinstance(
+        n.meta.get("val"), (torch.SymInt, torch.SymFloat))), None)
 
 
 def graph_device(example_inputs) -> torch.device:

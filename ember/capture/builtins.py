@@ -15,7 +15,7 @@ import types
 import torch
 
 from .values import (BuiltinMethodV, ContextV, DictV, FuncV, IterV, ListV, MethodV, NewObjV,
-                     ObjV, SuperV, TensorV, TupleV, V, is_literal)
+                     ObjV, SYM_TYPES, SuperV, TensorV, TupleV, V, is_literal)
 
 BUILTINS: dict = {}
 
@@ -116,8 +116,9 @@ def truth(tr, v: V) -> bool:
     if isinstance(v, ObjV):
         x = v.value
         t = type(x)
-        if is_literal(x) or t in (list, dict, set, range, types.FunctionType, type) or x is None:
-            return bool(x)
+        if is_literal(x) or t in (list, dict, set, range, types.FunctionType, type) or x is None \
+                or isinstance(x, SYM_TYPES):
+            return bool(x)          # a SymBool: guarded by the shape env
         b = getattr(t, "__bool__", None) or getattr(t, "__len__", None)
         if b is None:
             return True

@@ -79,6 +79,11 @@ class _Rebuild:
             x = v.value
             if x is None or type(x) in (bool, int, str) or type(x) is float and math.isfinite(x):
                 return repr(x)
+            if isinstance(x, torch.SymInt):
+                return self.tr.size_expr(x)
+            if isinstance(x, (tuple, list, torch.Size)) and any(isinstance(i, torch.SymInt) for i in x):
+                return self.expr(TupleV([ObjV(i) for i in x], cls=type(x))
+                                 if not isinstance(x, list) else ListV([ObjV(i) for i in x]))
             if v.source is not None:
                 return v.source.expr()
             return self.bind(x)
@@ -221,5 +226,6 @@ def _graph_module(tr, outputs: list[TensorV]):
 
 def _device(tr):
     for _, tv, _ in tr.inputs:
-        return tv.device
+        if isinstance(tv, TensorV):
+            return tv.device
     return torch.get_default_device()

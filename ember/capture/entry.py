@@ -68,6 +68,7 @@ class FrameCache:
         self.entries: list[Entry] = []
         self.n_compiled = 0
         self.limit_hit = False
+        self.dynamic_dims: dict[str, set] = {}     # automatic dynamic: source expr → dims
         # Held while a miss compiles, so threads racing on a cold frame compile it once.
         # Re-entrant: compiling may call back into the same frame (recursion, nested compile).
         self.lock = threading.RLock()
@@ -194,9 +195,10 @@ class Runner:
             return self.run_eager(locals_)
         if cache.entries:
             STATS["recompiles"] += 1
+            changed = _mark_dynamic_dims(cache, self.fn, locals_, settings)
             if enabled("recompiles"):
-                get_logger("recompiles").info("recompiling %s: guard failed: %s",
-                                              _where(cache.code), failed)
+                get_logger("recompiles").info("recompiling %s: guard failed: %s%s",
+                                              _where(cache.code), failed, changed)
         entry = self.compile(locals_)
         cache.entries.insert(0, entry)
         cache.n_compiled += 1
@@ -210,6 +212,7 @@ class Runner:
 
     def compile(self, locals_) -> Entry:
         tr = Tracer(self.settings)
+        tr.dynamic_dims = self.cache.dynamic_dims
         try:
             try:
                 ret = self._trace(tr, locals_)
@@ -285,6 +288,37 @@ def _call_with_locals(fn, code, locals_):
     return fn(*args, **kwargs)
 
 
+def _mark_dynamic_dims(cache: FrameCache, fn, locals_, settings) -> str:
+    """Automatic dynamic (dynamic=None): an input tensor whose only change against an entry's
+    guard is the size of some dims gets those dims symbolic in the next compile. Returns the
+    recompile reason's tail ('; L['x'] dim 1: 7 → 16, now dynamic')."""
+    if settings.dynamic is not None:
+        return ""
+    ns = dict(cache.entries[0].run.__globals__)
+    ns["__fn"] = fn
+    for i, v in enumerate(locals_):
+        ns[f"L{i}"] = v
+    notes = []
+    for e in cache.entries:
+        for g in e.guards:
+            if g.kind != "TENSOR" or g.structural:
+                continue
+            try:
+                t = eval(g.source.expr(), ns)
+            except Exception:  # noqa: BLE001
+                continue
+            cls, dtype, _, shape, _, rg = g.expected
+            if not isinstance(t, torch.Tensor) or t.dtype != dtype or t.dim() != len(shape):
+                continue
+            dims = cache.dynamic_dims.setdefault(g.source.expr(), set())
+            for d, n in enumerate(shape):
+                if n is not None and n != t.shape[d] and n >= 2 and t.shape[d] >= 2 \
+                        and d not in dims:
+                    dims.add(d)
+                    notes.append(f"{g.source.name()} dim {d}: {n} → {t.shape[d]}, now dynamic")
+    return "".join(f"; {n}" for n in dict.fromkeys(notes))
+
+
 def _where(code) -> str:
     return f"{code.co_filename}:{code.co_firstlineno} ({code.co_qualname})"
 
@@ -328,7 +362,11 @@ def build_entry(tr: Tracer, plan, argnames, eager=False, reason=None, settings=N
     from .sources import instance_dict
     ns.update({"__MISS": MISS, "__EAGER": EAGER, "__EP": EPOCH, "__odict": instance_dict})
     binder = _Binder(ns)
-    guards = sorted(tr.guards, key=lambda g: RANKS[g.kind])
+    if not eager and plan.gm is not None and plan.n_ops:
+        # the backend first: its tracing adds the shape guards it assumed (dynamic shapes)
+        ns["__compiled"] = settings.backend(plan.gm, plan.example_inputs)
+        STATS["graphs"] += 1
+    guards = sorted(tr.guards + tr.shape_guards(), key=lambda g: RANKS[g.kind])
     fast = [g for g in guards if not g.structural]
     struct = [g for g in guards if g.structural]
     args = ", ".join(f"L{i}" for i in range(len(argnames)))
@@ -354,9 +392,6 @@ def build_entry(tr: Tracer, plan, argnames, eager=False, reason=None, settings=N
         call_args = (["*__st[1]"] if structural_inputs else []) + \
             [s.expr() for s in plan.dynamic_inputs]
         if plan.gm is not None and plan.n_ops:
-            compiled = settings.backend(plan.gm, plan.example_inputs)
-            ns["__compiled"] = compiled
-            STATS["graphs"] += 1
             lines.append(f"    __o = __compiled({', '.join(call_args)})")
         else:
             lines.append("    __o = ()")

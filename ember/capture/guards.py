@@ -18,7 +18,7 @@ from .sources import Source
 
 # kind → rank: cheap checks first
 RANKS = {"GLOBAL_STATE": 0, "ID": 1, "TYPE": 2, "NONE": 2, "EQ": 3, "LEN": 3, "KEYS": 4,
-         "ALIAS": 5, "TENSOR": 6, "NO_ALIAS": 7,
+         "ALIAS": 5, "TENSOR": 6, "SHAPE": 6, "NO_ALIAS": 7,
          "NO_HOOKS": 7}
 
 
@@ -55,9 +55,14 @@ class Guard:
                 dev = f"{e}.is_cuda and {e}.get_device() == {device.index or 0}"
             else:
                 dev = f"{e}.device == {bind(device)}"
-            return (f"type({e}) is {bind(cls)} and {e}.dtype is {bind(dtype)} and "
-                    f"{e}.shape == {bind(torch.Size(shape))} and {e}.stride() == {stride!r} and "
+            if None in shape:
+                geom = _dynamic_geometry(e, shape, stride)
+            else:
+                geom = f"{e}.shape == {bind(torch.Size(shape))} and {e}.stride() == {stride!r}"
+            return (f"type({e}) is {bind(cls)} and {e}.dtype is {bind(dtype)} and {geom} and "
                     f"{e}.requires_grad is {rg} and {dev}")
+        if k == "SHAPE":
+            return self.expected[0]
         if k == "GLOBAL_STATE":
             return f"{bind(global_state)}() == {bind(self.expected)}"
         if k == "NO_ALIAS":
@@ -73,12 +78,20 @@ class Guard:
         return self.source is not None and self.source.structural
 
     def describe(self) -> str:
-        name = self.source.name() if self.source is not None else "global state"
+        name = self.source.name() if self.source is not None else (
+            "sizes" if self.kind == "SHAPE" else "global state")
         exp = self.expected
         if self.kind == "TENSOR":
             cls, dtype, device, shape, stride, rg = exp
-            exp = f"{cls.__name__}(dtype={dtype}, device={device}, shape={list(shape)}, " \
-                  f"stride={list(stride)}, requires_grad={rg})"
+            if None in shape:
+                shape = ["?" if n is None else n for n in shape]
+                stride = f"dense in dim order {list(stride)}"
+            else:
+                shape, stride = list(shape), list(stride)
+            exp = f"{cls.__name__}(dtype={dtype}, device={device}, shape={shape}, " \
+                  f"stride={stride}, requires_grad={rg})"
+        elif self.kind == "SHAPE":
+            exp = self.expected[1]
         elif self.kind in ("TYPE",):
             exp = getattr(exp, "__qualname__", exp)
         elif self.kind == "ID":
@@ -88,6 +101,21 @@ class Guard:
         elif self.kind == "GLOBAL_STATE":
             exp = dict(zip(("grad_enabled", "inference_mode", "default_dtype", "autocast"), exp))
         return f"{self.kind}: {name} {exp}"
+
+
+def _dynamic_geometry(e: str, shape, order) -> str:
+    """A tensor with dynamic dims (None in `shape`): rank, the static sizes, each dynamic size
+    >= 2, and strides row-major over the dims in `order` (what the symbolic meta was built as)."""
+    checks = [f"{e}.dim() == {len(shape)}"]
+    for d, n in enumerate(shape):
+        checks.append(f"{e}.size({d}) >= 2" if n is None else f"{e}.size({d}) == {n}")
+    strides = [""] * len(shape)
+    acc = "1"
+    for d in reversed(order):
+        strides[d] = acc
+        acc = f"{acc} * {e}.size({d})" if acc != "1" else f"{e}.size({d})"
+    checks.append(f"{e}.stride() == ({', '.join(strides)},)")
+    return " and ".join(checks)
 
 
 _any_autocast = torch._C._is_any_autocast_enabled

@@ -19,11 +19,12 @@ from types import CodeType
 import torch
 import torch.fx as fx
 
+from .. import shapes
 from ..errors import Unsupported
 from .bytecode import decode
 from .guards import Guard, global_state
 from .sources import (AttrSource, ClosureSource, ConstSource, DictEntrySource, GlobalSource,
-                      ItemSource, Source)
+                      ItemSource, SizeSource, Source)
 from .values import (NULL, CellV, DictV, ListV, ObjV, TensorV, TupleV, V, is_literal)
 
 MAX_INLINE_DEPTH = 64
@@ -87,6 +88,18 @@ def _is_library(module_name: str | None) -> bool:
     return bool(module_name) and module_name.split(".")[0] in LIBRARY_PREFIXES
 
 
+class SymbolInput:
+    """A size symbol's placeholder among the tracer's inputs (next to TensorV inputs)."""
+    __slots__ = ("node",)
+
+    def __init__(self, node):
+        self.node = node
+
+
+def _first_non_placeholder(graph):
+    return next((n for n in graph.nodes if n.op != "placeholder"), None)
+
+
 class Tracer:
     """One symbolic execution. State: graph, inputs, guards, effects, frames."""
 
@@ -115,6 +128,11 @@ class Tracer:
         self.autocast: dict = {d: dt for d, on, dt in (self.state0[3] or ()) if on}
         self.stop_at: tuple | None = None                # (instruction index, visit) in the root
         self.visits: dict[int, int] = {}
+        # dynamic shapes: source expr → dims to make symbolic ("all" under dynamic=True)
+        self.dynamic_dims: dict = {}
+        self.shape_env = None
+        self._symbol_nodes: dict = {}
+        self._size_nodes: dict = {}
 
     # ---- dispatch helpers (implemented in calls/builtins/handlers) --------------------
     def call(self, fn, args, kwargs):
@@ -285,11 +303,16 @@ class Tracer:
         if type(value) not in (torch.Tensor, torch.nn.Parameter) and not isinstance(
                 value, torch.nn.parameter.Buffer if hasattr(torch.nn.parameter, "Buffer") else ()):
             raise self.unsupported(f"tensor subclass {type(value).__name__}")
-        meta = torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device="meta")
+        dims = self._dynamic_dims_of(value, source)
+        if dims:
+            meta, shape, stride = self._symbolic_meta(value, source, dims)
+        else:
+            meta = torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device="meta")
+            shape, stride = tuple(value.shape), value.stride()
         if value.requires_grad:
             meta.requires_grad_(True)
-        self.guard("TENSOR", source, (type(value), value.dtype, value.device, tuple(value.shape),
-                                      value.stride(), value.requires_grad))
+        self.guard("TENSOR", source, (type(value), value.dtype, value.device, shape, stride,
+                                      value.requires_grad))
         node = self.graph.placeholder(_placeholder_name(source, len(self.inputs)))
         node.meta["example_value"] = meta
         node.meta["ember_source"] = source.name()
@@ -298,6 +321,74 @@ class Tracer:
         self.by_real_id[id(value)] = tv
         self.keepalive.append(value)
         return tv
+
+    # ---- dynamic shapes -------------------------------------------------------------------
+    def _dynamic_dims_of(self, value: torch.Tensor, source: Source) -> list[int]:
+        """Dims of an input tensor to trace symbolically: asked for (dynamic=True, automatic
+        dynamic, ember.mark_dynamic), size >= 2, and a dense layout (strides follow sizes)."""
+        if self.settings is None or self.settings.dynamic is False or source.structural \
+                or isinstance(value, torch.nn.Parameter):
+            return []
+        want = self.dynamic_dims.get(source.expr(), set())
+        if self.settings.dynamic is True:
+            want = range(value.dim())
+        want = set(want) | set(getattr(value, "_ember_dynamic_dims", ()))
+        dims = [d for d in sorted(want) if d < value.dim() and value.shape[d] >= shapes.LOWER_BOUND]
+        if not dims or not shapes.is_dense(None, list(value.shape), list(value.stride())):
+            return []
+        return dims
+
+    def _symbolic_meta(self, value: torch.Tensor, source: Source, dims: list[int]):
+        if self.shape_env is None:
+            self.shape_env = shapes.ShapeEnv()
+        env = self.shape_env
+        sizes = [env.new_symbol(n, (source, d)) if d in dims else n
+                 for d, n in enumerate(value.shape)]
+        # strides in terms of sizes: row-major in the order of the real strides
+        order = sorted(range(value.dim()), key=lambda d: (value.stride(d), value.shape[d]),
+                       reverse=True)
+        strides = [0] * value.dim()
+        acc = 1
+        for d in reversed(order):
+            strides[d] = acc
+            acc = acc * sizes[d]
+        meta = torch.empty_strided(sizes, strides, dtype=value.dtype, device="meta")
+        return meta, tuple(None if d in dims else n for d, n in enumerate(value.shape)), \
+            tuple(order)
+
+    def size_node(self, x):
+        """A graph value for a SymInt: nodes computing its expression from the symbol inputs."""
+        return shapes.to_fx(self.graph, shapes.expr_of(x), self._symbol_node, self._size_nodes)
+
+    def size_expr(self, x) -> str:
+        """Python source computing a SymInt from the frame's locals (for rebuilt outputs)."""
+        env = self.shape_env
+        return shapes.pyexpr(shapes.expr_of(x), lambda s: SizeSource(*env.sources[s]).expr())
+
+    def shape_guards(self) -> list[Guard]:
+        """The relations the trace (capture and backend) assumed about the symbols."""
+        env = self.shape_env
+        if env is None:
+            return []
+        out = []
+        for g in env.guards:
+            code = shapes.pyexpr(g, lambda s: SizeSource(*env.sources[s]).expr())
+            text = shapes.pyexpr(g, lambda s: SizeSource(*env.sources[s]).name())
+            out.append(Guard("SHAPE", None, (code, text)))
+        return out
+
+    def _symbol_node(self, sym):
+        node = self._symbol_nodes.get(sym)
+        if node is None:
+            src, dim = self.shape_env.sources[sym]
+            with self.graph.inserting_before(_first_non_placeholder(self.graph)):
+                node = self.graph.placeholder(str(sym))
+            node.meta["example_value"] = self.shape_env.symint(sym)
+            node.meta["ember_source"] = f"{src.name()}.size({dim})"
+            self._symbol_nodes[sym] = node
+            self.inputs.append((SizeSource(src, dim), SymbolInput(node),
+                                self.shape_env.hints[sym]))
+        return node
 
     # ---- globals ------------------------------------------------------------------------
     def load_global(self, frame: Frame, name: str) -> V:
@@ -329,7 +420,13 @@ class Tracer:
         if isinstance(v, TensorV):
             return v.node
         if isinstance(v, ObjV):
-            return v.value
+            x = v.value
+            if isinstance(x, torch.SymInt):
+                return self.size_node(x)
+            if isinstance(x, (tuple, list)) and any(isinstance(i, torch.SymInt) for i in x):
+                items = [self.size_node(i) if isinstance(i, torch.SymInt) else i for i in x]
+                return tuple(items) if type(x) is tuple else items
+            return x
         if isinstance(v, (ListV, TupleV)):
             items = [self.to_node(i) for i in v.items]
             return items if isinstance(v, ListV) else tuple(items)

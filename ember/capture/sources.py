@@ -67,6 +67,20 @@ class GlobalSource(Source):
         return f"G[{self.key!r}]"
 
 
+class SizeSource(Source):
+    """`base.size(dim)`: the value of a dynamic size symbol (a graph input)."""
+    __slots__ = ("base", "dim")
+
+    def __init__(self, base: Source, dim: int):
+        self.base, self.dim, self.structural = base, dim, False
+
+    def expr(self):
+        return f"{self.base.expr()}.size({self.dim})"
+
+    def name(self):
+        return f"{self.base.name()}.size({self.dim})"
+
+
 class ConstSource(Source):
     """A value bound into the generated function's namespace under `ref` (e.g. a wrapper's fn)."""
     __slots__ = ("ref",)

@@ -202,6 +202,9 @@ CONST_TYPES = (int, float, bool, str, type(None), complex, bytes, torch.dtype, t
                torch.memory_format, torch.layout, type(Ellipsis), type(NotImplemented))
 
 
+SYM_TYPES = (torch.SymInt, torch.SymBool, torch.SymFloat)
+
+
 def is_literal(x) -> bool:
     """A plain immutable constant that can be guarded by equality and printed with repr."""
     if type(x) in (tuple, frozenset, torch.Size):

@@ -174,6 +174,17 @@ def index_printer(div: str, integer: Callable[[int], str] = str) -> Callable[[An
             return "(" + " * ".join(pr(t) for t in e.args) + ")"
         if e.is_Pow and e.args[1].is_Integer and int(e.args[1]) > 0:
             return "(" + " * ".join([pr(e.args[0])] * int(e.args[1])) + ")"
+        if isinstance(e, sympy.floor):     # a size from shape arithmetic: floor(a / b)
+            num, den = sympy.fraction(sympy.together(e.args[0]))
+            return f"({pr(num)} {div} {pr(den)})"
+        if isinstance(e, (sympy.Max, sympy.Min)):
+            f = "std::max<int64_t>" if div == "/" else ("max" if isinstance(e, sympy.Max) else "min")
+            if div == "/" and isinstance(e, sympy.Min):
+                f = "std::min<int64_t>"
+            out = pr(e.args[0])
+            for a in e.args[1:]:
+                out = f"{f}({out}, {pr(a)})"
+            return out
         raise NotImplementedError(f"index expression {e}")
     return pr
 
@@ -190,19 +201,47 @@ def contiguous_strides(size) -> tuple[int, ...]:
     strides, acc = [], 1
     for s in reversed(size):
         strides.append(acc)
-        acc *= max(int(s), 1)
+        acc = acc * (s if isinstance(s, sympy.Basic) and s.free_symbols else max(int(s), 1))
     return tuple(reversed(strides))
 
 
 def numel(size) -> int:
+    """Product of sizes: an int, or a sympy expression when a size is symbolic."""
     n = 1
     for s in size:
-        n *= int(s)
+        n = n * (s if isinstance(s, sympy.Basic) and s.free_symbols else int(s))
     return n
 
 
+# --- dynamic shapes: sizes are sympy expressions over s0, s1, ... ----------------------------
+#: the symbols' values at trace time, for heuristics (parallelize? vectorize?) only
+_HINTS: contextvars.ContextVar = contextvars.ContextVar("ember_size_hints", default={})
+
+
+@contextlib.contextmanager
+def size_hints(hints: dict):
+    token = _HINTS.set(hints)
+    try:
+        yield
+    finally:
+        _HINTS.reset(token)
+
+
+def hint(x) -> int:
+    """A size's value at trace time: for choosing how to generate code, never for its meaning."""
+    if isinstance(x, sympy.Basic):
+        if x.free_symbols:
+            return int(x.xreplace(_HINTS.get()))
+        return int(x)
+    return int(x)
+
+
+def is_symbolic(x) -> bool:
+    return isinstance(x, sympy.Basic) and bool(x.free_symbols)
+
+
 def strided_index(index, stride, offset=0):
-    expr = sympy.Integer(offset)
+    expr = sympy.sympify(offset)
     for i, s in zip(index, stride):
         if s != 0:
             expr = expr + i * s
@@ -267,6 +306,9 @@ def py_repr(value: Any) -> str:
             return "float('nan')"
         if value in (float("inf"), float("-inf")):
             return f"float({str(value)!r})"
+    if isinstance(value, sympy.Basic):
+        from ..shapes import pyexpr
+        return pyexpr(value, str)
     if isinstance(value, (list, tuple)):
         inner = ", ".join(py_repr(v) for v in value)
         if isinstance(value, tuple):

@@ -14,12 +14,13 @@ lists (buffer names, in order) for the wrapper.
 from __future__ import annotations
 
 import math
+import re
 
 import sympy
 import torch
 
 from .common import (BINARY, COMPARE, CTYPE, UNARY, FloorDiv, IndentedBuffer, ModularIndexing,
-                     compute_dtype, index_printer, numel, set_handler, sym)
+                     compute_dtype, hint, index_printer, is_symbolic, numel, set_handler, sym)
 from .cpp_prelude import PRELUDE
 
 PARALLEL_MIN_WORK = 32768
@@ -27,11 +28,16 @@ PARALLEL_MIN_WORK = 32768
 
 # --- index printing ------------------------------------------------------------------------
 
-def _int(v: int) -> str:
+def _int(v) -> str:
+    if isinstance(v, sympy.Basic) and not v.is_Integer:
+        return cexpr(v)          # a symbolic size: an expression over the size parameters
+    v = int(v)
     return f"{v}LL" if abs(v) >= 2 ** 31 else str(v)
 
 
 cexpr = index_printer("/", _int)
+#: size symbols (dynamic shapes) are kernel parameters named like this
+SIZE_PARAM = re.compile(r"\bs\d+\b")
 
 
 # --- the handler ---------------------------------------------------------------------------
@@ -184,6 +190,9 @@ class CppHandler:
     def constant(self, value, dtype):
         dtype = compute_dtype(dtype) if dtype is not None else (
             torch.float32 if isinstance(value, float) else torch.int64)
+        if is_symbolic(value):          # a scalar computed from sizes (dynamic shapes)
+            text = cexpr(value) if value.is_integer else sympy.ccode(sympy.N(value))
+            return self.emit(f"static_cast<{ctype(dtype)}>({text})", dtype)
         return CppVal(literal(value, dtype), dtype)
 
     def index_expr(self, expr, dtype):
@@ -382,13 +391,16 @@ def loop_var(i):
 class KernelCodegen:
     def __init__(self, kernel, buffers: dict):
         self.kernel = kernel
+        self.par_if = ""            # an OpenMP if() clause when the work is symbolic
         self.buffers = buffers
         self.h = CppHandler(buffers, kernel.local, kernel.row_local,
                             [loop_var(i) for i in range(len(kernel.outer))])
 
-    def work(self) -> int:
+    def work(self):
+        """Elements computed: an int, or a sympy expression of the size parameters."""
         k = self.kernel
-        return numel(k.outer) * max(1, sum(numel(s.inner) * len(s.nodes) for s in k.stages))
+        inner = sum(numel(s.inner) * len(s.nodes) for s in k.stages)
+        return numel(k.outer) * (inner if inner != 0 else 1)
 
     def generate(self, args: list) -> str:
         k, h = self.kernel, self.h
@@ -401,16 +413,22 @@ class KernelCodegen:
         for name in args:
             const = "" if name in writes else "const "
             params.append(f"{const}{ctype(self.buffers[name].dtype)}* {name}")
-        code.writeline(f'extern "C" void {k.name}({", ".join(params)})')
+        code.writeline(f'extern "C" void {k.name}({", ".join(params)}/*SIZES*/)')
         code.writeline("{")
         code.level += 1
-        parallel = self.work() >= PARALLEL_MIN_WORK
-        scalar_reduce = (m == 0 or numel(outer) == 1) and parallel and self._partials_ok()
+        work = self.work()
+        parallel = hint(work) >= PARALLEL_MIN_WORK
+        scalar_reduce = (m == 0 or hint(numel(outer)) == 1) and parallel and self._partials_ok()
+        self.par_if = ""
+        if is_symbolic(work):
+            # sizes known at run time only: the outer loop is parallel when the call is big
+            parallel = True
+            self.par_if = f" if({cexpr(sympy.expand(work))} >= {PARALLEL_MIN_WORK})"
         if k.pure_pointwise and m > 0:
             nodes = k.stages[0].nodes
             c = collect(lambda: [n.store_pointwise(xv) for n in nodes])
             first = c.stores[0] if c.stores else sympy.Integer(0)
-            order = sorted(range(m), key=lambda d: -int(_coeff(first, xv[d])))
+            order = sorted(range(m), key=lambda d: -hint(_coeff(first, xv[d])))
             sizes, lvars, subs = plan_loops(outer, xv, c.exprs, order)
             h.subs = subs
             self._loops(sizes, lvars, parallel, simd_last=True,
@@ -435,7 +453,11 @@ class KernelCodegen:
                 body()
         code.level -= 1
         code.writeline("}")
-        return code.getvalue()
+        text = code.getvalue()
+        # dynamic shapes: the size symbols the body uses are int64 parameters after the buffers
+        self.size_params = sorted(set(SIZE_PARAM.findall(text)), key=lambda n: int(n[1:]))
+        sizes = "".join(f", int64_t {n}" for n in self.size_params)
+        return text.replace("/*SIZES*/", sizes, 1)
 
     COLUMN_BLOCK = 64
 
@@ -449,7 +471,7 @@ class KernelCodegen:
         st = k.stages[0]
         if any(n.body.reduction_type not in ("sum", "prod", "max", "min") for n in st.nodes):
             return False
-        if k.outer[-1] < 16:
+        if hint(k.outer[-1]) < 16:
             return False
         rv = [loop_var(len(xv) + i) for i in range(len(st.inner))]
         c = collect(lambda: [n.reduction_value(xv, rv) for n in st.nodes])
@@ -467,16 +489,16 @@ class KernelCodegen:
         rv = [loop_var(m + i) for i in range(len(st.inner))]
         B = self.COLUMN_BLOCK
         L = k.outer[-1]
-        nblk = (L + B - 1) // B
+        nblk = _int(FloorDiv(L + B - 1, B)) if is_symbolic(L) else (L + B - 1) // B
         saved = h.push()
         for i, (size, v) in enumerate(zip(k.outer[:-1], xv[:-1])):
             if i == 0 and parallel:
-                code.writeline("#pragma omp parallel for")
+                code.writeline("#pragma omp parallel for" + self.par_if)
             code.writeline(f"for (int64_t {v} = 0; {v} < {_int(size)}; ++{v})")
             code.writeline("{")
             code.level += 1
         if m == 1 and parallel:
-            code.writeline("#pragma omp parallel for")
+            code.writeline("#pragma omp parallel for" + self.par_if)
         code.writeline(f"for (int64_t blk = 0; blk < {nblk}; ++blk)")
         code.writeline("{")
         code.level += 1
@@ -546,12 +568,12 @@ class KernelCodegen:
                 else:
                     collapse = 1
                     limit = n - 1 if simd_last else n
-                    prod = size
+                    prod = hint(size)
                     while prod < 64 and collapse < limit:
-                        prod *= ranges[collapse]
+                        prod *= hint(ranges[collapse])
                         collapse += 1
                     pragma = "#pragma omp parallel for" + (
-                        f" collapse({collapse})" if collapse > 1 else "")
+                        f" collapse({collapse})" if collapse > 1 else "") + self.par_if
                     if last and simd_last:
                         pragma += " simd"
                         if reduction:
@@ -580,7 +602,7 @@ class KernelCodegen:
                 for n in stage.nodes:
                     n.store_pointwise(xv)
                 return
-            par = parallel_inner and numel(stage.inner) >= PARALLEL_MIN_WORK
+            par = parallel_inner and hint(numel(stage.inner)) >= PARALLEL_MIN_WORK
             c = collect(lambda: [n.store_pointwise(xv + rv) for n in stage.nodes])
             sizes, lvars, subs = plan_loops(stage.inner, rv, c.exprs)
             h.subs = {**h.subs, **subs}
@@ -629,12 +651,13 @@ class KernelCodegen:
             inner = list(stage.inner)
             if len(inner) == 1:   # split one long dim into blocks: omp for outside, simd inside
                 blk = 4096
-                nb = (inner[0] + blk - 1) // blk
+                nb = _int(FloorDiv(inner[0] + blk - 1, blk)) if is_symbolic(inner[0]) else \
+                    (inner[0] + blk - 1) // blk
                 code.writeline("#pragma omp for")
                 code.writeline(f"for (int64_t blk = 0; blk < {nb}; ++blk)")
                 code.writeline("{")
                 code.level += 1
-                code.writeline(f"int64_t lo = blk * {blk}, hi = std::min<int64_t>(lo + {blk}, {inner[0]});")
+                code.writeline(f"int64_t lo = blk * {blk}, hi = std::min<int64_t>(lo + {blk}, {_int(inner[0])});")
                 code.writeline(f"#pragma omp simd {pclause}")
                 code.writeline(f"for (int64_t {rv[0]} = lo; {rv[0]} < hi; ++{rv[0]})")
                 code.writeline("{")
@@ -685,7 +708,7 @@ def kernel_args(kernel, deps) -> list:
 
 
 def generate_tu(kernels, deps, buffers: dict) -> tuple[str, dict]:
-    """(C++ source, {kernel name: [buffer names in argument order]})."""
+    """(C++ source, {kernel name: [buffer names, then size symbols, in argument order]})."""
     out = [PRELUDE]
     signatures = {}
     for k in kernels:
@@ -694,4 +717,5 @@ def generate_tu(kernels, deps, buffers: dict) -> tuple[str, dict]:
         cg = KernelCodegen(k, buffers)
         with set_handler(cg.h):
             out.append(cg.generate(args))
+        signatures[k.name] = args + cg.size_params
     return "\n".join(out), signatures

@@ -10,8 +10,11 @@ Produces: (python source, globals needed by it other than the kernels).
 """
 from __future__ import annotations
 
+import sympy
 import torch
 
+from ..errors import Unsupported
+from ..runtime.build import SIZE_NAME
 from .common import IndentedBuffer, numel, py_repr
 
 
@@ -69,6 +72,7 @@ class WrapperCodegen:
                     self.globals[b.name] = b.constant
             if names:
                 code.writeline(f"{', '.join(names)}, = args")
+            self._bind_sizes()
             for b in self.inputs:
                 if b.size is not None and b.position >= 0:
                     code.writeline(f"assert {b.name}.size() == {py_repr(tuple(b.size))} and "
@@ -88,6 +92,33 @@ class WrapperCodegen:
             outs = ", ".join(self.value(o) for o in self.outputs)
             code.writeline(f"return ({outs}{',' if len(self.outputs) == 1 else ''})")
         return code.getvalue()
+
+    def _bind_sizes(self):
+        """Dynamic shapes: each size symbol from the first input that has it as a bare dim (or
+        is it: a size placeholder). A symbol no input carries cannot be bound: refuse."""
+        bound = {}
+        for b in self.inputs:
+            if b.position < 0:
+                continue
+            if b.symbol is not None:
+                bound.setdefault(b.symbol, b.name)
+            for d, n in enumerate(b.size or ()):
+                if isinstance(n, sympy.Symbol):
+                    bound.setdefault(n, f"{b.name}.size({d})")
+        for sym_, src in sorted(bound.items(), key=lambda kv: kv[0].name):
+            if src != sym_.name:
+                self.code.writeline(f"{sym_.name} = {src}")
+        used = set()
+        for b in list(self.buffers.values()) + list(self.inputs):
+            for x in (*(b.size or ()), *(b.stride or ())):
+                if isinstance(x, sympy.Basic):
+                    used |= x.free_symbols
+        for sig in self.signatures.values():
+            used |= {sympy.Symbol(n) for n in sig if SIZE_NAME.fullmatch(n)}
+        missing = sorted(s.name for s in used if s.name not in {k.name for k in bound})
+        if missing:
+            raise Unsupported(f"ember codegen: size symbol(s) {', '.join(missing)} are no input's "
+                              "dimension, so the wrapper cannot bind them")
 
     def _alloc(self, buf, pool):
         code = self.code
@@ -119,7 +150,8 @@ class WrapperCodegen:
                 self._alloc(buf, pool)
             if any(numel(self.buffers[n].size) == 0 for n in self.step_writes(step)):
                 return
-            args = ", ".join(f"{n}.data_ptr()" for n in self.signatures[step.name])
+            args = ", ".join(n if SIZE_NAME.fullmatch(n) else f"{n}.data_ptr()"
+                             for n in self.signatures[step.name])
             code.writeline(f"{step.name}({args})")
             return
         args = [self.value(a) for a in node.args]

@@ -15,8 +15,9 @@ import time
 
 import torch
 
-from .. import config
+from .. import config, shapes
 from ..fallback import fall_back, stage
+from ..codegen.common import size_hints
 from ..codegen.cpp import generate_tu
 from ..codegen.wrapper import WrapperCodegen
 from ..logging import get_logger
@@ -49,6 +50,12 @@ def _dce(nodes, deps, keep: set):
 
 
 def compile_aten_graph(gm, example_inputs, *, options=None):
+    env = shapes.env_of(*[n.meta.get("val") for n in gm.graph.find_nodes(op="placeholder")])
+    with size_hints(env.hints if env is not None else {}):
+        return _compile_aten_graph(gm, example_inputs, options)
+
+
+def _compile_aten_graph(gm, example_inputs, options):
     options = options or {}
     t0 = time.perf_counter()
     from ..codegen.triton_launch import compile_steps, selected  # Triton/GPU seam (issue 11)

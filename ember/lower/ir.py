@@ -11,13 +11,15 @@ Consumes: nothing. Produces: the classes below, used by lowering, schedule and c
 """
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 from typing import Any, Callable, Optional
 
 import sympy
 import torch
 
-from ..codegen.common import contiguous_strides, numel, ops, strided_index, sym
+from ..codegen.common import contiguous_strides, is_symbolic, numel, ops, strided_index, sym
+from ..shapes import expr_of
 
 
 # --- loop bodies ---------------------------------------------------------------------------
@@ -70,6 +72,7 @@ class Buffer:
 class InputBuffer(Buffer):
     position: int = -1              # placeholder position, or -1 for a constant
     constant: Any = None            # the tensor, for get_attr constants
+    symbol: Any = None              # a size-symbol placeholder (dynamic shapes): its sympy Symbol
 
 
 @dataclasses.dataclass(eq=False)
@@ -176,7 +179,7 @@ class View(TensorValue):
 
     def __init__(self, buffer: Buffer, size, stride, offset=0):
         self.buffer = buffer
-        self.size, self.stride, self.offset = tuple(size), tuple(stride), int(offset)
+        self.size, self.stride, self.offset = tuple(size), tuple(stride), as_size(offset)
         self.dtype = buffer.dtype
 
     def loader(self):
@@ -205,14 +208,41 @@ class Reindex(TensorValue):
 
 
 _META_BASE = None
+#: the shape env of the graph being lowered (dynamic shapes), for meta_strided
+SHAPE_ENV: contextvars.ContextVar = contextvars.ContextVar("ember_lower_shape_env", default=None)
 
 
 def meta_strided(size, stride, offset=0):
-    """A meta tensor with this layout (views applied to it give the layout of the result)."""
+    """A meta tensor with this layout (views applied to it give the layout of the result).
+    Symbolic sizes (sympy) become SymInts of the graph's shape env; read results with as_sizes()."""
     global _META_BASE
     if _META_BASE is None:
         _META_BASE = torch.empty(2 ** 62, dtype=torch.int8, device="meta")
+    if any(is_symbolic(x) for x in (*size, *stride, offset)):
+        size, stride, offset = meta_sizes(size), meta_sizes(stride), meta_sizes([offset])[0]
     return _META_BASE.as_strided(size, stride, offset)
+
+
+def meta_sizes(xs) -> list:
+    """IR sizes as arguments of a meta-tensor op (SymInts of the graph's env when symbolic)."""
+    if not any(is_symbolic(x) for x in xs):
+        return list(xs)
+    env = SHAPE_ENV.get()
+    return [env.symint(x) for x in xs]
+
+
+def as_size(x):
+    """A size/stride for the IR: an int, or a sympy expression when symbolic."""
+    if isinstance(x, (torch.SymInt, torch.SymFloat)):
+        e = expr_of(x)
+        return int(e) if e.is_Integer else e
+    if isinstance(x, sympy.Basic):
+        return int(x) if x.is_Integer else x
+    return int(x)
+
+
+def as_sizes(xs) -> tuple:
+    return tuple(as_size(x) for x in xs)
 
 
 def view_chain(value: Reindex):

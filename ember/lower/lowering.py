@@ -19,12 +19,13 @@ import sympy
 import torch
 import torch.fx
 
+from .. import shapes
 from ..codegen.common import compute_dtype, contiguous_strides, count_body, ops
 from ..errors import InternalError
 from ..logging import get_logger
 from .ir import (Buffer, ComputedBuffer, ExternBuffer, InputBuffer, MultiOutput, Pending,
                  Pointwise, Reindex, TensorArg, TensorValue, View, dense_view, meta_strided,
-                 view_chain)
+                 SHAPE_ENV, as_size, as_sizes, view_chain)
 
 aten = torch.ops.aten
 perf_log = get_logger("perf")
@@ -59,7 +60,7 @@ class GraphLowering:
         return f"{prefix}{self._count - 1}"
 
     def add_computed(self, body, dtype=None, stride=None) -> ComputedBuffer:
-        size = tuple(int(s) for s in body.size)
+        size = as_sizes(body.size)
         stride = tuple(stride) if stride is not None else contiguous_strides(size)
         buf = ComputedBuffer(self.new_name(), dtype or body.dtype, size, stride, body=body)
         self.nodes.append(buf)
@@ -100,10 +101,10 @@ class GraphLowering:
                 t = fn(t)
         except RuntimeError:
             return None     # not expressible as a view of that layout: copy
-        if stride is not None and tuple(t.stride()) != tuple(stride):
+        if stride is not None and as_sizes(t.stride()) != tuple(stride):
             return None
         buf = self.realize(base)
-        return View(buf.buffer, tuple(t.shape), tuple(t.stride()), t.storage_offset())
+        return View(buf.buffer, as_sizes(t.shape), as_sizes(t.stride()), as_size(t.storage_offset()))
 
     def to_arg(self, value) -> TensorArg:
         return self.realize(value).arg()
@@ -130,7 +131,7 @@ class GraphLowering:
         kwargs = {k: conv(v) for k, v in kwargs.items()}
         name = self.new_name()
         if isinstance(val, torch.Tensor):
-            buf = ExternBuffer(name, val.dtype, tuple(val.shape), tuple(val.stride()), op=op,
+            buf = ExternBuffer(name, val.dtype, as_sizes(val.shape), as_sizes(val.stride()), op=op,
                                args=args, kwargs=kwargs, out_variant=out_variant,
                                fallback=fallback)
             self.nodes.append(buf)
@@ -141,8 +142,8 @@ class GraphLowering:
 
         def wrap(v, path):
             if isinstance(v, torch.Tensor):
-                out = MultiOutput(f"{name}_{'_'.join(map(str, path))}", v.dtype, tuple(v.shape),
-                                  tuple(v.stride()), parent=buf, path=path)
+                out = MultiOutput(f"{name}_{'_'.join(map(str, path))}", v.dtype, as_sizes(v.shape),
+                                  as_sizes(v.stride()), parent=buf, path=path)
                 buf.outputs.append(out)
                 return View(out, out.size, out.stride, 0)
             if isinstance(v, (list, tuple)):
@@ -159,6 +160,14 @@ class GraphLowering:
 
     # --- the interpreter ------------------------------------------------------------------------
     def run(self):
+        env = shapes.env_of(*[meta_of(n) for n in self.gm.graph.find_nodes(op="placeholder")])
+        token = SHAPE_ENV.set(env)
+        try:
+            return self._run()
+        finally:
+            SHAPE_ENV.reset(token)
+
+    def _run(self):
         from . import rules_data  # noqa: F401 - registers view/indexing/extern rules
         from .rules import RULES
         placeholders = 0
@@ -170,24 +179,29 @@ class GraphLowering:
                 if val is None and placeholders < len(self.example_inputs):
                     val = self.example_inputs[placeholders]
                 if isinstance(val, torch.Tensor):
-                    buf = InputBuffer(f"arg{placeholders}", val.dtype, tuple(val.shape),
-                                      tuple(val.stride()), position=placeholders)
+                    buf = InputBuffer(f"arg{placeholders}", val.dtype, as_sizes(val.shape),
+                                      as_sizes(val.stride()), position=placeholders)
                     self.inputs.append(buf)
                     self.env[node] = dense_view(buf)
                 else:
-                    self.inputs.append(InputBuffer(f"arg{placeholders}", None, None, None,
-                                                   position=placeholders))
-                    self.env[node] = val
+                    value = as_size(val) if isinstance(val, torch.SymInt) else val
+                    self.inputs.append(InputBuffer(
+                        f"arg{placeholders}", None, None, None, position=placeholders,
+                        symbol=value if isinstance(value, sympy.Symbol) else None))
+                    self.env[node] = value
                 placeholders += 1
             elif node.op == "get_attr":
                 t = getattr(self.gm, node.target)
                 if isinstance(t, torch.Tensor):
-                    buf = InputBuffer(self.new_name("const"), t.dtype, tuple(t.shape),
-                                      tuple(t.stride()), constant=t)
+                    buf = InputBuffer(self.new_name("const"), t.dtype, as_sizes(t.shape),
+                                      as_sizes(t.stride()), constant=t)
                     self.inputs.append(buf)
                     self.env[node] = dense_view(buf)
                 else:
                     self.env[node] = t
+            elif node.op == "call_function" and isinstance(meta_of(node), (torch.SymInt,
+                                                                              torch.SymFloat)):
+                self.env[node] = shapes.expr_of(meta_of(node))   # size arithmetic: an expression
             elif node.op == "call_function":
                 args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), self.env.__getitem__)
                 if node.target is operator.getitem:
@@ -240,7 +254,7 @@ class GraphLowering:
 def _output_stride(meta):
     """The layout an output is stored in: its meta stride when that is a dense permutation."""
     if isinstance(meta, torch.Tensor) and _dense_permutation(meta):
-        return tuple(meta.stride())
+        return as_sizes(meta.stride())
     return None
 
 

@@ -18,7 +18,7 @@ import sympy
 import torch
 
 from ..codegen.common import compute_dtype, numel, ops
-from .ir import Pending, Pointwise, Reduction, Reindex, TensorValue, View
+from .ir import Pending, Pointwise, Reduction, Reindex, TensorValue, View, as_sizes
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -79,7 +79,7 @@ def promote(*xs) -> torch.dtype:
 
 def pointwise(node, fn, *inputs, in_dtype=None, size=None, dtype=None) -> Pending:
     out = out_meta(node)
-    size = tuple(out.shape) if size is None else tuple(size)
+    size = as_sizes(out.shape) if size is None else tuple(size)
     dtype = out.dtype if dtype is None else dtype
     in_dtype = compute_dtype(in_dtype or dtype)
     loaders = [broadcast_loader(x, size, in_dtype) for x in inputs]
@@ -214,7 +214,7 @@ for _name, _opname in COMPARE_RULES.items():
 def where(ctx, node, cond, a, b):
     out = out_meta(node)
     cd = compute_dtype(out.dtype)
-    size = tuple(out.shape)
+    size = as_sizes(out.shape)
     lc = broadcast_loader(cond, size, torch.bool)
     la, lb = broadcast_loader(a, size, cd), broadcast_loader(b, size, cd)
     return Pending(Pointwise(size, out.dtype, lambda i: ops.where(lc(i), la(i), lb(i))))
@@ -230,7 +230,7 @@ def clamp(ctx, node, x, min=None, max=None):
         return v
     out = out_meta(node)
     cd = compute_dtype(out.dtype)
-    size = tuple(out.shape)
+    size = as_sizes(out.shape)
     lx = broadcast_loader(x, size, cd)
     llo = broadcast_loader(min, size, cd) if min is not None else None
     lhi = broadcast_loader(max, size, cd) if max is not None else None
@@ -252,7 +252,7 @@ def clamp_max(ctx, node, x, hi):
 def masked_fill(ctx, node, x, mask, value):
     out = out_meta(node)
     cd = compute_dtype(out.dtype)
-    size = tuple(out.shape)
+    size = as_sizes(out.shape)
     lx, lm = broadcast_loader(x, size, cd), broadcast_loader(mask, size, torch.bool)
     lv = broadcast_loader(value, size, cd)
     return Pending(Pointwise(size, out.dtype, lambda i: ops.where(lm(i), lv(i), lx(i))))
@@ -262,7 +262,7 @@ def masked_fill(ctx, node, x, mask, value):
 def threshold_backward(ctx, node, grad, x, threshold):
     out = out_meta(node)
     cd = compute_dtype(out.dtype)
-    size = tuple(out.shape)
+    size = as_sizes(out.shape)
     lg, lx = broadcast_loader(grad, size, cd), broadcast_loader(x, size, compute_dtype(x.dtype))
     xd = compute_dtype(x.dtype)
     return Pending(Pointwise(size, out.dtype, lambda i: ops.where(
@@ -332,7 +332,7 @@ def copy(ctx, node, dst, src, non_blocking=False):
 @rule(aten.full.default)
 def full(ctx, node, size, value, **kw):
     out = out_meta(node)
-    return const_pending(tuple(out.shape), out.dtype, value)
+    return const_pending(as_sizes(out.shape), out.dtype, value)
 
 
 @rule(aten.scalar_tensor.default)
@@ -344,20 +344,20 @@ def scalar_tensor(ctx, node, value, **kw):
 @rule(aten.full_like.default)
 def full_like(ctx, node, x, value, **kw):
     out = out_meta(node)
-    return const_pending(tuple(out.shape), out.dtype, value)
+    return const_pending(as_sizes(out.shape), out.dtype, value)
 
 
 @rule(aten.zeros.default, aten.zeros_like.default, aten.empty.memory_format,
       aten.empty_like.default, aten.new_zeros.default, aten.new_empty.default)
 def zeros(ctx, node, *a, **kw):
     out = out_meta(node)
-    return const_pending(tuple(out.shape), out.dtype, 0)
+    return const_pending(as_sizes(out.shape), out.dtype, 0)
 
 
 @rule(aten.ones.default, aten.ones_like.default, aten.new_ones.default)
 def ones(ctx, node, *a, **kw):
     out = out_meta(node)
-    return const_pending(tuple(out.shape), out.dtype, 1)
+    return const_pending(as_sizes(out.shape), out.dtype, 1)
 
 
 @rule(aten.arange.start_step, aten.arange.default, aten.arange.start)
@@ -372,11 +372,11 @@ def arange(ctx, node, *a, **kw):
         start, step = args[0], args[2] if len(args) > 2 else kw.get("step", 1)
     cd = compute_dtype(out.dtype)
     if cd.is_floating_point:
-        return Pending(Pointwise(tuple(out.shape), out.dtype, lambda i: ops.add(
+        return Pending(Pointwise(as_sizes(out.shape), out.dtype, lambda i: ops.add(
             ops.constant(start, cd), ops.mul(ops.index_expr(i[0], cd), ops.constant(step, cd)))))
     if not (isinstance(start, int) and isinstance(step, int)):
         return NotImplemented
-    return Pending(Pointwise(tuple(out.shape), out.dtype,
+    return Pending(Pointwise(as_sizes(out.shape), out.dtype,
                              lambda i: ops.index_expr(start + i[0] * step, cd)))
 
 

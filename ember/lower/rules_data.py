@@ -11,8 +11,10 @@ from __future__ import annotations
 import sympy
 import torch
 
-from ..codegen.common import FloorDiv, ModularIndexing, compute_dtype, contiguous_strides, numel, ops
-from .ir import Pending, Pointwise, Reindex, TensorValue, View, meta_strided
+from ..codegen.common import (FloorDiv, ModularIndexing, compute_dtype, contiguous_strides, hint,
+                             numel, ops)
+from .ir import (Pending, Pointwise, Reindex, TensorValue, View, as_size, as_sizes, meta_sizes,
+                 meta_strided)
 from .rules import RULES, broadcast_loader, out_meta, rule
 
 aten = torch.ops.aten
@@ -23,11 +25,11 @@ prims = torch.ops.prims
 def _meta_view(x: View, fn):
     """Apply a view op to a meta tensor with x's layout; the resulting (size, stride, offset)."""
     r = fn(meta_strided(x.size, x.stride, x.offset))
-    return View(x.buffer, tuple(r.shape), tuple(r.stride()), r.storage_offset())
+    return View(x.buffer, as_sizes(r.shape), as_sizes(r.stride()), as_size(r.storage_offset()))
 
 
 def view_impl(x, size):
-    size = tuple(int(s) for s in size)
+    size = as_sizes(size)
     if -1 in size:
         known = numel([s for s in size if s != -1])
         size = tuple(numel(x.size) // known if s == -1 else s for s in size)
@@ -35,10 +37,10 @@ def view_impl(x, size):
         return x
     if isinstance(x, View):
         try:
-            return _meta_view(x, lambda t: t.view(size))
+            return _meta_view(x, lambda t: t.view(meta_sizes(size)))
         except RuntimeError:
             pass
-    return Reindex(x, size, _reshape_index(tuple(x.size), size), view_fn=lambda t: t.view(size))
+    return Reindex(x, size, _reshape_index(tuple(x.size), size), view_fn=lambda t: t.view(meta_sizes(size)))
 
 
 def _reshape_index(old, new):
@@ -51,7 +53,7 @@ def _reshape_index(old, new):
             if pi == pj and (gi or gj) and (i >= len(old) or old[i] != 1 or pi != 1) and (
                     j >= len(new) or new[j] != 1 or pj != 1):
                 break
-            if (pi <= pj or j >= len(new)) and i < len(old):
+            if (hint(pi) <= hint(pj) or j >= len(new)) and i < len(old):
                 gi.append(i); pi *= old[i]; i += 1
             elif j < len(new):
                 gj.append(j); pj *= new[j]; j += 1
@@ -72,9 +74,9 @@ def _reshape_index(old, new):
                 if len(gi) == 1:
                     out[ii] = flat
                 elif n == 0:
-                    out[ii] = FloorDiv(flat, sympy.Integer(st))
+                    out[ii] = FloorDiv(flat, sympy.sympify(st))
                 else:
-                    out[ii] = ModularIndexing(flat, sympy.Integer(st), sympy.Integer(old[ii]))
+                    out[ii] = ModularIndexing(flat, sympy.sympify(st), sympy.sympify(old[ii]))
         return out
     return reindex
 
@@ -86,7 +88,7 @@ def view(ctx, node, x, size):
 
 @rule(prims.collapse_view.default)
 def collapse_view(ctx, node, x, start, end):
-    return view_impl(x, tuple(out_meta(node).shape))
+    return view_impl(x, as_sizes(out_meta(node).shape))
 
 
 @rule(aten.permute.default)
@@ -124,7 +126,7 @@ def transpose(ctx, node, x, a, b):
 
 @rule(aten.expand.default, prims.broadcast_in_dim.default)
 def expand(ctx, node, x, size, *rest):
-    size = tuple(out_meta(node).shape)
+    size = as_sizes(out_meta(node).shape)
     if node.target is prims.broadcast_in_dim.default:
         bdims = rest[0]
         inter = [1] * len(size)
@@ -144,20 +146,20 @@ def expand(ctx, node, x, size, *rest):
 
 @rule(aten.unsqueeze.default)
 def unsqueeze(ctx, node, x, dim):
-    return view_impl(x, tuple(out_meta(node).shape)) if not isinstance(x, View) else _meta_view(
+    return view_impl(x, as_sizes(out_meta(node).shape)) if not isinstance(x, View) else _meta_view(
         x, lambda t: t.unsqueeze(dim))
 
 
 @rule(aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default)
 def squeeze(ctx, node, x, dims=None):
-    return view_impl(x, tuple(out_meta(node).shape))
+    return view_impl(x, as_sizes(out_meta(node).shape))
 
 
 @rule(aten.slice.Tensor)
 def slice_(ctx, node, x, dim=0, start=None, end=None, step=1):
     n = len(x.size)
     dim = dim % n
-    size = tuple(out_meta(node).shape)
+    size = as_sizes(out_meta(node).shape)
     s = x.size[dim]
     start = 0 if start is None else start
     start = max(0, min(s, start + s if start < 0 else start))
@@ -178,11 +180,11 @@ def select(ctx, node, x, dim, idx):
     n = len(x.size)
     dim = dim % n
     idx = idx + x.size[dim] if idx < 0 else idx
-    size = tuple(out_meta(node).shape)
+    size = as_sizes(out_meta(node).shape)
     if isinstance(x, View):
         return View(x.buffer, size, x.stride[:dim] + x.stride[dim + 1:],
                     x.offset + idx * x.stride[dim])
-    return Reindex(x, size, lambda index: list(index[:dim]) + [sympy.Integer(idx)] + list(index[dim:]))
+    return Reindex(x, size, lambda index: list(index[:dim]) + [sympy.sympify(idx)] + list(index[dim:]))
 
 
 @rule(aten.as_strided.default)
@@ -200,7 +202,7 @@ def split(ctx, node, x, split, dim=0):
     outs, start = [], 0
     metas = out_meta(node)
     for m in metas:
-        length = m.shape[dim]
+        length = as_size(m.shape[dim])
         outs.append(_slice_plain(x, dim, start, length))
         start += length
     return tuple(outs)
@@ -229,7 +231,7 @@ def _select_plain(x, dim, i):
     size = x.size[:dim] + x.size[dim + 1:]
     if isinstance(x, View):
         return View(x.buffer, size, x.stride[:dim] + x.stride[dim + 1:], x.offset + i * x.stride[dim])
-    return Reindex(x, size, lambda index: list(index[:dim]) + [sympy.Integer(i)] + list(index[dim:]))
+    return Reindex(x, size, lambda index: list(index[:dim]) + [sympy.sympify(i)] + list(index[dim:]))
 
 
 # --- cat / pad / gather ----------------------------------------------------------------------
@@ -237,7 +239,7 @@ def _select_plain(x, dim, i):
 @rule(aten.cat.default)
 def cat(ctx, node, tensors, dim=0):
     out = out_meta(node)
-    size = tuple(out.shape)
+    size = as_sizes(out.shape)
     dim = dim % len(size)
     parts = [t for t in tensors if not (len(t.size) == 1 and t.size[0] == 0)]
     cd = compute_dtype(out.dtype)
@@ -275,7 +277,7 @@ def _cast_to(v, src, cd):
 @rule(aten.constant_pad_nd.default)
 def constant_pad_nd(ctx, node, x, pad, value=0):
     out = out_meta(node)
-    size = tuple(out.shape)
+    size = as_sizes(out.shape)
     n = len(size)
     cd = compute_dtype(out.dtype)
     lows = [0] * n
@@ -306,7 +308,7 @@ def constant_pad_nd(ctx, node, x, pad, value=0):
 @rule(aten.gather.default)
 def gather(ctx, node, x, dim, index, sparse_grad=False):
     out = out_meta(node)
-    size = tuple(out.shape)
+    size = as_sizes(out.shape)
     dim = dim % max(len(x.size), 1)
     lx, li = x.loader(), index.loader()
     xsize = x.size[dim]
@@ -322,7 +324,7 @@ def gather(ctx, node, x, dim, index, sparse_grad=False):
 @rule(aten.index_select.default)
 def index_select(ctx, node, x, dim, index):
     out = out_meta(node)
-    size = tuple(out.shape)
+    size = as_sizes(out.shape)
     dim = dim % len(x.size)
     lx, li = x.loader(), index.loader()
     xsize = x.size[dim]
@@ -338,7 +340,7 @@ def index_select(ctx, node, x, dim, index):
 @rule(aten.embedding.default)
 def embedding(ctx, node, weight, indices, padding_idx=-1, scale_grad=False, sparse=False):
     out = out_meta(node)
-    size = tuple(out.shape)
+    size = as_sizes(out.shape)
     lw, li = weight.loader(), indices.loader()
     nidx = len(indices.size)
     rows = weight.size[0]
@@ -352,7 +354,7 @@ def embedding(ctx, node, weight, indices, padding_idx=-1, scale_grad=False, spar
 @rule(aten.index.Tensor)
 def index(ctx, node, x, indices):
     out = out_meta(node)
-    size = tuple(out.shape)
+    size = as_sizes(out.shape)
     if any(t is not None and (not isinstance(t, TensorValue) or t.dtype in (torch.bool, torch.uint8))
            for t in indices):
         return NotImplemented
@@ -387,7 +389,7 @@ def max_pool2d_with_indices(ctx, node, x, kernel_size, stride=(), padding=0, dil
     if not x.dtype.is_floating_point or len(x.size) not in (3, 4) or kh * kw > 49:
         return NotImplemented
     vmeta, imeta = out_meta(node)
-    size = tuple(vmeta.shape)
+    size = as_sizes(vmeta.shape)
     H, W = x.size[-2:]
     Ho, Wo = size[-2:]
     lx = x.loader()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -64,12 +65,16 @@ def build_async(source: str) -> Future:
     return _pool.submit(build, source)
 
 
+SIZE_NAME = re.compile(r"s\d+")
+
+
 def load(path: Path, signatures: dict) -> dict:
     lib = ctypes.CDLL(str(path))
     fns = {}
     for name, args in signatures.items():
         fn = getattr(lib, name)
-        fn.argtypes = [ctypes.c_void_p] * len(args)
+        # buffer pointers, then int64 sizes (dynamic shapes: names s0, s1, ...)
+        fn.argtypes = [ctypes.c_int64 if SIZE_NAME.fullmatch(a) else ctypes.c_void_p for a in args]
         fn.restype = None
         fns[name] = fn
     fns["__lib__"] = lib

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from ..codegen.common import is_symbolic
 from .deps import tensor_args
 from .fuse import ExternStep, Kernel
 
@@ -66,7 +67,8 @@ def mark_locals(steps, deps, keep: set) -> None:
                 size = 1
                 for s_ in inner:
                     size *= s_
-                if inner and size <= ROW_LOCAL_MAX and step.outer:
+                # (a symbolic row size would be a variable-length array: keep it in memory)
+                if inner and not is_symbolic(size) and size <= ROW_LOCAL_MAX and step.outer:
                     step.local.add(n.name)
                     step.row_local[n.name] = size
                 continue

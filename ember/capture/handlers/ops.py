@@ -8,7 +8,7 @@ from __future__ import annotations
 import operator
 import types
 
-from ..values import NULL, DictV, ListV, NewObjV, ObjV, TensorV, TupleV
+from ..values import NULL, SYM_TYPES, DictV, ListV, NewObjV, ObjV, TensorV, TupleV
 from . import handler
 
 BINARY_OPS = [operator.add, operator.and_, operator.floordiv, operator.lshift, operator.matmul,
@@ -95,6 +95,8 @@ def _as_seq(v, other):
 def _py_dunder(x, op, idx):
     if op not in _DUNDER:
         return None
+    if isinstance(x, SYM_TYPES):
+        return None                 # sizes fold on their SymNode, not by inlining torch's dunders
     d = getattr(type(x), _DUNDER[op][idx], None)
     return d if isinstance(d, types.FunctionType) else None
 
