@@ -7,14 +7,14 @@ schedule → codegen → runtime. See docs/design/ and the README.
 """
 from __future__ import annotations
 
-from .api import allow_in_graph, compile, disable, explain, reset, stats
+from .api import allow_in_graph, compile, disable, explain, mark_dynamic, reset, stats
 from .backends import get_backend, list_backends, register_backend
 from .errors import EmberError, InternalError, Unsupported
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "compile", "explain", "reset", "stats", "disable", "allow_in_graph",
+    "compile", "explain", "reset", "stats", "disable", "allow_in_graph", "mark_dynamic",
     "get_backend", "list_backends", "register_backend",
     "Unsupported", "EmberError", "InternalError", "backend", "__version__",
 ]

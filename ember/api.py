@@ -125,6 +125,21 @@ def allow_in_graph(fn: Callable):
     return fn
 
 
+def mark_dynamic(t, dim) -> None:
+    """Trace dim `dim` (an int or a list of ints) of tensor `t` with a symbolic size from the
+    first compile on, instead of waiting for a second distinct size (dynamic=None). Sizes 0 and
+    1 still specialize; dynamic=False ignores the mark."""
+    import torch
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"mark_dynamic expects a tensor, got {type(t).__name__}")
+    dims = [dim] if isinstance(dim, int) else list(dim)
+    for d in dims:
+        if not isinstance(d, int) or not -t.dim() <= d < t.dim():
+            raise ValueError(f"mark_dynamic: dim {d!r} is out of range for a {t.dim()}-d tensor "
+                             f"(valid: {-t.dim()} .. {t.dim() - 1})")
+    t._ember_dynamic_dims = set(getattr(t, "_ember_dynamic_dims", ())) | {d % t.dim() for d in dims}
+
+
 def reset() -> None:
     """Drop every cache: captured frames, compiled graphs, warn-once memory, counters."""
     from . import counters

@@ -30,6 +30,7 @@ class ShapeEnv:
         self.guards: list = []               # sympy booleans, each true at the hints
         self._seen: set = set()
         self._shifted: dict = {}
+        self.frozen = False      # set once the cache entry's guards are built
 
     def new_symbol(self, hint: int, source) -> torch.SymInt:
         """A fresh size symbol (hint >= 2) for a dynamic input dim."""
@@ -95,12 +96,19 @@ class ShapeEnv:
         g = sympy.simplify_logic(g) if isinstance(g, (sympy.And, sympy.Or, sympy.Not)) else g
         if g in self._seen or g is sympy.true:
             return
+        if self.frozen:
+            # a graph compiled later (the lazily built backward) assumed something about the
+            # sizes that no guard checks: refuse rather than run it at other sizes
+            from .errors import Unsupported
+            raise Unsupported(f"a size decision ({g}) was made after the guards of this graph "
+                              "were fixed")
         self._seen.add(g)
         self.guards.append(g)
         from .logging import enabled, get_logger
         if enabled("dynamic"):
+            import os
             import traceback
-            where = "".join(traceback.format_stack(limit=12)[:-2])
+            where = "".join(traceback.format_stack(limit=int(os.environ.get("EMBER_DYNAMIC_STACK", "12")))[:-2])
             get_logger("dynamic").info("guard %s, from:\n%s", g, where)
 
     def specialized(self) -> set:
@@ -390,11 +398,12 @@ def to_fx(graph, expr, symbol_node, cache: dict, env: ShapeEnv | None = None):
     return out
 
 
-# ---- view kernels for symbolic meta tensors -------------------------------------------------
-# These aten view ops have only a CompositeExplicitAutograd kernel that takes concrete sizes:
-# on a meta tensor with symbolic sizes they raise or silently specialize (permute). Registered
-# for the Meta key once a symbol exists; each computes sizes/strides/offset itself and returns
-# `as_strided` of its input (a view of the same storage, as the original kernel gives).
+# ---- meta kernels for symbolic meta tensors -------------------------------------------------
+# These aten ops have only a CompositeExplicitAutograd kernel that takes concrete sizes: on a
+# meta tensor with symbolic sizes they raise or specialize the size (permute, constant_pad_nd,
+# _to_copy). Registered for the Meta key once a symbol exists; a view computes sizes/strides/
+# offset itself and returns `as_strided` of its input (a view of the same storage, as the
+# original kernel gives); the others return a fresh meta tensor of the right geometry.
 _installed = False
 
 
@@ -554,6 +563,14 @@ def _to_copy(t, *, dtype=None, layout=None, device=None, pin_memory=None, non_bl
     return torch.empty_strided(list(t.shape), strides, dtype=dtype or t.dtype, device="meta")
 
 
+def _constant_pad_nd(t, pad, value=0):
+    sizes = list(t.shape)
+    for i in range(len(pad) // 2):
+        d = len(sizes) - 1 - i
+        sizes[d] = sizes[d] + pad[2 * i] + pad[2 * i + 1]
+    return torch.empty_strided(sizes, _contiguous_strides(sizes), dtype=t.dtype, device="meta")
+
+
 def _contiguous_strides(sizes):
     out, acc = [], 1
     for s in reversed(sizes):
@@ -567,7 +584,7 @@ _VIEWS = {
     "slice.Tensor": _slice, "select.int": _select, "unsqueeze": _unsqueeze,
     "squeeze": _squeeze, "squeeze.dim": _squeeze, "squeeze.dims": _squeeze,
     "alias": _alias, "split_with_sizes": _split_with_sizes, "split.Tensor": _split,
-    "unbind.int": _unbind, "_to_copy": _to_copy,
+    "unbind.int": _unbind, "_to_copy": _to_copy, "constant_pad_nd": _constant_pad_nd,
 }
 _LIB = None
 

@@ -15,10 +15,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
+import sympy
 import torch
 import torch.fx as fx
 from torch.utils._pytree import tree_flatten
 
+from .. import shapes
 from .tracer import (LiftTensorLiterals, OutputSpec, TensorSpec, Tracer, order_placeholders,
                      remove_identity_views)
 
@@ -38,6 +40,7 @@ class Traced:
     tangent_specs: list = dataclasses.field(default_factory=list)
     grad_inputs: list[int] = dataclasses.field(default_factory=list)    # inputs with a grad output
     treespec: object = None            # pytree structure of the user outputs
+    symbols: dict = dataclasses.field(default_factory=dict)   # size symbol → (input, dim|None)
 
     @property
     def n_fw_outputs(self) -> int:
@@ -132,4 +135,17 @@ def trace_program(fn: Callable, specs: list, *, decompositions: dict | None, dev
                   constants=[c for _, c in tr.constants], outputs=out_specs,
                   n_slots=len(slot_nodes), slot_requires_grad=slot_rg, mutated=mutated, joint=joint,
                   tangent_outs=tangent_outs, tangent_specs=tangent_specs, grad_inputs=grad_inputs,
-                  treespec=treespec)
+                  treespec=treespec, symbols=_symbol_sources(specs))
+
+
+def _symbol_sources(specs) -> dict:
+    """Dynamic shapes: where each size symbol's value is found among the inputs."""
+    out: dict = {}
+    for i, spec in enumerate(specs):
+        if isinstance(spec, torch.SymInt) and isinstance(shapes.expr_of(spec), sympy.Symbol):
+            out.setdefault(shapes.expr_of(spec), (i, None))
+        elif isinstance(spec, TensorSpec):
+            for d, n in enumerate(spec.shape):
+                if isinstance(n, torch.SymInt) and isinstance(shapes.expr_of(n), sympy.Symbol):
+                    out.setdefault(shapes.expr_of(n), (i, d))
+    return out

@@ -23,16 +23,39 @@ from .joint import Traced
 from .partition import Partition
 
 
-def _apply_views(t, views):
+def _apply_views(t, views, sizes):
     for op, args, kwargs, index in views:
+        if sizes is not None:
+            args, kwargs = sizes(args), sizes(kwargs)
         t = op(t, *args, **kwargs)
         if index is not None:
             t = t[index]
     return t
 
 
+def _size_binder(traced: Traced, args):
+    """Dynamic shapes: a function replacing SymInts in view arguments by their values in this
+    call (each symbol read from the input dim the trace took it from). None when static."""
+    if not traced.symbols:
+        return None
+    values = {}
+    for sym, (i, d) in traced.symbols.items():
+        values[sym] = args[i] if d is None else args[i].shape[d]
+
+    def concrete(x):
+        if isinstance(x, (torch.SymInt, torch.SymFloat)):
+            return type(x.node.hint())(shapes.expr_of(x).xreplace(values))
+        if isinstance(x, (list, tuple)):
+            return type(x)(concrete(v) for v in x)
+        if isinstance(x, dict):
+            return {k: concrete(v) for k, v in x.items()}
+        return x
+    return concrete
+
+
 def _rebuild_outputs(traced: Traced, args, slots) -> list:
     outs: list = []
+    sizes = _size_binder(traced, args) if any(s.kind == "view" for s in traced.outputs) else None
     for spec in traced.outputs:
         kind = spec.kind
         if kind == "graph":
@@ -41,7 +64,7 @@ def _rebuild_outputs(traced: Traced, args, slots) -> list:
             outs.append(args[spec.index])
         elif kind == "view":
             src = args[spec.index] if spec.index is not None else slots[spec.slot]
-            outs.append(_apply_views(src, spec.views))
+            outs.append(_apply_views(src, spec.views, sizes))
         elif kind == "dup":
             outs.append(outs[spec.index])
         else:

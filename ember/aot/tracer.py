@@ -634,7 +634,9 @@ def _cpu_fused_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=
     def real(t):
         if not isinstance(t, torch.Tensor):
             return t
-        r = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cpu")
+        # (at the traced sizes: the choice depends on dtypes and layouts, not on the lengths)
+        r = torch.empty_strided([shapes.hint_int(n) for n in t.shape],
+                                [shapes.hint_int(n) for n in t.stride()], dtype=t.dtype, device="cpu")
         return r.requires_grad_(t.requires_grad) if t.dtype.is_floating_point else r
     with _disable_current_modes():      # real CPU tensors, not traced ones
         choice = torch._fused_sdp_choice(real(query), real(key), real(value), real(attn_mask),

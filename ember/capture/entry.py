@@ -41,6 +41,7 @@ def reset() -> None:
     for c in CACHES.values():
         c.entries.clear()
         c.n_compiled = 0
+        c.dynamic_dims.clear()
     STATS.clear()
 
 
@@ -212,7 +213,6 @@ class Runner:
 
     def compile(self, locals_) -> Entry:
         tr = Tracer(self.settings)
-        tr.dynamic_dims = self.cache.dynamic_dims
         try:
             try:
                 ret = self._trace(tr, locals_)
@@ -244,6 +244,7 @@ class Runner:
         return build_entry(tr, plan, self.argnames, settings=self.settings)
 
     def _trace(self, tr: Tracer, locals_):
+        tr.dynamic_dims = self.cache.dynamic_dims      # automatic dynamic: dims seen changing
         tr.guard("GLOBAL_STATE", None, tr.state0)
         co, fn = self.code, self.fn
         frame_locals = {}
@@ -312,8 +313,7 @@ def _mark_dynamic_dims(cache: FrameCache, fn, locals_, settings) -> str:
                 continue
             dims = cache.dynamic_dims.setdefault(g.source.expr(), set())
             for d, n in enumerate(shape):
-                if n is not None and n != t.shape[d] and n >= 2 and t.shape[d] >= 2 \
-                        and d not in dims:
+                if n is not None and n != t.shape[d] and t.shape[d] >= 2 and d not in dims:
                     dims.add(d)
                     notes.append(f"{g.source.name()} dim {d}: {n} → {t.shape[d]}, now dynamic")
     return "".join(f"; {n}" for n in dict.fromkeys(notes))
@@ -367,6 +367,8 @@ def build_entry(tr: Tracer, plan, argnames, eager=False, reason=None, settings=N
         ns["__compiled"] = settings.backend(plan.gm, plan.example_inputs)
         STATS["graphs"] += 1
     guards = sorted(tr.guards + tr.shape_guards(), key=lambda g: RANKS[g.kind])
+    if tr.shape_env is not None:
+        tr.shape_env.frozen = True
     fast = [g for g in guards if not g.structural]
     struct = [g for g in guards if g.structural]
     args = ", ".join(f"L{i}" for i in range(len(argnames)))

@@ -573,11 +573,12 @@ class KernelCodegen:
                         prod *= hint(ranges[collapse])
                         collapse += 1
                     pragma = "#pragma omp parallel for" + (
-                        f" collapse({collapse})" if collapse > 1 else "") + self.par_if
+                        f" collapse({collapse})" if collapse > 1 else "")
                     if last and simd_last:
                         pragma += " simd"
                         if reduction:
                             pragma += " " + reduction
+                    pragma += self.par_if
             elif last and simd_last:
                 pragma = "#pragma omp simd" + (f" {reduction}" if reduction else "")
             if pragma and not (partial and i == 0 and last and simd_last):

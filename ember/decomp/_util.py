@@ -104,12 +104,16 @@ def where(cond, a, b):
     return aten.where.self(cond, a, b)
 
 
+INT = (int, torch.SymInt)      # a size may be symbolic (dynamic shapes)
+
+
 def _category(dtype_or_value):
     if isinstance(dtype_or_value, torch.dtype):
         d = dtype_or_value
         return 0 if d == torch.bool else 3 if d.is_complex else 2 if d.is_floating_point else 1
     v = dtype_or_value
-    return 0 if isinstance(v, bool) else 1 if isinstance(v, int) else 3 if isinstance(v, complex) else 2
+    return 0 if isinstance(v, (bool, torch.SymBool)) else 1 if isinstance(v, INT) else \
+        3 if isinstance(v, complex) else 2
 
 
 _DTYPES = [torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,

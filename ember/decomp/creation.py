@@ -98,7 +98,7 @@ def new_empty_strided(self, size, stride, *, dtype=None, layout=None, device=Non
 
 
 def _arange_dtype(start, end, step):
-    if all(isinstance(v, int) and not isinstance(v, bool) for v in (start, end, step)):
+    if all(isinstance(v, (int, torch.SymInt)) and not isinstance(v, bool) for v in (start, end, step)):
         return torch.int64
     return torch.get_default_dtype()
 

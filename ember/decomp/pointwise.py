@@ -139,9 +139,9 @@ def where_scalar_self(condition, self, other):
 
 
 def _py_dtype(v):
-    if isinstance(v, bool):
+    if isinstance(v, (bool, torch.SymBool)):
         return torch.bool
-    if isinstance(v, int):
+    if isinstance(v, (int, torch.SymInt)):
         return torch.int64
     if isinstance(v, complex):
         return torch.complex64 if torch.get_default_dtype() == torch.float32 else torch.complex128

@@ -20,6 +20,17 @@ from .rules import RULES, broadcast_loader, out_meta, rule
 aten = torch.ops.aten
 prims = torch.ops.prims
 
+def broadcast_sizes(*sizes) -> tuple:
+    """torch.broadcast_shapes for IR sizes (ints or sympy expressions; the meta trace checked
+    that they broadcast)."""
+    n = max((len(s) for s in sizes), default=0)
+    out = []
+    for i in range(n):
+        dims = [s[len(s) - n + i] for s in sizes if len(s) - n + i >= 0]
+        out.append(next((d for d in dims if d != 1), 1))
+    return tuple(out)
+
+
 # --- views -----------------------------------------------------------------------------------
 
 def _meta_view(x: View, fn):
@@ -359,7 +370,7 @@ def index(ctx, node, x, indices):
            for t in indices):
         return NotImplemented
     pos = [i for i, t in enumerate(indices) if t is not None]
-    bshape = tuple(torch.broadcast_shapes(*[indices[i].size for i in pos]))
+    bshape = broadcast_sizes(*[indices[i].size for i in pos])
     nb = len(bshape)
     start = pos[0] if pos == list(range(pos[0], pos[-1] + 1)) else 0
     lx = x.loader()

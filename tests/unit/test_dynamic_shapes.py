@@ -1,0 +1,265 @@
+"""Dynamic shapes (#12): symbolic sizes from capture to kernels.
+
+Each test compiles through ember's own capture and the default "ember" backend (generated C++
+kernels) unless it says otherwise, and asserts values (and grads) against eager plus the number
+of compiles. Tolerances: fp32, rtol=atol=1e-5 for small MLPs, 1e-4 for transformer stacks.
+"""
+from __future__ import annotations
+
+import copy
+import logging
+
+import pytest
+import torch
+
+import ember
+from ember.capture.entry import stats as capture_stats
+
+
+@pytest.fixture(autouse=True)
+def _fresh():
+    ember.reset()
+    yield
+    ember.reset()
+
+
+def compiles() -> int:
+    return capture_stats().get("graphs", 0)
+
+
+class MLP(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l1 = torch.nn.Linear(8, 16)
+        self.ln = torch.nn.LayerNorm(16)
+        self.l2 = torch.nn.Linear(16, 4)
+
+    def forward(self, x):
+        b, t = x.shape[0], x.shape[1]
+        h = torch.nn.functional.gelu(self.ln(self.l1(x)))
+        y = self.l2(h).softmax(-1)
+        return y.reshape(b * t, -1).sum(0) / t
+
+
+def _pair(cls):
+    torch.manual_seed(0)
+    m = cls()
+    return m, copy.deepcopy(m)
+
+
+@pytest.mark.parametrize("sweep", [
+    [(3, 7), (3, 16), (3, 33), (3, 64)],          # sequence lengths
+    [(1, 16), (3, 16), (8, 16)],                  # batch sizes (1 is specialized first)
+])
+def test_mlp_train_sweep_compiles_at_most_twice(sweep):
+    m, ref = _pair(MLP)
+    cm = ember.compile(m)
+    for b, t in sweep:
+        x = torch.randn(b, t, 8)
+        out, r = cm(x), ref(x)
+        torch.testing.assert_close(out, r, rtol=1e-5, atol=1e-5)
+        out.pow(2).sum().backward()
+        r.pow(2).sum().backward()
+        for p, q in zip(m.parameters(), ref.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-5)
+        m.zero_grad()
+        ref.zero_grad()
+    assert compiles() <= 2
+
+
+def test_dynamic_graph_is_reused_with_parametric_kernels():
+    """After the dimension goes dynamic, new sizes run the same compiled graph: no new compile,
+    and the generated kernels take the sizes as arguments."""
+    from ember.lower import STATS
+    m, ref = _pair(MLP)
+    cm = ember.compile(m).eval()
+    with torch.no_grad():
+        for t in (5, 9):
+            cm(torch.randn(2, t, 8))
+        n_graphs, n_kernel_graphs = compiles(), len(STATS)
+        for t in (12, 31, 100):
+            x = torch.randn(2, t, 8)
+            torch.testing.assert_close(cm(x), ref(x), rtol=1e-5, atol=1e-5)
+    assert compiles() == n_graphs == 2
+    assert len(STATS) == n_kernel_graphs
+
+
+def _gpt2():
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.GPT2Config(n_embd=32, n_layer=2, n_head=2, vocab_size=100, n_positions=128,
+                                  resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                                  bos_token_id=0, eos_token_id=0)
+    return transformers.GPT2Model(cfg).eval()
+
+
+def _bert():
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                  intermediate_size=64, vocab_size=100, max_position_embeddings=128,
+                                  hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    return transformers.BertModel(cfg).eval()
+
+
+@pytest.mark.parametrize("make", [_gpt2, _bert], ids=["gpt2", "bert"])
+@pytest.mark.parametrize("sweep", [
+    [(3, 7), (3, 16), (3, 33), (3, 64)],
+    [(1, 16), (3, 16), (8, 16)],
+], ids=["seq", "batch"])
+def test_hf_sweep_compiles_at_most_twice(make, sweep):
+    torch.manual_seed(0)
+    m = make()
+    ref = copy.deepcopy(m)
+    cm = ember.compile(m)
+    with torch.no_grad():
+        for b, t in sweep:
+            ids = torch.randint(0, 100, (b, t))
+            torch.testing.assert_close(cm(input_ids=ids).last_hidden_state,
+                                       ref(input_ids=ids).last_hidden_state, rtol=1e-4, atol=1e-4)
+    assert compiles() <= 2
+
+
+def test_gpt2_both_dims_varying():
+    torch.manual_seed(0)
+    m = _gpt2()
+    ref = copy.deepcopy(m)
+    cm = ember.compile(m)
+    with torch.no_grad():
+        for b, t in [(3, 7), (3, 16), (8, 33), (8, 64), (3, 9)]:
+            ids = torch.randint(0, 100, (b, t))
+            torch.testing.assert_close(cm(input_ids=ids).last_hidden_state,
+                                       ref(input_ids=ids).last_hidden_state, rtol=1e-4, atol=1e-4)
+    # static, then the sequence dim, then the batch dim; the last call reuses the last graph
+    assert compiles() == 3
+
+
+def test_shape_branch_recompiles_only_when_the_branch_changes():
+    def f(x):
+        if x.shape[1] > 10:
+            return x.sum(1) * 2
+        return x.sum(1) - 1
+    cf = ember.compile(f)
+    counts = []
+    for t in (4, 6, 8, 12, 16, 30, 5):
+        x = torch.randn(2, t)
+        torch.testing.assert_close(cf(x), f(x))
+        counts.append(compiles())
+    # 4: static; 6: dim 1 dynamic (guard s <= 10); 8 reuses; 12: branch flips; 16, 30, 5 reuse
+    assert counts == [1, 2, 2, 3, 3, 3, 3]
+
+
+def test_size_one_broadcast_specializes_correctly():
+    def f(x, y):
+        return x * y + y.shape[1]
+    cf = ember.compile(f, dynamic=True)
+    for t in (5, 1, 7, 1, 3):
+        x, y = torch.randn(4, 1, 3), torch.randn(4, t, 3)
+        torch.testing.assert_close(cf(x, y), f(x, y))
+        x, y = torch.randn(4, t, 3), torch.randn(4, 1, 3)
+        torch.testing.assert_close(cf(x, y), f(x, y))
+
+
+def test_dynamic_true_compiles_once_and_false_per_shape():
+    def f(x):
+        return torch.relu(x).cumsum(0)[-1] + x.mean()
+    cf = ember.compile(f, dynamic=True)
+    for n in (3, 5, 9, 17):
+        x = torch.randn(n, 4)
+        torch.testing.assert_close(cf(x), f(x))
+    assert compiles() == 1
+    ember.reset()
+    cf = ember.compile(f, dynamic=False)
+    for n in (3, 5, 9):
+        x = torch.randn(n, 4)
+        torch.testing.assert_close(cf(x), f(x))
+    assert compiles() == 3
+
+
+def test_mark_dynamic_first_compile_is_dynamic():
+    def f(x):
+        return (x * 2).softmax(-1)
+    cf = ember.compile(f)
+    x = torch.randn(3, 6)
+    ember.mark_dynamic(x, 1)
+    torch.testing.assert_close(cf(x), f(x))
+    for n in (7, 11):
+        y = torch.randn(3, n)
+        torch.testing.assert_close(cf(y), f(y))
+    assert compiles() == 1
+    with pytest.raises(ValueError, match="out of range"):
+        ember.mark_dynamic(x, 2)
+
+
+def test_range_over_a_size_stays_static_and_guarded():
+    def f(x):
+        out = x[0]
+        for i in range(x.shape[0]):
+            out = out + x[i] * i
+        return out
+    cf = ember.compile(f)
+    for n in (2, 3, 4, 3):
+        x = torch.randn(n, 5)
+        torch.testing.assert_close(cf(x), f(x))
+    assert compiles() == 3       # one graph per loop length; the last call hits the n=3 entry
+
+
+def test_shape_arithmetic_and_returned_sizes():
+    def f(x):
+        b, t, d = x.shape
+        y = x.reshape(b, t // 2, 2 * d)
+        return y.sum(-1), y.shape, x.size(1) // 2 + 1
+    cf = ember.compile(f, dynamic=True)
+    for t in (4, 10, 6):
+        x = torch.randn(3, t, 5)
+        out, shape, n = cf(x)
+        ref_out, ref_shape, ref_n = f(x)
+        torch.testing.assert_close(out, ref_out)
+        assert shape == ref_shape and type(n) is int and n == ref_n
+    assert compiles() == 1
+
+
+def test_recompile_log_says_which_dim_became_dynamic(monkeypatch, caplog):
+    from ember.logging import get_logger
+    monkeypatch.setenv("EMBER_LOGS", "recompiles")
+    monkeypatch.setattr(get_logger("recompiles"), "propagate", True)
+    cf = ember.compile(lambda x: x.sin() + 1)
+    with caplog.at_level(logging.INFO, logger="ember"):
+        cf(torch.randn(2, 3))
+        cf(torch.randn(2, 9))
+    text = "\n".join(r.getMessage() for r in caplog.records)
+    assert "dim 1: 3 → 9, now dynamic" in text
+
+
+def test_aot_eager_training_with_dynamic_sizes():
+    m, ref = _pair(MLP)
+    cm = ember.compile(m, backend="aot_eager", dynamic=True)
+    for b, t in [(2, 3), (4, 5)]:
+        x = torch.randn(b, t, 8, requires_grad=True)
+        xr = x.detach().clone().requires_grad_(True)
+        cm(x).sum().backward()
+        ref(xr).sum().backward()
+        torch.testing.assert_close(x.grad, xr.grad, rtol=1e-5, atol=1e-5)
+    assert compiles() == 1
+
+
+def test_gpt2_lm_training_over_sequence_lengths():
+    """Forward + backward of GPT2LMHeadModel (with its graph breaks) at four lengths: the loss
+    and every parameter grad match eager, and the graph compiles twice (static, then dynamic)."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_embd=32, n_layer=2, n_head=2, vocab_size=100, n_positions=128,
+                                  resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                                  bos_token_id=0, eos_token_id=0)
+    m = transformers.GPT2LMHeadModel(cfg)
+    ref = copy.deepcopy(m)
+    cm = ember.compile(m)
+    for t in (7, 16, 33, 64):
+        ids = torch.randint(0, 100, (3, t))
+        loss, ref_loss = cm(input_ids=ids, labels=ids).loss, ref(input_ids=ids, labels=ids).loss
+        torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-5)
+        loss.backward()
+        ref_loss.backward()
+        for p, q in zip(m.parameters(), ref.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-3, atol=1e-4)
+        m.zero_grad()
+        ref.zero_grad()
+    assert compiles() == 2
