@@ -32,8 +32,9 @@ class ShapeEnv:
         self._shifted: dict = {}
         self.frozen = False      # set once the cache entry's guards are built
 
-    def new_symbol(self, hint: int, source) -> torch.SymInt:
-        """A fresh size symbol (hint >= 2) for a dynamic input dim."""
+    def new_symbol(self, hint: int, source, guard_bound: bool = False) -> torch.SymInt:
+        """A fresh size symbol (hint >= 2) for a dynamic input dim or int. `guard_bound`: add
+        the guard `s >= 2` (a tensor dim's own guard checks it; an int's needs this one)."""
         if hint < LOWER_BOUND:
             raise ValueError(f"size {hint} cannot be dynamic (0 and 1 specialize)")
         s = sympy.Symbol(f"s{len(self.hints)}", integer=True, positive=True)
@@ -42,6 +43,8 @@ class ShapeEnv:
         self._shifted[s] = sympy.Symbol(f"_d{len(self.hints)}", integer=True, nonnegative=True) \
             + LOWER_BOUND
         install_meta_views()
+        if guard_bound:
+            self._record(sympy.Ge(s, LOWER_BOUND))
         return torch.SymInt(SymNode(s, self, int))
 
     def symint(self, expr, pytype=int):
@@ -299,6 +302,12 @@ def env_of(*values) -> ShapeEnv | None:
             if e is not None:
                 return e
     return None
+
+
+def is_ours(t: torch.Tensor) -> bool:
+    """No size or stride of `t` is a SymInt of another shape env (Dynamo's)."""
+    return all(not isinstance(s, torch.SymInt) or isinstance(s.node, SymNode)
+               for s in tuple(t.shape) + tuple(t.stride()))
 
 
 def is_symbolic(t: torch.Tensor) -> bool:

@@ -551,6 +551,12 @@ def specs_of(example_inputs, gm: fx.GraphModule | None = None) -> list:
                 if isinstance(v, torch.SymInt) or (isinstance(v, torch.Tensor) and
                                                    shapes.is_symbolic(v)):
                     symbolic[i] = v
+    for x in example_inputs:
+        if isinstance(x, torch.Tensor) and not shapes.is_ours(x) or \
+                isinstance(x, torch.SymInt) and not isinstance(x.node, shapes.SymNode):
+            raise Unsupported("ember.aot: symbolic sizes from another capture (torch.compile's "
+                              "dynamic shapes); ember's own capture supports dynamic shapes",
+                              hint="use ember.compile, or torch.compile(..., dynamic=False)")
     out = []
     for x, sym in zip(example_inputs, symbolic):
         if isinstance(sym, torch.SymInt):

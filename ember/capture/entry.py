@@ -302,6 +302,17 @@ def _mark_dynamic_dims(cache: FrameCache, fn, locals_, settings) -> str:
     notes = []
     for e in cache.entries:
         for g in e.guards:
+            if g.kind == "EQ" and type(g.expected) is int and not g.structural:
+                try:
+                    v = eval(g.source.expr(), ns)
+                except Exception:  # noqa: BLE001
+                    continue
+                if type(v) is int and v != g.expected and v >= 2:
+                    marks = cache.dynamic_dims.setdefault(g.source.expr(), set())
+                    if "value" not in marks:
+                        marks.add("value")
+                        notes.append(f"{g.source.name()}: {g.expected} → {v}, now dynamic")
+                continue
             if g.kind != "TENSOR" or g.structural:
                 continue
             try:

@@ -24,7 +24,7 @@ from ..errors import Unsupported
 from .bytecode import decode
 from .guards import Guard, global_state
 from .sources import (AttrSource, ClosureSource, ConstSource, DictEntrySource, GlobalSource,
-                      ItemSource, SizeSource, Source)
+                      ItemSource, LocalSource, SizeSource, Source)
 from .values import (NULL, CellV, DictV, ListV, ObjV, TensorV, TupleV, V, is_literal)
 
 MAX_INLINE_DEPTH = 64
@@ -233,6 +233,9 @@ class Tracer:
         if value is None:
             self.guard("NONE", source, None)
             return ObjV(None, source)
+        if t is int and self._dynamic_int(value, source):
+            self.guard("TYPE", source, int)
+            return ObjV(self._shape_env().new_symbol(value, source, guard_bound=True), source)
         if is_literal(value):
             self.guard("EQ" if t not in (torch.dtype, torch.device) else "EQ", source, value)
             return ObjV(value, source)
@@ -338,11 +341,23 @@ class Tracer:
             return []
         return dims
 
-    def _symbolic_meta(self, value: torch.Tensor, source: Source, dims: list[int]):
+    def _dynamic_int(self, value: int, source: Source | None) -> bool:
+        """An int argument traced as a size symbol: it changed between calls (automatic
+        dynamic) or dynamic=True; 0 and 1 stay constants."""
+        if source is None or self.settings is None or self.settings.dynamic is False or \
+                source.structural or source.unguarded or value < shapes.LOWER_BOUND:
+            return False
+        return self.settings.dynamic is True and isinstance(source, LocalSource) or \
+            "value" in self.dynamic_dims.get(source.expr(), ())
+
+    def _shape_env(self) -> shapes.ShapeEnv:
         if self.shape_env is None:
             self.shape_env = shapes.ShapeEnv()
-        env = self.shape_env
-        sizes = [env.new_symbol(n, (source, d)) if d in dims else n
+        return self.shape_env
+
+    def _symbolic_meta(self, value: torch.Tensor, source: Source, dims: list[int]):
+        env = self._shape_env()
+        sizes = [env.new_symbol(n, SizeSource(source, d)) if d in dims else n
                  for d, n in enumerate(value.shape)]
         # strides in terms of sizes: row-major in the order of the real strides
         order = sorted(range(value.dim()), key=lambda d: (value.stride(d), value.shape[d]),
@@ -363,7 +378,7 @@ class Tracer:
     def size_expr(self, x) -> str:
         """Python source computing a SymInt from the frame's locals (for rebuilt outputs)."""
         env = self.shape_env
-        return shapes.pyexpr(shapes.expr_of(x), lambda s: SizeSource(*env.sources[s]).expr())
+        return shapes.pyexpr(shapes.expr_of(x), lambda s: env.sources[s].expr())
 
     def shape_guards(self) -> list[Guard]:
         """The relations the trace (capture and backend) assumed about the symbols."""
@@ -372,22 +387,21 @@ class Tracer:
             return []
         out = []
         for g in env.guards:
-            code = shapes.pyexpr(g, lambda s: SizeSource(*env.sources[s]).expr())
-            text = shapes.pyexpr(g, lambda s: SizeSource(*env.sources[s]).name())
+            code = shapes.pyexpr(g, lambda s: env.sources[s].expr())
+            text = shapes.pyexpr(g, lambda s: env.sources[s].name())
             out.append(Guard("SHAPE", None, (code, text)))
         return out
 
     def _symbol_node(self, sym):
         node = self._symbol_nodes.get(sym)
         if node is None:
-            src, dim = self.shape_env.sources[sym]
+            src = self.shape_env.sources[sym]
             with self.graph.inserting_before(_first_non_placeholder(self.graph)):
                 node = self.graph.placeholder(str(sym))
             node.meta["example_value"] = self.shape_env.symint(sym)
-            node.meta["ember_source"] = f"{src.name()}.size({dim})"
+            node.meta["ember_source"] = src.name()
             self._symbol_nodes[sym] = node
-            self.inputs.append((SizeSource(src, dim), SymbolInput(node),
-                                self.shape_env.hints[sym]))
+            self.inputs.append((src, SymbolInput(node), self.shape_env.hints[sym]))
         return node
 
     # ---- globals ------------------------------------------------------------------------

@@ -263,3 +263,32 @@ def test_gpt2_lm_training_over_sequence_lengths():
         m.zero_grad()
         ref.zero_grad()
     assert compiles() == 2
+
+
+def test_size_int_live_across_a_graph_break_goes_dynamic(capsys):
+    """`n = x.shape[1]` reaches the resume function after a print as a plain int local: after it
+    changes once it is a size symbol there too, not one resume compile per length."""
+    def f(x):
+        n = x.shape[1]
+        y = x.cos() * n
+        print("n =", n)
+        return y + n
+    cf = ember.compile(f)
+    seen = []
+    for t in (3, 5, 9, 12, 40):
+        x = torch.randn(2, t)
+        torch.testing.assert_close(cf(x), f(x))
+        seen.append(compiles())
+    out = capsys.readouterr().out.splitlines()
+    assert out == [f"n = {t}" for t in (3, 5, 9, 12, 40) for _ in range(2)]
+    assert seen[2:] == [seen[1]] * 3          # after the second length: no more compiles
+
+
+def test_int_argument_dynamic():
+    def f(x, n):
+        return x.reshape(n, -1).sum(0) * n
+    cf = ember.compile(f)
+    for n in (2, 4, 8, 16):
+        x = torch.randn(16, 3)
+        torch.testing.assert_close(cf(x, n), f(x, n))
+    assert compiles() == 2

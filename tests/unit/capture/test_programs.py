@@ -373,7 +373,8 @@ def test_global_tensor_rebinding_is_an_input():
 def test_recompile_limit_then_eager_with_warning():
     def f(x, n):
         return x + n
-    cf = ember.compile(f, backend="eager", fullgraph=True, recompile_limit=3)
+    # dynamic=False: an int that changes would otherwise become a size symbol (automatic dynamic)
+    cf = ember.compile(f, backend="eager", fullgraph=True, recompile_limit=3, dynamic=False)
     for n in range(3):
         cf(x3, n)
     with pytest.warns(UserWarning, match="recompile limit"):
