@@ -47,6 +47,10 @@ def compile(obj: Callable | None = None, *, backend: str | Callable = "ember", m
     return _compile_with(obj, settings)
 
 
+#: backends that compile symbolic graphs (dynamic shapes) correctly
+DYNAMIC_BACKENDS = ("eager", "aot_eager", "ember")
+
+
 def _settings(backend, mode, fullgraph, dynamic, options, recompile_limit) -> CompileSettings:
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; valid modes: {', '.join(MODES)}")
@@ -67,6 +71,11 @@ def _settings(backend, mode, fullgraph, dynamic, options, recompile_limit) -> Co
                              f"example_inputs)); got options {sorted(user_options)}")
     elif options:
         fn = _bind_options(fn, options)
+    if dynamic is None and (getattr(fn, "ember_backend_name", None) or name) not in DYNAMIC_BACKENDS:
+        # automatic dynamic hands symbolic graphs to the backend; one that was not written for
+        # them (a user callable, inductor through our capture) would specialize on the example
+        # inputs. It gets static graphs unless dynamic=True asks for symbolic ones.
+        dynamic = False
     return CompileSettings(backend=fn, backend_name=name, mode=mode, fullgraph=bool(fullgraph),
                            dynamic=dynamic, options=options, recompile_limit=recompile_limit)
 

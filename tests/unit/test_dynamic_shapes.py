@@ -292,3 +292,26 @@ def test_int_argument_dynamic():
         x = torch.randn(16, 3)
         torch.testing.assert_close(cf(x, n), f(x, n))
     assert compiles() == 2
+
+
+def test_user_backend_gets_static_graphs_unless_asked():
+    """Automatic dynamic only for backends that compile symbolic graphs: a user callable could
+    specialize on the example inputs, so by default it sees static graphs (one per shape)."""
+    seen = []
+
+    def backend(gm, example_inputs):
+        seen.append([n.meta["example_value"] for n in gm.graph.find_nodes(op="placeholder")])
+        return gm.forward
+
+    def f(x):
+        return x * 2
+    cf = ember.compile(f, backend=backend)
+    for n in (3, 5, 7):
+        torch.testing.assert_close(cf(torch.ones(n)), torch.full((n,), 2.0))
+    assert len(seen) == 3 and all(isinstance(v[0].shape[0], int) for v in seen)
+    ember.reset()
+    seen.clear()
+    cf = ember.compile(f, backend=backend, dynamic=True)
+    for n in (3, 5, 7):
+        torch.testing.assert_close(cf(torch.ones(n)), torch.full((n,), 2.0))
+    assert len(seen) == 1 and isinstance(seen[0][0].shape[0], torch.SymInt)
