@@ -57,6 +57,14 @@ def softmax_case():
     return (lambda x: torch.softmax(x, -1)), (torch.randn(2048, 1024),)
 
 
+def row_sum_case():
+    return (lambda x: x.sum(-1)), (torch.randn(2048, 1024),)
+
+
+def row_amax_case():
+    return (lambda x: x.amax(-1)), (torch.randn(2048, 1024),)
+
+
 def model_case(name, train=False):
     import torchvision
     torch.manual_seed(0)
@@ -140,7 +148,8 @@ def main():
     rows = []
 
     kernel_cases = {"ln_gelu_2048": ln_gelu_case, "pointwise_chain_2048": chain_case,
-                    "softmax_2048x1024": softmax_case}
+                    "softmax_2048x1024": softmax_case, "row_sum_2048x1024": row_sum_case,
+                    "row_amax_2048x1024": row_amax_case}
     for name, make in kernel_cases.items():
         if only and name not in only:
             continue

@@ -95,7 +95,7 @@ class InferenceRuntime:
 
 
 def _coerce_tangent(g: torch.Tensor, spec) -> torch.Tensor:
-    if any(isinstance(s, torch.SymInt) for s in spec.stride):
+    if any(isinstance(s, torch.SymInt) for s in (*spec.shape, *spec.stride)):
         # dynamic sizes: the backward was compiled for strides dense in the traced dim order
         order = sorted(range(g.dim()), key=lambda d: shapes.hint_int(spec.stride[d]), reverse=True)
         want = torch.empty_permuted(g.shape, order, dtype=g.dtype, device=g.device)
