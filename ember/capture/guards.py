@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import re
+import zlib
 from typing import Any
 
 import torch
@@ -105,15 +107,17 @@ class Guard:
 
 def _dynamic_geometry(e: str, shape, order) -> str:
     """A tensor with dynamic dims (None in `shape`): rank, the static sizes, each dynamic size
-    >= 2, and strides row-major over the dims in `order` (what the symbolic meta was built as)."""
-    checks = [f"{e}.dim() == {len(shape)}"]
+    >= 2, and strides row-major over the dims in `order` (what the symbolic meta was built as).
+    The shape is read once (a walrus local of the generated guard function)."""
+    sh = f"__sh_{re.sub(r'[^A-Za-z0-9]', '_', e)}_{zlib.crc32(e.encode()):x}"
+    checks = [f"len({sh} := {e}.shape) == {len(shape)}"]
     for d, n in enumerate(shape):
-        checks.append(f"{e}.size({d}) >= 2" if n is None else f"{e}.size({d}) == {n}")
+        checks.append(f"{sh}[{d}] >= 2" if n is None else f"{sh}[{d}] == {n}")
     strides = [""] * len(shape)
     acc = "1"
     for d in reversed(order):
         strides[d] = acc
-        acc = f"{acc} * {e}.size({d})" if acc != "1" else f"{e}.size({d})"
+        acc = f"{acc} * {sh}[{d}]" if acc != "1" else f"{sh}[{d}]"
     checks.append(f"{e}.stride() == ({', '.join(strides)},)")
     return " and ".join(checks)
 
