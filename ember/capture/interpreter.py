@@ -96,6 +96,21 @@ class SymbolInput:
         self.node = node
 
 
+def _stride_order(t: torch.Tensor) -> list[int]:
+    """Dims outermost first (by stride, then size)."""
+    return sorted(range(t.dim()), key=lambda d: (t.stride(d), t.shape[d]), reverse=True)
+
+
+def _row_major(sizes, order) -> list:
+    """Strides of `sizes` laid out densely with dims in `order` (outermost first)."""
+    strides = [0] * len(sizes)
+    acc = 1
+    for d in reversed(order):
+        strides[d] = acc
+        acc = acc * sizes[d]
+    return strides
+
+
 def _first_non_placeholder(graph):
     return next((n for n in graph.nodes if n.op != "placeholder"), None)
 
@@ -337,8 +352,8 @@ class Tracer:
             want = range(value.dim())
         want = set(want) | set(getattr(value, "_ember_dynamic_dims", ()))
         dims = [d for d in sorted(want) if d < value.dim() and value.shape[d] >= shapes.LOWER_BOUND]
-        if not dims or not shapes.is_dense(None, list(value.shape), list(value.stride())):
-            return []
+        if not dims or _row_major(list(value.shape), _stride_order(value)) != list(value.stride()):
+            return []       # not dense, or size-1 dims with strides the sizes do not give
         return dims
 
     def _dynamic_int(self, value: int, source: Source | None) -> bool:
@@ -360,14 +375,9 @@ class Tracer:
         sizes = [env.new_symbol(n, SizeSource(source, d)) if d in dims else n
                  for d, n in enumerate(value.shape)]
         # strides in terms of sizes: row-major in the order of the real strides
-        order = sorted(range(value.dim()), key=lambda d: (value.stride(d), value.shape[d]),
-                       reverse=True)
-        strides = [0] * value.dim()
-        acc = 1
-        for d in reversed(order):
-            strides[d] = acc
-            acc = acc * sizes[d]
-        meta = torch.empty_strided(sizes, strides, dtype=value.dtype, device="meta")
+        order = _stride_order(value)
+        meta = torch.empty_strided(sizes, _row_major(sizes, order), dtype=value.dtype,
+                                   device="meta")
         return meta, tuple(None if d in dims else n for d, n in enumerate(value.shape)), \
             tuple(order)
 

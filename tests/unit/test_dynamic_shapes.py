@@ -347,3 +347,17 @@ def test_cnn_training_with_dynamic_batch():
         m.zero_grad()
         ref.zero_grad()
     assert compiles() == 2
+
+
+def test_layouts_under_dynamic_true():
+    """Transposed inputs stay dynamic in their own dim order; a size-1 dim whose stride the
+    sizes do not give (as_strided) and an expanded (stride 0) input compile statically."""
+    def f(x):
+        return x * 2 + 1
+    cf = ember.compile(f, dynamic=True)
+    inputs = [torch.randn(6, 8).t(), torch.randn(5, 9).t(),
+              torch.randn(40).as_strided((5, 1, 8), (8, 100, 1)),
+              torch.randn(1, 8).expand(4, 8)]
+    for x in inputs:
+        torch.testing.assert_close(cf(x), f(x))
+    assert compiles() == 3      # both transposes share one dynamic graph
