@@ -33,14 +33,19 @@ def _apply_views(t, views, sizes):
     return t
 
 
+def _symbol_values(traced: Traced, args) -> dict:
+    """Dynamic shapes: each size symbol's value in this call, read from the input (dim) the
+    trace took it from."""
+    return {sym: args[i] if d is None else args[i].shape[d]
+            for sym, (i, d) in traced.symbols.items()}
+
+
 def _size_binder(traced: Traced, args):
-    """Dynamic shapes: a function replacing SymInts in view arguments by their values in this
-    call (each symbol read from the input dim the trace took it from). None when static."""
+    """A function replacing SymInts in view arguments by their values in this call. None
+    when static."""
     if not traced.symbols:
         return None
-    values = {}
-    for sym, (i, d) in traced.symbols.items():
-        values[sym] = args[i] if d is None else args[i].shape[d]
+    values = _symbol_values(traced, args)
 
     def concrete(x):
         if isinstance(x, (torch.SymInt, torch.SymFloat)):
@@ -102,14 +107,13 @@ class InferenceRuntime:
         return tree_unflatten(_rebuild_outputs(t, args, outs[:t.n_slots]), self.treespec)
 
 
-def _coerce_tangent(g: torch.Tensor, spec) -> torch.Tensor:
-    if any(isinstance(s, torch.SymInt) for s in (*spec.shape, *spec.stride)):
-        # dynamic sizes: the backward was compiled for strides dense in the traced dim order
-        order = sorted(range(g.dim()), key=lambda d: shapes.hint_int(spec.stride[d]), reverse=True)
-        want = torch.empty_permuted(g.shape, order, dtype=g.dtype, device=g.device)
-        if g.stride() == want.stride() or g.numel() <= 1:
+def _coerce_tangent(g: torch.Tensor, spec, sizes: dict | None) -> torch.Tensor:
+    if sizes is not None and any(isinstance(s, torch.SymInt) for s in (*spec.shape, *spec.stride)):
+        # dynamic sizes: the traced strides at this call's sizes (saved by the forward)
+        stride = tuple(int(shapes.expr_of(s).xreplace(sizes)) for s in spec.stride)
+        if tuple(g.stride()) == stride or g.numel() <= 1:
             return g
-        return want.copy_(g)
+        return torch.empty_strided(g.shape, stride, dtype=g.dtype, device=g.device).copy_(g)
     if tuple(g.stride()) == spec.stride or g.numel() <= 1:
         return g
     out = torch.empty_strided(spec.shape, spec.stride, dtype=g.dtype, device=g.device)
@@ -150,6 +154,7 @@ class TrainingRuntime:
                 # sizes (dynamic shapes) travel beside the tensors
                 ctx.ember_ints = [(i, x) for i, x in enumerate(saved) if not isinstance(x, torch.Tensor)]
                 ctx.save_for_backward(*[x for x in saved if isinstance(x, torch.Tensor)])
+                ctx.ember_sizes = _symbol_values(t, args) if t.symbols else None
                 ctx.mark_non_differentiable(*[o for j, o in enumerate(fw_outs)
                                               if j not in tangent_set and isinstance(o, torch.Tensor)])
                 return tuple(fw_outs)
@@ -163,7 +168,7 @@ class TrainingRuntime:
                 saved = list(ctx.saved_tensors)
                 for i, x in ctx.ember_ints:
                     saved.insert(i, x)
-                tangents = [_coerce_tangent(grad_outs[j], spec)
+                tangents = [_coerce_tangent(grad_outs[j], spec, ctx.ember_sizes)
                             for j, spec in zip(t.tangent_outs, t.tangent_specs)]
                 grads = rt.backward_fn()(*saved, *tangents)
                 result: list = [None] * t.n_inputs

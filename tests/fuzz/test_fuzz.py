@@ -21,9 +21,10 @@ TOL = {torch.float32: dict(rtol=2e-4, atol=2e-4), torch.float64: dict(rtol=1e-7,
 def _compile(fn, backend, capture):
     # capture "dynamo": torch.compile's Dynamo in front, so the backend chain is fuzzed on its
     # own; "ember": ember.compile, our capture and backend together
-    if capture == "ember":
+    # "ember_dynamic": every input dim symbolic (dynamic=True), the symbolic paths of every stage
+    if capture in ("ember", "ember_dynamic"):
         ember.reset()
-        return ember.compile(fn, backend=backend, fullgraph=True, dynamic=False)
+        return ember.compile(fn, backend=backend, fullgraph=True, dynamic=capture == "ember_dynamic")
     torch._dynamo.reset()  # one code object (`group`) serves every program: start clean
     return torch.compile(fn, backend=ember.get_backend(backend), fullgraph=True, dynamic=False)
 
@@ -106,8 +107,15 @@ def test_fuzz_fixed_seeds_own_capture(start):
         _check(range(s, s + GROUP), "ember", capture="ember")
 
 
+@pytest.mark.parametrize("start", range(0, 200, GROUP * 4))
+def test_fuzz_fixed_seeds_dynamic(start):
+    for s in range(start, start + GROUP * 4, GROUP):
+        _check(range(s, s + GROUP), "ember", capture="ember_dynamic")
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("capture,backend", [("dynamo", b) for b in BACKENDS] + [("ember", "ember")])
+@pytest.mark.parametrize("capture,backend", [("dynamo", b) for b in BACKENDS] +
+                         [("ember", "ember"), ("ember_dynamic", "ember")])
 @pytest.mark.parametrize("start", range(200, 2200, GROUP * 4))
 def test_fuzz_slow(capture, backend, start):
     for s in range(start, start + GROUP * 4, GROUP):
