@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import re
 from typing import Any, Callable
 
 import sympy
@@ -214,6 +215,8 @@ def numel(size) -> int:
 
 
 # --- dynamic shapes: sizes are sympy expressions over s0, s1, ... ----------------------------
+#: size symbols are kernel parameters named like this (C++ and Triton)
+SIZE_PARAM = re.compile(r"\bs\d+\b")
 #: the symbols' values at trace time, for heuristics (parallelize? vectorize?) only
 _HINTS: contextvars.ContextVar = contextvars.ContextVar("ember_size_hints", default={})
 

@@ -14,13 +14,13 @@ lists (buffer names, in order) for the wrapper.
 from __future__ import annotations
 
 import math
-import re
 
 import sympy
 import torch
 
 from .common import (BINARY, COMPARE, CTYPE, UNARY, FloorDiv, IndentedBuffer, ModularIndexing,
-                     compute_dtype, hint, index_printer, is_symbolic, numel, set_handler, sym)
+                     SIZE_PARAM, compute_dtype, hint, index_printer, is_symbolic, numel,
+                     set_handler, sym)
 from .cpp_prelude import PRELUDE
 
 PARALLEL_MIN_WORK = 32768
@@ -36,8 +36,7 @@ def _int(v) -> str:
 
 
 cexpr = index_printer("/", _int)
-#: size symbols (dynamic shapes) are kernel parameters named like this
-SIZE_PARAM = re.compile(r"\bs\d+\b")
+
 
 
 # --- the handler ---------------------------------------------------------------------------

@@ -30,8 +30,8 @@ import math
 import sympy
 import torch
 
-from .common import (BINARY, COMPARE, UNARY, IndentedBuffer, compute_dtype, index_printer, numel,
-                     set_handler, sym)
+from .common import (BINARY, COMPARE, SIZE_PARAM, UNARY, IndentedBuffer, compute_dtype, hint,
+                     index_printer, is_symbolic, numel, py_repr, set_handler, sym)
 
 MAX_PERSISTENT = 1024      # rows up to this many elements are reduced in one block
 LOOP_RBLOCK = 512          # column block of looped reductions
@@ -282,6 +282,9 @@ class TritonHandler:
     def constant(self, value, dtype):
         dtype = compute_dtype(dtype) if dtype is not None else (
             torch.float32 if isinstance(value, float) else torch.int64)
+        if is_symbolic(value):          # a scalar computed from sizes (dynamic shapes)
+            text = texpr(value) if value.is_integer else py_repr(value)
+            return self.emit(f"tl.full([], 0, {tl_dtype(dtype)}) + ({text})", dtype, 0)
         v = self.emit(_const_text(value, dtype), dtype, 0)
         return TVal(v.code, dtype, 0, const=value)
 
@@ -330,7 +333,7 @@ class TritonHandler:
     def indirect_indexing(self, value, size, check=True):
         v = self._as(value, torch.int64)
         name = self.fresh("idx")
-        self.code.writeline(f"{name} = tl.where({v} < 0, {v} + {int(size)}, {v})")
+        self.code.writeline(f"{name} = tl.where({v} < 0, {v} + {texpr(sympy.sympify(size))}, {v})")
         self.levels[name] = v.level
         return sym(name)
 
@@ -389,10 +392,10 @@ def _loop_var(i):
 def _open_rloop(code, h, stage, rn, rv) -> None:
     """Open a looped reduction's `for roffset` block: rindex/rmask, the decoded reduction vars and
     the loop mask. The caller closes it (code.level -= 1)."""
-    code.writeline(f"for roffset in range(0, {rn}, RBLOCK):")
+    code.writeline(f"for roffset in range(0, {_size(rn)}, RBLOCK):")
     code.level += 1
     code.writeline("rindex = roffset + rbase")
-    code.writeline(f"rmask = rindex < {rn}")
+    code.writeline(f"rmask = rindex < {_size(rn)}")
     h.levels["rindex"] = 2
     _decode(code, "rindex", list(stage.inner), rv, h, 2)
     h.loop_mask = h.emit("xmask & rmask", torch.bool, 2)
@@ -406,11 +409,16 @@ def _decode(code, flat: str, sizes, vars_, handler, level):
         acc *= s
     strides.reverse()
     for i, (v, s, st) in enumerate(zip(vars_, sizes, strides)):
-        e = flat if st == 1 else f"({flat} // {st})"
+        e = flat if st == 1 else f"({flat} // {_size(st)})"
         if i > 0:
-            e = f"{e} % {s}"
+            e = f"{e} % {_size(s)}"
         code.writeline(f"{v.name} = {e}")
         handler.levels[v.name] = level
+
+
+def _size(x) -> str:
+    """A size in kernel source: an int, or a parenthesized expression of the size parameters."""
+    return texpr(sympy.sympify(x))
 
 
 def _row_rnumel(stage):
@@ -423,6 +431,8 @@ def index_dtype(kernel, buffers: dict, args) -> str:  # noqa: D401
     for name in args:
         b = buffers[name]
         sizes.append(b.storage_numel())
+    if any(is_symbolic(x) for x in sizes):
+        return "tl.int64"           # dynamic sizes: no bound known at compile time
     return "tl.int64" if max(sizes) >= INT32_LIMIT else "tl.int32"
 
 
@@ -440,7 +450,7 @@ def reduction_hint(kernel, xv) -> str:
         for e in c.exprs:
             rs, xs = _coeff(e, rv[-1]), _coeff(e, xv[-1])
             if rs != 0 and xs != 0:
-                return "outer" if int(rs) > int(xs) else "inner"
+                return "outer" if hint(rs) > hint(xs) else "inner"
         return "inner"
     return ""
 
@@ -492,10 +502,13 @@ class TritonKernelCodegen:
         xv = [_loop_var(i) for i in range(m)]
         xnumel = numel(outer)
         pointwise = k.pure_pointwise
-        rnumel = max([_row_rnumel(s) for s in k.stages if s.inner or s.kind == "reduction"] or [1])
-        hint = "" if pointwise else reduction_hint(k, [_loop_var(i) for i in range(len(outer))])
-        persistent = not pointwise and rnumel <= self.max_persistent and not (
-            hint == "outer" and rnumel > OUTER_PERSISTENT_MAX)
+        rnumel = max([_row_rnumel(s) for s in k.stages if s.inner or s.kind == "reduction"] or [1],
+                     key=hint)
+        rhint = "" if pointwise else reduction_hint(k, [_loop_var(i) for i in range(len(outer))])
+        # a symbolic row length has no upper bound: loop over it (RBLOCK chunks)
+        persistent = not pointwise and not is_symbolic(rnumel) and \
+            rnumel <= self.max_persistent and not (
+                rhint == "outer" and rnumel > OUTER_PERSISTENT_MAX)
         idt = index_dtype(k, self.buffers, list(args) + self.scratch)
         code = h.code
         params = list(args) + self.scratch + ["XBLOCK: tl.constexpr"] + ([] if pointwise else
@@ -507,7 +520,7 @@ class TritonKernelCodegen:
         else:
             h.shapes[1] = "[XBLOCK, 1]"
             code.writeline("xindex = xoffset + tl.arange(0, XBLOCK)[:, None]")
-        code.writeline(f"xmask = xindex < {xnumel}")
+        code.writeline(f"xmask = xindex < {_size(xnumel)}")
         order = list(range(m))
         if pointwise and m > 1:
             # fastest-varying xindex digit = the dim the first store walks with the smallest
@@ -515,7 +528,7 @@ class TritonKernelCodegen:
             from .cpp import _coeff, collect
             c = collect(lambda: [n.store_pointwise(xv) for n in k.stages[0].nodes])
             if c.stores:
-                order = sorted(order, key=lambda d: -int(_coeff(c.stores[0], xv[d])))
+                order = sorted(order, key=lambda d: -hint(_coeff(c.stores[0], xv[d])))
         _decode(code, "xindex", [outer[d] for d in order], [xv[d] for d in order], h, 1)
         if pointwise:
             for n in k.stages[0].nodes:
@@ -541,11 +554,15 @@ class TritonKernelCodegen:
                     self.row_written.update(n.name for n in stage.nodes
                                             if stage.kind == "pointwise")
         elided = self.elide_dead_stores(set(dead) | set(self.scratch))
+        body = code.getvalue()
+        # dynamic shapes: the size symbols the body uses are scalar parameters after the buffers
+        sizes = sorted(set(SIZE_PARAM.findall(body)), key=lambda n: int(n[1:]))
+        params = params[:len(args)] + sizes + params[len(args):]   # (the launcher appends scratch)
         header = f"@triton.jit\ndef {k.name}({', '.join(params)}):\n"
-        return TritonKernelSource(k.name, header + code.getvalue(), list(args),
+        return TritonKernelSource(k.name, header + body, list(args) + sizes,
                                   "pointwise" if pointwise else "reduction", xnumel, rnumel,
                                   persistent, idt, h.used_libdevice, elided, self.welford_pairs,
-                                  list(self.scratch), hint)
+                                  list(self.scratch), rhint)
 
     def _stage(self, stage, xv, m, persistent, written):
         h = self.h
@@ -607,7 +624,7 @@ class TritonKernelCodegen:
         self.row_written = set()
         code = h.code
         code.writeline("rindex = rbase")
-        code.writeline(f"rmask = rindex < {_row_rnumel(stage)}")
+        code.writeline(f"rmask = rindex < {_size(_row_rnumel(stage))}")
         h.levels["rindex"] = 2
         _decode(code, "rindex", list(stage.inner), rv, h, 2)
         self.row_scope = tuple(stage.inner)

@@ -31,6 +31,7 @@ import torch
 from .. import config
 from ..errors import EmberError, InternalError, Unsupported
 from ..logging import get_logger
+from .common import SIZE_PARAM, hint, is_symbolic
 from .triton import MAX_PERSISTENT, LOOP_RBLOCK, generate_kernels, module_source
 from .wrapper import WrapperCodegen
 
@@ -119,18 +120,19 @@ def next_pow2(n: int) -> int:
 
 
 def heuristic_configs(ks, loop_rblock=LOOP_RBLOCK) -> list:
-    """Candidate configs, best guess first (the heuristic choice is element 0)."""
-    xp = next_pow2(ks.xnumel)
+    """Candidate configs, best guess first (the heuristic choice is element 0). Symbolic sizes
+    are judged at their trace-time hints."""
+    xp = next_pow2(hint(ks.xnumel))
     if ks.kind == "pointwise":
         cands = [(min(xp, 1024), 4), (min(xp, 512), 4), (min(xp, 256), 4), (min(xp, 1024), 8),
                  (min(xp, 128), 2)]
         return list(dict.fromkeys(Config(x, 0, w) for x, w in cands))
     if ks.persistent:
-        r = next_pow2(ks.rnumel)
+        r = next_pow2(ks.rnumel)          # (persistent only when rnumel is static)
         cands = [(max(1, min(xp, 4096 // r)), 4 if r < 1024 else 8),
                  (max(1, min(xp, 1024 // r)), 4), (max(1, min(xp, 8192 // r)), 8), (1, 4)]
         return list(dict.fromkeys(Config(x, r, w) for x, w in cands))
-    r = min(loop_rblock, next_pow2(ks.rnumel))
+    r = min(loop_rblock, next_pow2(hint(ks.rnumel)))
     if getattr(ks, "hint", "") == "outer":
         cands = [(min(xp, 64), min(r, 8), 4), (min(xp, 128), min(r, 4), 4),
                  (min(xp, 32), min(r, 16), 4), (min(xp, 8), min(r, 64), 4)]
@@ -159,11 +161,18 @@ class Launcher:
         self.lock = threading.Lock()
         self.tuned_from_cache = None
 
-    def grid(self, cfg):
-        return (max(1, -(-self.ks.xnumel // cfg.XBLOCK)),)
+    def _sizes(self, x, args):
+        """A size expression at this call's sizes (the size parameters among the args)."""
+        if not is_symbolic(x):
+            return x
+        vals = {n: args[i] for i, n in enumerate(self.ks.args) if SIZE_PARAM.fullmatch(n)}
+        return int(x.xreplace({s: vals[s.name] for s in x.free_symbols}))
+
+    def grid(self, cfg, args=()):
+        return (max(1, -(-self._sizes(self.ks.xnumel, args) // cfg.XBLOCK)),)
 
     def launch(self, cfg, args):
-        self.fn[self.grid(cfg)](*args, **cfg.kwargs())
+        self.fn[self.grid(cfg, args)](*args, **cfg.kwargs())
 
     def __call__(self, *args):
         if self.scratch_specs:
@@ -178,6 +187,14 @@ class Launcher:
 
     def _scratch(self, args):
         dev = args[0].device if args else torch.device("cpu")
+        if any(is_symbolic(x) for _, size, stride, _, _ in self.scratch_specs
+               for x in (*size, *stride)):
+            # dynamic shapes: this call's row scratch (sizes differ from call to call)
+            return tuple(torch.empty_strided([self._sizes(x, args) for x in size],
+                                             [self._sizes(x, args) for x in stride], dtype=dt,
+                                             device=dev) if needed
+                         else torch.empty(1, dtype=dt, device=dev)
+                         for _, size, stride, dt, needed in self.scratch_specs)
         if self.scratch is None or self.scratch[0].device != dev:
             self.scratch = tuple(
                 torch.empty_strided(size, stride, dtype=dt, device=dev) if needed

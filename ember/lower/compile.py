@@ -19,7 +19,6 @@ from .. import config, shapes
 from ..codegen.common import size_hints
 from ..codegen.cpp import generate_tu
 from ..codegen.wrapper import WrapperCodegen
-from ..errors import Unsupported
 from ..fallback import fall_back, stage
 from ..logging import get_logger
 from ..runtime import graph_cache
@@ -53,18 +52,14 @@ def _dce(nodes, deps, keep: set):
 def compile_aten_graph(gm, example_inputs, *, options=None):
     env = shapes.env_of(*[n.meta.get("val") for n in gm.graph.find_nodes(op="placeholder")])
     with size_hints(env.hints if env is not None else {}):
-        return _compile_aten_graph(gm, example_inputs, options, symbolic=env is not None)
+        return _compile_aten_graph(gm, example_inputs, options)
 
 
-def _compile_aten_graph(gm, example_inputs, options, symbolic):
+def _compile_aten_graph(gm, example_inputs, options):
     options = options or {}
     t0 = time.perf_counter()
     from ..codegen.triton_launch import compile_steps, selected  # Triton/GPU seam (issue 11)
     use_triton = selected(gm, example_inputs, options)   # never served from the C++ graph cache
-    if use_triton and symbolic:
-        with stage("codegen"):
-            raise Unsupported("ember: Triton kernels take static sizes; this graph has dynamic "
-                              "ones", hint="compile with dynamic=False on GPU")
     key = None if use_triton else graph_cache.graph_key(gm, options)
     entry = graph_cache.load(key) if key else None
     if entry is not None:

@@ -361,3 +361,26 @@ def test_layouts_under_dynamic_true():
     for x in inputs:
         torch.testing.assert_close(cf(x), f(x))
     assert compiles() == 3      # both transposes share one dynamic graph
+
+
+def test_triton_kernels_take_sizes_as_parameters():
+    """The Triton path (on CPU through Triton's interpreter, options={'cpu_codegen': 'triton'}):
+    kernels take the size symbols as arguments, the launch grid is computed per call, reductions
+    over a symbolic length loop; training over lengths compiles twice."""
+    pytest.importorskip("triton")
+    from ember.codegen.triton_launch import interpreting
+    if not interpreting():
+        pytest.skip("needs TRITON_INTERPRET=1 (set by tests/conftest.py)")
+    m, ref = _pair(MLP)
+    cm = ember.compile(m, options={"cpu_codegen": "triton"})
+    for t in (7, 16, 33):
+        x = torch.randn(3, t, 8)
+        out, r = cm(x), ref(x)
+        torch.testing.assert_close(out, r, rtol=1e-5, atol=1e-5)
+        out.pow(2).sum().backward()
+        r.pow(2).sum().backward()
+        for p, q in zip(m.parameters(), ref.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
+        m.zero_grad()
+        ref.zero_grad()
+    assert compiles() == 2
