@@ -205,7 +205,10 @@ class Launcher:
     def key(self, args) -> str:
         h = hashlib.sha256(self.ks.source.encode())
         for a in args:
-            h.update(f"{tuple(a.shape)}{tuple(a.stride())}{a.dtype}{a.device.type};".encode())
+            if isinstance(a, torch.Tensor):
+                h.update(f"{tuple(a.shape)}{tuple(a.stride())}{a.dtype}{a.device.type};".encode())
+            else:                   # a size parameter (dynamic shapes): tuned per size
+                h.update(f"{a!r};".encode())
         h.update(torch.cuda.get_device_name().encode() if args and args[0].is_cuda else b"cpu")
         return h.hexdigest()[:32]
 
