@@ -47,6 +47,21 @@ def _pair(cls):
     return m, copy.deepcopy(m)
 
 
+def _train_step_matches(cm, m, ref, x, grad_rtol=1e-5, grad_atol=1e-5):
+    """One forward+backward of the compiled module and of its eager copy: outputs, every
+    parameter grad and every buffer equal; grads cleared after."""
+    out, r = cm(x), ref(x)
+    torch.testing.assert_close(out, r, rtol=grad_rtol, atol=1e-5)
+    out.pow(2).sum().backward()
+    r.pow(2).sum().backward()
+    for p, q in zip(m.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=grad_rtol, atol=grad_atol)
+    for p, q in zip(m.buffers(), ref.buffers()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+    m.zero_grad()
+    ref.zero_grad()
+
+
 @pytest.mark.parametrize("sweep", [
     [(3, 7), (3, 16), (3, 33), (3, 64)],          # sequence lengths
     [(1, 16), (3, 16), (8, 16)],                  # batch sizes (1 is specialized first)
@@ -55,15 +70,7 @@ def test_mlp_train_sweep_compiles_at_most_twice(sweep):
     m, ref = _pair(MLP)
     cm = ember.compile(m)
     for b, t in sweep:
-        x = torch.randn(b, t, 8)
-        out, r = cm(x), ref(x)
-        torch.testing.assert_close(out, r, rtol=1e-5, atol=1e-5)
-        out.pow(2).sum().backward()
-        r.pow(2).sum().backward()
-        for p, q in zip(m.parameters(), ref.parameters()):
-            torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-5)
-        m.zero_grad()
-        ref.zero_grad()
+        _train_step_matches(cm, m, ref, torch.randn(b, t, 8))
     assert compiles() <= 2
 
 
@@ -335,17 +342,7 @@ def test_cnn_training_with_dynamic_batch():
     m, ref = _pair(SmallCNN)
     cm = ember.compile(m)
     for b in (2, 4, 8, 3):
-        x = torch.randn(b, 3, 8, 8)
-        out, r = cm(x), ref(x)
-        torch.testing.assert_close(out, r, rtol=1e-4, atol=1e-5)
-        out.square().sum().backward()
-        r.square().sum().backward()
-        for p, q in zip(m.parameters(), ref.parameters()):
-            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-4)
-        for p, q in zip(m.buffers(), ref.buffers()):
-            torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
-        m.zero_grad()
-        ref.zero_grad()
+        _train_step_matches(cm, m, ref, torch.randn(b, 3, 8, 8), grad_rtol=1e-4, grad_atol=1e-4)
     assert compiles() == 2
 
 
@@ -374,13 +371,5 @@ def test_triton_kernels_take_sizes_as_parameters():
     m, ref = _pair(MLP)
     cm = ember.compile(m, options={"cpu_codegen": "triton"})
     for t in (7, 16, 33):
-        x = torch.randn(3, t, 8)
-        out, r = cm(x), ref(x)
-        torch.testing.assert_close(out, r, rtol=1e-5, atol=1e-5)
-        out.pow(2).sum().backward()
-        r.pow(2).sum().backward()
-        for p, q in zip(m.parameters(), ref.parameters()):
-            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
-        m.zero_grad()
-        ref.zero_grad()
+        _train_step_matches(cm, m, ref, torch.randn(3, t, 8), grad_rtol=1e-4)
     assert compiles() == 2
