@@ -554,9 +554,9 @@ def specs_of(example_inputs, gm: fx.GraphModule | None = None) -> list:
     for x in example_inputs:
         if isinstance(x, torch.Tensor) and not shapes.is_ours(x) or \
                 isinstance(x, torch.SymInt) and not isinstance(x.node, shapes.SymNode):
-            raise Unsupported("ember.aot: symbolic sizes from another capture (torch.compile's "
-                              "dynamic shapes); ember's own capture supports dynamic shapes",
-                              hint="use ember.compile, or torch.compile(..., dynamic=False)")
+            raise Unsupported("ember.aot: symbolic sizes from another capture (Dynamo's dynamic "
+                              "shapes); ember's own capture supports dynamic shapes",
+                              hint="use ember.compile, or turn that capture's dynamic shapes off")
     out = []
     for x, sym in zip(example_inputs, symbolic):
         if isinstance(sym, torch.SymInt):
