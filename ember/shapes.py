@@ -568,7 +568,7 @@ def _to_copy(t, *, dtype=None, layout=None, device=None, pin_memory=None, non_bl
             is_dense(env_of(t), list(t.shape), list(t.stride())):
         strides = list(t.stride())
     else:
-        strides = _contiguous_strides(list(t.shape))
+        strides = row_major_strides(list(t.shape))
     return torch.empty_strided(list(t.shape), strides, dtype=dtype or t.dtype, device="meta")
 
 
@@ -577,15 +577,19 @@ def _constant_pad_nd(t, pad, value=0):
     for i in range(len(pad) // 2):
         d = len(sizes) - 1 - i
         sizes[d] = sizes[d] + pad[2 * i] + pad[2 * i + 1]
-    return torch.empty_strided(sizes, _contiguous_strides(sizes), dtype=t.dtype, device="meta")
+    return torch.empty_strided(sizes, row_major_strides(sizes), dtype=t.dtype, device="meta")
 
 
-def _contiguous_strides(sizes):
-    out, acc = [], 1
-    for s in reversed(sizes):
-        out.append(acc)
-        acc = acc * s
-    return out[::-1]
+def row_major_strides(sizes, order=None) -> list:
+    """Strides of `sizes` laid out densely with dims in `order` (outermost first; default:
+    contiguous). Sizes may be ints or SymInts."""
+    order = range(len(sizes)) if order is None else order
+    strides = [0] * len(sizes)
+    acc = 1
+    for d in reversed(list(order)):
+        strides[d] = acc
+        acc = acc * sizes[d]
+    return strides
 
 
 _VIEWS = {

@@ -19,6 +19,7 @@ from .. import config
 from ..config import CompileSettings
 from ..errors import InternalError, Unsupported
 from ..logging import enabled, get_logger, warn_once
+from ..shapes import LOWER_BOUND
 from .effects import finalize
 from .guards import EPOCH, RANKS, global_state, install_epoch_hooks
 from .interpreter import CO_VARARGS, CO_VARKEYWORDS, Frame, Tracer
@@ -291,43 +292,46 @@ def _call_with_locals(fn, code, locals_):
 
 def _mark_dynamic_dims(cache: FrameCache, fn, locals_, settings) -> str:
     """Automatic dynamic (dynamic=None): an input tensor whose only change against an entry's
-    guard is the size of some dims gets those dims symbolic in the next compile. Returns the
-    recompile reason's tail ('; L['x'] dim 1: 7 → 16, now dynamic')."""
+    guard is the size of some dims gets those dims symbolic in the next compile (an int argument
+    that changed: the value itself). Returns the recompile reason's tail
+    ('; L['x'] dim 1: 7 → 16, now dynamic')."""
     if settings.dynamic is not None:
         return ""
-    ns = dict(cache.entries[0].run.__globals__)
-    ns["__fn"] = fn
-    for i, v in enumerate(locals_):
-        ns[f"L{i}"] = v
+    ns = _guard_namespace(cache.entries[0], fn, locals_)
     notes = []
     for e in cache.entries:
         for g in e.guards:
-            if g.kind == "EQ" and type(g.expected) is int and not g.structural:
-                try:
-                    v = eval(g.source.expr(), ns)
-                except Exception:  # noqa: BLE001
-                    continue
-                if type(v) is int and v != g.expected and v >= 2:
-                    marks = cache.dynamic_dims.setdefault(g.source.expr(), set())
-                    if "value" not in marks:
-                        marks.add("value")
-                        notes.append(f"{g.source.name()}: {g.expected} → {v}, now dynamic")
-                continue
-            if g.kind != "TENSOR" or g.structural:
+            if g.structural or g.kind not in ("EQ", "TENSOR"):
                 continue
             try:
-                t = eval(g.source.expr(), ns)
-            except Exception:  # noqa: BLE001
+                v = eval(g.source.expr(), ns)
+            except Exception:  # noqa: BLE001 - the value is gone: nothing to compare
                 continue
-            cls, dtype, _, shape, _, rg = g.expected
-            if not isinstance(t, torch.Tensor) or t.dtype != dtype or t.dim() != len(shape):
+            marks = cache.dynamic_dims.setdefault(g.source.expr(), set())
+            if g.kind == "EQ":
+                if type(g.expected) is int and type(v) is int and v != g.expected and \
+                        v >= LOWER_BOUND and "value" not in marks:
+                    marks.add("value")
+                    notes.append(f"{g.source.name()}: {g.expected} → {v}, now dynamic")
                 continue
-            dims = cache.dynamic_dims.setdefault(g.source.expr(), set())
+            _, dtype, _, shape, _, _ = g.expected
+            if not isinstance(v, torch.Tensor) or v.dtype != dtype or v.dim() != len(shape):
+                continue
             for d, n in enumerate(shape):
-                if n is not None and n != t.shape[d] and t.shape[d] >= 2 and d not in dims:
-                    dims.add(d)
-                    notes.append(f"{g.source.name()} dim {d}: {n} → {t.shape[d]}, now dynamic")
+                if n is not None and n != v.shape[d] and v.shape[d] >= LOWER_BOUND and \
+                        d not in marks:
+                    marks.add(d)
+                    notes.append(f"{g.source.name()} dim {d}: {n} → {v.shape[d]}, now dynamic")
     return "".join(f"; {n}" for n in dict.fromkeys(notes))
+
+
+def _guard_namespace(entry: Entry, fn, locals_) -> dict:
+    """The names an entry's guard expressions read: its generated globals, `__fn`, `L<i>`."""
+    ns = dict(entry.run.__globals__)
+    ns["__fn"] = fn
+    for i, v in enumerate(locals_):
+        ns[f"L{i}"] = v
+    return ns
 
 
 def _where(code) -> str:
@@ -338,10 +342,7 @@ def _first_failed_guard(entries, fn, locals_) -> str | None:
     if not entries:
         return None
     e = entries[0]
-    ns = dict(e.run.__globals__)
-    ns["__fn"] = fn
-    for i, v in enumerate(locals_):
-        ns[f"L{i}"] = v
+    ns = _guard_namespace(e, fn, locals_)
     for g in e.guards:
         try:
             ok = eval(g.expr(_Binder(ns)), ns)

@@ -101,16 +101,6 @@ def _stride_order(t: torch.Tensor) -> list[int]:
     return sorted(range(t.dim()), key=lambda d: (t.stride(d), t.shape[d]), reverse=True)
 
 
-def _row_major(sizes, order) -> list:
-    """Strides of `sizes` laid out densely with dims in `order` (outermost first)."""
-    strides = [0] * len(sizes)
-    acc = 1
-    for d in reversed(order):
-        strides[d] = acc
-        acc = acc * sizes[d]
-    return strides
-
-
 def _first_non_placeholder(graph):
     return next((n for n in graph.nodes if n.op != "placeholder"), None)
 
@@ -351,8 +341,10 @@ class Tracer:
         if self.settings.dynamic is True:
             want = range(value.dim())
         want = set(want) | set(getattr(value, "_ember_dynamic_dims", ()))
-        dims = [d for d in sorted(want) if d < value.dim() and value.shape[d] >= shapes.LOWER_BOUND]
-        if not dims or _row_major(list(value.shape), _stride_order(value)) != list(value.stride()):
+        dims = [d for d in sorted(d for d in want if isinstance(d, int))   # not the "value" mark
+                if d < value.dim() and value.shape[d] >= shapes.LOWER_BOUND]
+        if dims and shapes.row_major_strides(list(value.shape), _stride_order(value)) != \
+                list(value.stride()):
             return []       # not dense, or size-1 dims with strides the sizes do not give
         return dims
 
@@ -376,8 +368,8 @@ class Tracer:
                  for d, n in enumerate(value.shape)]
         # strides in terms of sizes: row-major in the order of the real strides
         order = _stride_order(value)
-        meta = torch.empty_strided(sizes, _row_major(sizes, order), dtype=value.dtype,
-                                   device="meta")
+        meta = torch.empty_strided(sizes, shapes.row_major_strides(sizes, order),
+                                   dtype=value.dtype, device="meta")
         return meta, tuple(None if d in dims else n for d, n in enumerate(value.shape)), \
             tuple(order)
 

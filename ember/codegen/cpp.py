@@ -38,6 +38,11 @@ def _int(v) -> str:
 cexpr = index_printer("/", _int)
 
 
+def _blocks(n, block: int) -> str:
+    """C++ for ceil(n / block): n an int or a size expression."""
+    return _int(FloorDiv(sympy.sympify(n) + block - 1, sympy.Integer(block)))
+
+
 
 # --- the handler ---------------------------------------------------------------------------
 
@@ -488,7 +493,7 @@ class KernelCodegen:
         rv = [loop_var(m + i) for i in range(len(st.inner))]
         B = self.COLUMN_BLOCK
         L = k.outer[-1]
-        nblk = _int(FloorDiv(L + B - 1, B)) if is_symbolic(L) else (L + B - 1) // B
+        nblk = _blocks(L, B)
         saved = h.push()
         for i, (size, v) in enumerate(zip(k.outer[:-1], xv[:-1])):
             if i == 0 and parallel:
@@ -651,8 +656,7 @@ class KernelCodegen:
             inner = list(stage.inner)
             if len(inner) == 1:   # split one long dim into blocks: omp for outside, simd inside
                 blk = 4096
-                nb = _int(FloorDiv(inner[0] + blk - 1, blk)) if is_symbolic(inner[0]) else \
-                    (inner[0] + blk - 1) // blk
+                nb = _blocks(inner[0], blk)
                 code.writeline("#pragma omp for")
                 code.writeline(f"for (int64_t blk = 0; blk < {nb}; ++blk)")
                 code.writeline("{")

@@ -33,7 +33,7 @@ from ..errors import EmberError, InternalError, Unsupported
 from ..logging import get_logger
 from .common import SIZE_PARAM, hint, is_symbolic
 from .triton import MAX_PERSISTENT, LOOP_RBLOCK, generate_kernels, module_source
-from .wrapper import WrapperCodegen
+from .wrapper import WrapperCodegen, grad_free
 
 code_log = get_logger("output_code")
 perf_log = get_logger("perf")
@@ -318,12 +318,7 @@ def compile_steps(g, steps, plan, deps, buffers, options, *, step_reads, step_wr
                                                   for n in s.scratch])
     globs.update(launchers)
     exec(compile(wsrc, f"<ember triton wrapper {gid}>", "exec"), globs)
-    call = globs["call"]
-    no_grad = torch.no_grad
-
-    def run(*args):
-        with no_grad():
-            return call(args)
+    run = grad_free(globs["call"])
     run.ember_stats = stats
     run.ember_wrapper = wsrc
     run.ember_triton_source = msrc

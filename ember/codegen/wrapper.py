@@ -18,6 +18,23 @@ from ..runtime.build import SIZE_NAME
 from .common import IndentedBuffer, numel, py_repr
 
 
+def grad_free(call):
+    """`run(*args)` = `call(args)` with grad mode off: autograd is aot's job, and externs'
+    out= variants refuse grad inputs. (Not the no_grad() context manager: that costs a
+    microsecond per call on small graphs.)"""
+    grad_enabled, set_grad = torch.is_grad_enabled, torch._C._set_grad_enabled
+
+    def run(*args):
+        if not grad_enabled():
+            return call(args)
+        set_grad(False)
+        try:
+            return call(args)
+        finally:
+            set_grad(True)
+    return run
+
+
 def _sig(buf):
     return (tuple(buf.size), tuple(buf.stride), buf.dtype)
 

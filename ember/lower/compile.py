@@ -18,7 +18,7 @@ import torch
 from .. import config, shapes
 from ..codegen.common import size_hints
 from ..codegen.cpp import generate_tu
-from ..codegen.wrapper import WrapperCodegen
+from ..codegen.wrapper import WrapperCodegen, grad_free
 from ..fallback import fall_back, stage
 from ..logging import get_logger
 from ..runtime import graph_cache
@@ -153,19 +153,7 @@ class _Compiled:
         return tuple(out) if isinstance(out, (list, tuple)) else (out,)
 
     def entry(self):
-        compiled = self
-        grad_enabled, set_grad = torch.is_grad_enabled, torch._C._set_grad_enabled
-
-        def run(*args):
-            # autograd is aot's job; externs' out= variants refuse grad inputs. (Not the
-            # no_grad() context manager: a microsecond per call on small graphs.)
-            if not grad_enabled():
-                return compiled.call(args)
-            set_grad(False)
-            try:
-                return compiled.call(args)
-            finally:
-                set_grad(True)
+        run = grad_free(lambda args: self.call(args))   # self.call changes after the first call
         run.ember_stats = self.stats
         run.ember_wrapper = self.wsrc
         return run
