@@ -59,7 +59,9 @@ class ResumeTarget:
     def __init__(self, fn, offset, layout, unbound, settings, compiled: bool):
         self.settings, self.compiled = settings, compiled
         self.closure = bool(fn.__code__.co_freevars)
-        self.fn = resume_function(fn, offset, layout, unbound)
+        # the eager rest still sends the calls it makes through the dispatcher
+        route = None if compiled else functools.partial(dispatch, settings)
+        self.fn = resume_function(fn, offset, layout, unbound, route)
         self.runner = self._runner(self.fn)
 
     def _runner(self, fn):
@@ -91,15 +93,21 @@ def _runs_as_is(module_name) -> bool:
     return not module_name or module_name.split(".")[0] in _EAGER_MODULES
 
 
+_GENERATOR_FLAGS = 0x20 | 0x80 | 0x100 | 0x200     # generator, coroutine, async generator
+
+
 def dispatch(settings, fn):
     """What a residual call should call: Python functions and modules of user code and model
     libraries (transformers, torchvision, ...) compiled as their own roots (cached per object);
-    torch, the standard library and builtins as they are."""
+    torch, the standard library, builtins and generator functions as they are."""
     from .entry import compile_function, compile_module
-    if isinstance(fn, types.MethodType) and isinstance(fn.__func__, types.FunctionType):
-        if _runs_as_is(fn.__func__.__module__):
+    func = fn.__func__ if isinstance(fn, types.MethodType) else fn
+    if isinstance(func, types.FunctionType) and func.__code__.co_flags & _GENERATOR_FLAGS:
+        return fn
+    if isinstance(fn, types.MethodType) and isinstance(func, types.FunctionType):
+        if _runs_as_is(func.__module__):
             return fn
-        return compile_function(fn, settings)
+        return compile_function(fn, settings)      # a Runner over the code's shared cache
     if isinstance(fn, (types.FunctionType, torch.nn.Module)):
         if _runs_as_is(getattr(type(fn) if isinstance(fn, torch.nn.Module) else fn,
                                "__module__", None)):

@@ -230,6 +230,10 @@ class Runner:
             entry = compile_break(self, locals_, e)
             if entry is not None:
                 return entry
+            if getattr(e, "raises", False):
+                # the frame raises on these inputs: eager raises the same exception from the
+                # user's own frames, and a function that raises has no speed to lose (no warning)
+                return build_entry(tr, None, self.argnames, eager=True, reason=str(e))
             STATS["fallbacks"] += 1
             why = f"\n(no graph break here: {e.no_break})" if getattr(e, "no_break", None) else ""
             warn_once(f"unsupported:{id(self.code)}:{e.reason}",
@@ -270,8 +274,10 @@ class Runner:
             return tr.run_frame(frame)
         except TracedRaise as e:
             tr.frames.append(frame)
-            raise tr.unsupported(f"the traced code raises {type(e.exc).__name__}: {e.exc}",
-                                 hint="it raises eagerly too") from None
+            err = tr.unsupported(f"the traced code raises {type(e.exc).__name__}: {e.exc}",
+                                 hint="it raises eagerly too")
+            err.raises = True
+            raise err from None
 
 
 def _call_with_locals(fn, code, locals_):

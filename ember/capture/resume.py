@@ -17,6 +17,8 @@ import dis
 import sys
 import types
 
+import bytecode as bc
+
 from ..errors import Unsupported
 
 _OP = dis.opmap
@@ -150,7 +152,8 @@ def resume_code(code: types.CodeType, offset: int, layout: tuple, unbound: tuple
         raise Unsupported("graph break in a generator or coroutine")
     varnames, consts = code.co_varnames, code.co_consts
     n_stack = sum(1 for s in layout if s is VALUE)
-    new_names = tuple(f"{STACK_PREFIX}{i}" for i in range(n_stack))
+    first = sum(1 for v in varnames if v.startswith(STACK_PREFIX))     # a resume of a resume
+    new_names = tuple(f"{STACK_PREFIX}{first + i}" for i in range(n_stack))
     pro = b""
     if code.co_freevars:
         pro += _emit(_OP["COPY_FREE_VARS"], len(code.co_freevars))
@@ -185,9 +188,165 @@ def resume_code(code: types.CodeType, offset: int, layout: tuple, unbound: tuple
 
 
 def resume_function(fn: types.FunctionType, offset: int, layout: tuple,
-                    unbound: tuple) -> types.FunctionType:
+                    unbound: tuple, route=None) -> types.FunctionType:
+    """The resume function; with `route`, every call it makes goes through `route(callable)`
+    first (route_calls)."""
     code = resume_code(fn.__code__, offset, layout, unbound)
+    if route is not None:
+        code = route_calls(code, route)
     return types.FunctionType(code, fn.__globals__, code.co_name, None, fn.__closure__)
+
+
+def _route(route, loc) -> list:
+    """TOS -> route(TOS): a method-form call of `route` with TOS as its self argument."""
+    out = [bc.Instr("LOAD_CONST", route, location=loc), bc.Instr("SWAP", 2, location=loc)]
+    if sys.version_info < (3, 12):
+        out.append(bc.Instr("PRECALL", 0, location=loc))
+    return out + [bc.Instr("CALL", 0, location=loc)]
+
+
+_NO_PUSH = ("POP_", "STORE_", "DELETE_", "JUMP", "RETURN", "RAISE", "RERAISE", "NOP", "KW_NAMES",
+            "PRECALL", "RESUME", "END_FOR", "SETUP_", "PRINT_EXPR", "COPY_FREE_VARS", "MAKE_CELL")
+_MOVES = ("SWAP", "ROT_", "UNPACK_", "BEFORE_", "PUSH_EXC_INFO", "CHECK_EG_MATCH", "SEND")
+
+
+def _pushes(ins) -> int | None:
+    """How many stack slots `ins` writes (None: it moves or reorders slots)."""
+    name = ins.name
+    if name.startswith(_MOVES):
+        return None
+    if name == "LOAD_METHOD" or (name in ("LOAD_ATTR", "LOAD_SUPER_ATTR", "LOAD_GLOBAL") and
+                                 isinstance(ins.arg, tuple) and ins.arg[0] is True):
+        return 2
+    return 0 if name.startswith(_NO_PUSH) else 1
+
+
+def _depths(items) -> list:
+    """Stack depth after each item (None where no path of known depth reaches it: code after a
+    jump or return up to a label no known jump or handler targets). Passes repeat until the
+    depths at labels settle, so a loop head learns its depth from the jump back."""
+    at_label: dict = {}
+    while True:
+        seen = len(at_label)
+        out, depth = [], 0
+        for it in items:
+            if isinstance(it, bc.Label):
+                depth = at_label.get(it, depth)
+            elif isinstance(it, bc.TryBegin) and isinstance(it.stack_depth, int):
+                # the handler starts with the block's stack, lasti, and the exception
+                at_label.setdefault(it.target, it.stack_depth + it.push_lasti + 1)
+            elif isinstance(it, bc.Instr) and depth is not None:
+                if it.has_jump() and isinstance(it.arg, bc.Label):
+                    at_label.setdefault(it.arg, depth + it.stack_effect(jump=True))
+                depth += it.stack_effect(jump=it.is_uncond_jump())
+                if it.is_final():         # what follows is reached by a label, or not at all
+                    out.append(depth)
+                    depth = None
+                    continue
+            out.append(depth)
+        if len(at_label) == seen:
+            return out
+
+
+def route_calls(code: types.CodeType, route) -> types.CodeType:
+    """`code` with each call's callable passed through `route` just before its arguments are
+    pushed. A frame's eager rest (a break in a loop, a try block, an unknown `with`) so still
+    sends user functions and modules through the dispatcher (breaks.dispatch), which compiles
+    them as their own roots.
+
+    The callable's slot is found by stack depth, walking back along every path that reaches
+    the call: on each, the last instruction that leaves the stack at the callable's depth with
+    everything after it above (on the resumed entry path that is the prologue's load of the
+    saved slot). A method load ([method, self]) becomes an attribute load plus NULL; any other
+    producer must sit on a NULL, or its value could be a method's `self`. A call whose callable
+    cannot be found for sure (a depth unknown, a stack move in its arguments, a `super()`
+    method load, no NULL below) is left as it is."""
+    b = bc.Bytecode.from_code(code)
+    items = list(b)
+    depths = _depths(items)
+    sources: dict = {}                    # label -> indices of the jumps to it
+    for i, it in enumerate(items):
+        if isinstance(it, bc.Instr) and it.has_jump() and isinstance(it.arg, bc.Label):
+            sources.setdefault(it.arg, []).append(i)
+    wrap: dict[int, bool] = {}            # index of a callable's producer -> a method load?
+    for i, it in enumerate(items):
+        if not isinstance(it, bc.Instr):
+            continue
+        if it.name == ("CALL" if sys.version_info >= (3, 12) else "PRECALL"):
+            n = it.arg
+        elif it.name == "CALL_FUNCTION_EX":
+            n = 1 + (it.arg & 1)
+        else:
+            continue
+        before = depths[i - 1] if i else 0
+        want = None if before is None else before - n
+        found = want and _producers(items, depths, sources, i, want)
+        if not found or any(depths[k] != want or items[k].name == "LOAD_SUPER_ATTR"
+                            for k in found):
+            continue
+        kinds = {k: _pushes(items[k]) == 2 and items[k].name != "LOAD_GLOBAL" for k in found}
+        if all(method or _pushes(items[k]) == 2 or _null_below(items, depths, sources, k, want)
+               for k, method in kinds.items()):
+            wrap.update(kinds)
+    out = []
+    for k, it in enumerate(items):
+        method = wrap.get(k)
+        if method is None:
+            out.append(it)
+        elif method:                      # [method, self] -> [NULL, route(bound method)]
+            loc = it.location
+            arg = (False, it.arg[1]) if isinstance(it.arg, tuple) else it.arg
+            out += [bc.Instr("LOAD_ATTR", arg, location=loc), *_route(route, loc),
+                    bc.Instr("PUSH_NULL", location=loc), bc.Instr("SWAP", 2, location=loc)]
+        else:
+            out += [it, *_route(route, it.location)]
+    b[:] = out
+    # the handlers keep their depths (each routing is stack-neutral, one slot above at most);
+    # recomputing them would fail on a try block that starts in the unreachable original prefix
+    return b.to_code(stacksize=code.co_stacksize + 1, compute_exception_stack_depths=False)
+
+
+def _null_below(items, depths, sources, k: int, want: int) -> bool:
+    """Whether the slot under the callable that items[k] pushed (depth `want`) holds NULL."""
+    below = _producers(items, depths, sources, k, want - 1)
+    return bool(below) and all(
+        items[z].name == "PUSH_NULL" or
+        items[z].name == "LOAD_GLOBAL" and depths[z] == want and items[z].arg[0] is True
+        for z in below)
+
+
+def _producers(items, depths, sources, start: int, want: int, seen=None) -> set | None:
+    """The indices of the instructions that, on the paths reaching items[start], wrote the slot
+    at depth `want` (one of the slots they push), with nothing after them touching it; None if
+    unsure on any path."""
+    seen = set() if seen is None else seen
+    found: set = set()
+    for k in range(start - 1, -1, -1):
+        it, d = items[k], depths[k]
+        if isinstance(it, bc.Label):
+            for j in sources.get(it, ()):
+                if j in seen:
+                    continue
+                seen.add(j)
+                jump_depth = depths[j - 1] if j else 0
+                if jump_depth is None or min(jump_depth, d if d is not None else -1) < want:
+                    return None
+                more = _producers(items, depths, sources, j, want, seen)
+                if more is None:
+                    return None
+                found |= more
+            continue
+        if not isinstance(it, bc.Instr):
+            continue                      # TryBegin / TryEnd markers
+        if it.is_final():
+            return found or None          # reached only by the labels already walked
+        if d is None or (pushes := _pushes(it)) is None:
+            return None
+        if d - pushes >= want:            # everything it touched lies above the slot
+            continue
+        return found | {k} if d >= want else None
+    return None
+
 
 
 def _line_entries(units: int) -> bytes:

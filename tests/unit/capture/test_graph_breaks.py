@@ -312,6 +312,42 @@ def test_break_in_for_loop(capsys):
     counts(loop_print, X, graphs=1, breaks=1)                # prefix; the rest runs eagerly
 
 
+def loop_helper(t):
+    return torch.tanh(t) * 2 + t.sin()
+
+
+class LoopBlock(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, t):
+        return torch.relu(self.lin(t)) - t
+
+
+LOOP_BLOCK = LoopBlock().requires_grad_(False)   # its outputs never require grad: no recompile
+
+
+def loop_calls_after_break(x):
+    y = x + 1
+    for i in range(4):
+        print("iteration", i)  # BREAK
+        y = loop_helper(y)
+        y = LOOP_BLOCK(y)
+    return y.sum()
+
+
+def test_break_in_for_loop_later_calls_go_through_the_dispatcher(capsys):
+    """The loop runs eagerly after the break, but its calls to a user helper and a user module
+    go through the dispatcher: each compiles once as its own root (one graph each) and every
+    later iteration hits that entry."""
+    compare(capsys, loop_calls_after_break, X, calls=2)
+    no_recompiles_no_fallbacks()
+    assert stat("graphs") == 3, ember.stats()       # x + 1 | loop_helper | LoopBlock.forward
+    e = counts(loop_calls_after_break, X, graphs=3, breaks=1)
+    assert e.ops_per_graph[1:] == [4, 3], e         # tanh * 2 + sin; linear, relu, sub
+
+
 def deep2(t):
     u = t * 3
     print("deep2", u.shape)  # BREAK
@@ -984,8 +1020,11 @@ class Stack(nn.Module):
 def test_break_in_submodule_inside_modulelist_loop(capsys):
     x = torch.randn(3, 4)
     m, ref = compare_module(capsys, Stack, x)
-    assert stat("fallbacks") == 0, ember.stats()
-    e = counts(m, x, graphs=1, breaks=1)          # self.norm(x); the loop over layers is eager
+    no_recompiles_no_fallbacks()
+    # self.norm(x), then the loop runs eagerly but each layer(x) goes through the dispatcher:
+    # Layer.forward compiles as its own root (lin | print | relu + x), once for all three
+    e = counts(m, x, graphs=3, breaks=2)
+    assert e.ops_per_graph == [1, 1, 2], e
     torch.testing.assert_close(e.result, ref(x))
 
 
