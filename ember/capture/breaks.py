@@ -8,10 +8,11 @@ values and then, by the kind of instruction:
           compiles them as their own roots) and continues in a compiled resume function;
   jump  - evaluates the tensor condition and continues in one of two compiled resume functions;
   eager - anything else, and any break inside a loop, a try block or an unknown `with`: the
-          rest of the frame runs eagerly from the unsupported instruction on.
+          rest of the frame runs eagerly from the unsupported instruction on, its calls
+          routed through `dispatch` too (resume.route_calls).
 Context managers open at the break (no_grad & co.) are closed at the end of the prefix graph,
-the residual call runs inside real ones, and resume functions re-enter them (resume.py). Breaks are recorded for explain() and logged
-once each under EMBER_LOGS=graph_breaks.
+the residual call runs inside real ones, and resume functions re-enter them (resume.py).
+Breaks are recorded for explain() and logged once each under EMBER_LOGS=graph_breaks.
 """
 from __future__ import annotations
 

@@ -261,7 +261,7 @@ def route_calls(code: types.CodeType, route) -> types.CodeType:
     producer must sit on a NULL, or its value could be a method's `self`. A call whose callable
     cannot be found for sure (a depth unknown, a stack move in its arguments, a `super()`
     method load, no NULL below) is left as it is."""
-    b = bc.Bytecode.from_code(code)
+    b = bc.Bytecode.from_code(code, conserve_exception_block_stackdepth=True)
     items = list(b)
     depths = _depths(items)
     sources: dict = {}                    # label -> indices of the jumps to it

@@ -2,6 +2,7 @@
 (the dispatcher) and otherwise behaves exactly as the original code."""
 from __future__ import annotations
 
+import dis
 import subprocess
 import sys
 import textwrap
@@ -111,6 +112,29 @@ def test_method_self_is_never_routed():
     torch.testing.assert_close(routed(M.forward, route)(m, x), m(x))
     assert not any(f is m for f in seen)
     assert any(f is m.lin for f in seen)
+
+
+def retry_loop(xs):
+    out = []
+    for x in xs:
+        try:
+            out.append(int(x))
+        except ValueError:
+            out.append(len(str(x)))
+    return out
+
+
+def test_exception_handlers_keep_their_stack_depths():
+    """A try block inside a loop unwinds to the depth holding the loop's iterator: routing
+    keeps every handler's depth (a wrong one crashes the interpreter)."""
+    import functools
+    for fn in (retry_loop, functools.update_wrapper, textwrap.TextWrapper._wrap_chunks):
+        code = route_calls(fn.__code__, Recorder())
+        depths = [(e.depth, e.lasti) for e in dis.Bytecode(code).exception_entries]
+        assert depths == [(e.depth, e.lasti) for e in dis.Bytecode(fn.__code__).exception_entries]
+    rec = Recorder()
+    assert routed(retry_loop, rec)(["1", "x", "22"]) == [1, 1, 22]
+    assert rec.seen.count("len") == 1 and rec.seen.count("int") == 3
 
 
 _STRESS = textwrap.dedent("""
