@@ -14,8 +14,8 @@ import types
 
 import torch
 
-from .values import (BuiltinMethodV, ContextV, DictV, FuncV, IterV, ListV, MethodV, NewObjV,
-                     ObjV, SYM_TYPES, SuperV, TensorV, TupleV, V, is_literal)
+from .values import (BuiltinMethodV, ContextV, DictV, FuncV, IterV, LazyV, ListV, MethodV,
+                     NewObjV, ObjV, SYM_TYPES, SuperV, TensorV, TupleV, V, is_literal, peek, pending)
 
 BUILTINS: dict = {}
 
@@ -28,32 +28,49 @@ def builtin(*fns):
     return deco
 
 
-def real(tr, v: V):
-    """The real Python value of a constant-like value (containers of constants included)."""
+def real(tr, v: V, use: bool = True):
+    """The real Python value of a constant-like value (containers of constants included).
+    `use=False` reads LazyVs without using them (no guard)."""
     if isinstance(v, ObjV):
-        return v.value
+        return v.value if use else peek(v)
     if isinstance(v, (ListV, TupleV)):
-        items = [real(tr, i) for i in v.items]
+        items = [real(tr, i, use) for i in v.items]
         if isinstance(v, ListV):
             return items
         return v.cls(items) if v.cls in (tuple, torch.Size) else v.cls(*items)
     if isinstance(v, DictV):
-        return {k: real(tr, x) for k, x in v.items.items()}
+        return {k: real(tr, x, use) for k, x in v.items.items()}
     raise tr.unsupported(f"{type(v).__name__} used where a constant is needed")
 
 
 def fold(tr, f, args, kwargs) -> V:
+    """`f(*args, **kwargs)` for a pure `f` at trace time. Over an unused LazyV the result is a
+    LazyV too (its value is only guarded once something uses it)."""
+    vals = (*args, *kwargs.values())
+    # only over plain values: a container could change before the residual code rebuilds it
+    lazy = any(pending(a) for a in vals) and all(isinstance(a, ObjV) for a in vals)
     try:
-        out = f(*[real(tr, a) for a in args], **{k: real(tr, x) for k, x in kwargs.items()})
+        out = f(*[real(tr, a, not lazy) for a in args],
+                **{k: real(tr, x, not lazy) for k, x in kwargs.items()})
     except Exception as e:  # noqa: BLE001 - the user's code raises here eagerly too
         from .interpreter import TracedRaise
+        _use(tr, args, kwargs)
         raise TracedRaise(e) from None
+    if lazy and is_literal(out):
+        return LazyV(out, lambda: _use(tr, args, kwargs), fn=f, args=args, kwargs=kwargs)
+    _use(tr, args, kwargs)
     return tr.const_value(out)
+
+
+def _use(tr, args, kwargs):
+    for a in (*args, *kwargs.values()):
+        if pending(a):
+            real(tr, a)         # reading is using: installs the guards
 
 
 def pytype(v: V):
     if isinstance(v, ObjV):
-        return type(v.value)
+        return type(peek(v))
     return v.python_type()
 
 

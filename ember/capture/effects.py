@@ -15,7 +15,7 @@ import math
 import torch
 import torch.fx as fx
 
-from .values import (DictV, ListV, NewObjV, ObjV, TensorV, TupleV, V)
+from .values import (DictV, LazyV, ListV, NewObjV, ObjV, TensorV, TupleV, V)
 
 
 @dataclasses.dataclass
@@ -75,6 +75,11 @@ class _Rebuild:
                 self.out_index[v.node] = i
                 self.outputs.append(v)
             return f"__o[{i}]"
+        if isinstance(v, LazyV) and v.pending:       # recomputed, so left unguarded
+            if v.source is not None:
+                return v.source.expr()
+            args = [self.expr(a) for a in v.args] + [f"{k}={self.expr(x)}" for k, x in v.kwargs.items()]
+            return f"{self.bind(v.fn, 'f')}({', '.join(args)})"
         if isinstance(v, ObjV):
             x = v.value
             if x is None or type(x) in (bool, int, str) or type(x) is float and math.isfinite(x):

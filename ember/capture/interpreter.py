@@ -25,7 +25,7 @@ from .bytecode import decode
 from .guards import Guard, global_state
 from .sources import (AttrSource, ClosureSource, ConstSource, DictEntrySource, GlobalSource,
                       ItemSource, LocalSource, SizeSource, Source)
-from .values import (NULL, CellV, DictV, ListV, ObjV, TensorV, TupleV, V, is_literal)
+from .values import (NULL, CellV, DictV, LazyV, ListV, ObjV, TensorV, TupleV, V, is_literal)
 
 MAX_INLINE_DEPTH = 64
 CO_VARARGS, CO_VARKEYWORDS, CO_GENERATOR = 0x04, 0x08, 0x20
@@ -241,8 +241,13 @@ class Tracer:
         if t is int and self._dynamic_int(value, source):
             self.guard("TYPE", source, int)
             return ObjV(self._shape_env().new_symbol(value, source, guard_bound=True), source)
+        if t in (float, str) and source is not None and not source.structural:
+            # guarded by value only once used: a loss.item() (or a message made from it) that
+            # only gets logged does not recompile per value
+            self.guard("TYPE", source, t)
+            return LazyV(value, lambda: self.guard("EQ", source, value), source)
         if is_literal(value):
-            self.guard("EQ" if t not in (torch.dtype, torch.device) else "EQ", source, value)
+            self.guard("EQ", source, value)
             return ObjV(value, source)
         if t is list or t is dict:
             hit = self.by_real_id.get(id(value))

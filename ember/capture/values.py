@@ -2,6 +2,8 @@
 
   ObjV      a real Python object known at trace time (constants, classes, functions, modules,
             user objects); guarded through its `source` when it came from the caller
+  LazyV     a float or str from the caller, or a pure function of such values, guarded by value
+            only when the trace uses it (see the class)
   TensorV   a tensor: an FX node + a meta-device example value (+ the real device)
   ListV / TupleV / DictV   containers whose items are values (tensors inside stay symbolic)
   FuncV     a function created during the trace (MAKE_FUNCTION: lambdas, comprehensions, closures)
@@ -46,6 +48,53 @@ class ObjV(V):
 
     def __repr__(self):
         return f"ObjV({self.value!r:.60})"
+
+
+class LazyV(ObjV):
+    """A scalar the trace has not specialized on yet: a float or str read from the caller
+    (typically a `loss.item()` handed to a resume function), or the result of a pure function of such values
+    (`round(f, 2)`, `f"{f:.4f}"`, `f * 2`). Reading `.value` is a use: it first runs `force`,
+    which installs the value guards. Never read, the value stays unguarded and the residual
+    code recomputes it from its `source`, or as `fn(*args, **kwargs)`: a float that only reaches
+    print/logging does not recompile the frame for each new value."""
+    __slots__ = ("_value", "_force", "fn", "args", "kwargs")
+
+    def __init__(self, value, force, source=None, fn=None, args=(), kwargs=None):
+        self._value, self._force, self.source = value, force, source
+        self.fn, self.args, self.kwargs = fn, tuple(args), dict(kwargs or {})
+
+    @property
+    def value(self):
+        if self._force is not None:
+            force, self._force = self._force, None
+            force()
+        return self._value
+
+    @property
+    def pending(self) -> bool:
+        return self._force is not None
+
+    def python_type(self):
+        return type(self._value)
+
+    def __repr__(self):
+        return f"LazyV({self._value!r:.60}{', pending' if self.pending else ''})"
+
+
+def peek(v: ObjV):
+    """An ObjV's value without using it (a LazyV stays unguarded)."""
+    return v._value if isinstance(v, LazyV) else v.value
+
+
+def pending(v) -> bool:
+    """Whether a value holds a LazyV the trace has not used (containers included)."""
+    if isinstance(v, LazyV):
+        return v.pending
+    if isinstance(v, (ListV, TupleV)):
+        return any(pending(i) for i in v.items)
+    if isinstance(v, DictV):
+        return any(pending(i) for i in v.items.values())
+    return False
 
 
 class TensorV(V):

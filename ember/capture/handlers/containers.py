@@ -37,8 +37,12 @@ def build_const_key_map(tr, f, ins):
 
 @handler("BUILD_STRING")
 def build_string(tr, f, ins):
-    parts = f.popn(ins.arg)
-    f.push(ObjV("".join(p.value for p in parts)))
+    from ..builtins import fold
+    f.push(fold(tr, _concat, f.popn(ins.arg), {}))
+
+
+def _concat(*parts):
+    return "".join(parts)
 
 
 @handler("LIST_APPEND")
@@ -161,8 +165,15 @@ def format_value(tr, f, ins):
     v = f.pop()
     if isinstance(v, TensorV):
         raise tr.unsupported("formatting a tensor needs its data", hint="format outside the graph")
-    from ..builtins import real
-    x = real(tr, v)
-    conv = ins.arg & 3
-    x = {0: x, 1: str(x) if conv == 1 else x, 2: repr(x), 3: ascii(x)}[conv] if conv else x
-    f.push(ObjV(format(x, spec)))
+    from ..builtins import fold
+    f.push(fold(tr, _FORMATS[ins.arg & 3], [v, ObjV(spec)], {}))
+
+
+def _format_as(convert):
+    def fmt(x, spec):
+        return format(convert(x), spec)
+    return fmt
+
+
+# FORMAT_VALUE's conversion bits: none, !s, !r, !a
+_FORMATS = {0: format, 1: _format_as(str), 2: _format_as(repr), 3: _format_as(ascii)}

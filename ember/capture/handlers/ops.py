@@ -8,7 +8,7 @@ from __future__ import annotations
 import operator
 import types
 
-from ..values import NULL, SYM_TYPES, DictV, ListV, NewObjV, ObjV, TensorV, TupleV
+from ..values import NULL, SYM_TYPES, DictV, ListV, NewObjV, ObjV, TensorV, TupleV, peek
 from . import handler
 
 BINARY_OPS = [operator.add, operator.and_, operator.floordiv, operator.lshift, operator.matmul,
@@ -44,7 +44,7 @@ def binary(tr, op, a, b):
                 return ObjV(op is operator.ne)
         return tr.call_graph(op, [a, b], {})
     if isinstance(a, ObjV) and isinstance(b, ObjV):
-        fa = _py_dunder(a.value, op, 0)
+        fa = _py_dunder(peek(a), op, 0)
         if fa is not None:
             return tr.call(ObjV(fa), [a, b], {})
         from ..builtins import fold

@@ -1302,7 +1302,6 @@ def step_with_logged_loss(x, w):
     return loss * 2
 
 
-@pytest.mark.xfail(strict=True, reason="v1: Python floats passed to a resume function are specialized (one recompile per value until the limit)")
 def test_per_step_changing_scalar_only_logged_does_not_recompile(capsys, user_log):
     """HF trainers log loss.item() every step: a value that only reaches print/logging must not
     make each new value a recompile (that would hit the recompile limit after 8 steps)."""
@@ -1313,6 +1312,49 @@ def test_per_step_changing_scalar_only_logged_does_not_recompile(capsys, user_lo
         compare(capsys, step_with_logged_loss, x, w, calls=1, compiled=cf)
     assert len(user_log.messages) == 20 and len(set(user_log.messages)) == 10, user_log.messages
     no_recompiles_no_fallbacks()
+
+
+def format_item(x):
+    v = x.sum().item()  # BREAK
+    msg = f"sum={v:.3f} half={v / 2!r}" + " " + str(round(v, 1))
+    print(msg)  # BREAK
+    return x * 2, msg, v
+
+
+def test_float_only_formatted_and_returned_does_not_recompile(capsys):
+    """f-strings, str(), round() and arithmetic on an item()'s float are recomputed from the
+    real value at run time: no guard, no recompile, the same text and returned values."""
+    cf = ember.compile(format_item, backend=BACKEND)
+    for k in range(4):
+        compare(capsys, format_item, X + k / 7, calls=1, compiled=cf)
+    no_recompiles_no_fallbacks()
+
+
+def scale_by(x, s):
+    print("scale", s)  # BREAK
+    return x * s
+
+
+def test_float_used_in_graph_is_guarded(capsys):
+    """A float the graph uses is guarded by value: each new value recompiles, never reuses a
+    graph traced with another."""
+    cf = ember.compile(scale_by, backend=BACKEND)
+    for s in (0.5, 2.0, 0.5, 3.25):
+        compare(capsys, scale_by, X, s, calls=1, compiled=cf)
+    assert stat("recompiles") == 2, ember.stats()
+
+
+def branch_on_item(x):
+    v = x.mean().item()  # BREAK
+    label = "big" if round(v, 1) > 0.5 else "small"
+    return x + 1, label
+
+
+def test_float_decided_on_is_guarded(capsys):
+    cf = ember.compile(branch_on_item, backend=BACKEND)
+    for t in (POS, NEG, POS * 0.2, POS):
+        compare(capsys, branch_on_item, t, calls=1, compiled=cf)
+    assert stat("fallbacks") == 0, ember.stats()
 
 
 def test_fullgraph_after_non_fullgraph_compile_still_raises(capsys):
