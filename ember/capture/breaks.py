@@ -32,7 +32,7 @@ from .effects import Plan, _graph_module, _Rebuild, effect_lines
 from .handlers.contexts import context_method
 from .interpreter import StopTrace, Tracer
 from .resume import (NULL as NULL_SLOT, UNBOUND, VALUE, call_trampoline, instruction_starts,
-                     resume_function)
+                     resume_function, with_closure)
 from .values import NULL, BuiltinMethodV, ContextV, IterV, MethodV, ObjV, TensorV
 
 _JUMPS = {"POP_JUMP_IF_TRUE": True, "POP_JUMP_IF_FALSE": False}
@@ -60,9 +60,12 @@ class ResumeTarget:
     def __init__(self, fn, offset, layout, unbound, settings, compiled: bool):
         self.settings, self.compiled = settings, compiled
         self.closure = bool(fn.__code__.co_freevars)
+        # a frame with cells passes them first; its resume function is made per call
+        self.n_cells = len(fn.__code__.co_cellvars)
         # the eager rest still sends the calls it makes through the dispatcher
         route = None if compiled else functools.partial(dispatch, settings)
-        self.fn = resume_function(fn, offset, layout, unbound, route)
+        self.fn = resume_function(fn, offset, layout, unbound, route,
+                                  tuple(types.CellType() for _ in range(self.n_cells)))
         self.runner = self._runner(self.fn)
 
     def _runner(self, fn):
@@ -72,6 +75,8 @@ class ResumeTarget:
         return Runner(fn, self.settings)
 
     def __call__(self, fn, *args):
+        if self.n_cells:
+            return self._runner(with_closure(self.fn.__code__, fn, args[0]))(*args[1:])
         if self.closure and fn.__closure__ is not self.fn.__closure__:
             # same code, another closure: build the resume function over this one's cells
             self.fn = types.FunctionType(self.fn.__code__, fn.__globals__, self.fn.__name__,
@@ -249,11 +254,14 @@ def _plan(tr, runner, frame, idx, ins, kind) -> Plan:
     fn_b = runner.fn
     tail: list[str] = []
 
+    cells = [f"({''.join(rb.cell(frame.cells[n]) + ', ' for n in code.co_cellvars)})"] \
+        if code.co_cellvars else []
+
     def resume(offset, slots, compiled):
         layout = tuple(NULL_SLOT if s is NULL else context_factory(s.recv) if _is_exit(s)
                        else VALUE for s in slots)
         target = ResumeTarget(fn_b, offset, layout, tuple(unbound), settings, compiled)
-        args = local_exprs + [rb.expr(s) for s, k in zip(slots, layout) if k is VALUE]
+        args = cells + local_exprs + [rb.expr(s) for s, k in zip(slots, layout) if k is VALUE]
         return f"{rb.bind(target, 'resume')}(__fn, {', '.join(args)})"
 
     if kind == "call":

@@ -11,11 +11,12 @@ from __future__ import annotations
 import collections
 import dataclasses
 import math
+import types
 
 import torch
 import torch.fx as fx
 
-from .values import (DictV, LazyV, ListV, NewObjV, ObjV, TensorV, TupleV, V)
+from .values import (CellV, DictV, FuncV, LazyV, ListV, NewObjV, ObjV, TensorV, TupleV, V)
 
 
 @dataclasses.dataclass
@@ -35,6 +36,12 @@ def _new_obj(cls, attrs):
 
 
 _MO_FIELDS: dict = {}
+
+
+def _function(code, globals_, qualname, defaults, kwdefaults, closure):
+    fn = types.FunctionType(code, globals_, code.co_name, defaults or None, closure or None)
+    fn.__kwdefaults__, fn.__qualname__ = kwdefaults or None, qualname
+    return fn
 
 
 def _model_output(cls, fields):
@@ -116,6 +123,13 @@ class _Rebuild:
             if v.cls is dict:
                 return self._temp(v, "{" + inner + "}")
             return self._temp(v, f"{self.bind(v.cls, 'c')}({{{inner}}})")
+        if isinstance(v, FuncV):          # a closure or lambda made in the trace, made again
+            defaults = "".join(self.expr(d) + ", " for d in v.defaults)
+            kwdefaults = ", ".join(f"{k!r}: {self.expr(d)}" for k, d in v.kwdefaults.items())
+            closure = "".join(self.cell(c) + ", " for c in v.closure)
+            return self._temp(v, f"{self.bind(_function, 'f')}({self.bind(v.code, 'code')}, "
+                                 f"{self.bind(v.globals, 'g')}, {v.qualname!r}, ({defaults}), "
+                                 f"{{{kwdefaults}}}, ({closure}))")
         if isinstance(v, NewObjV):
             inner = ", ".join(f"{self._key(k)}: {self.expr(x)}" for k, x in v.attrs.items())
             if v.dataclass:
@@ -128,6 +142,18 @@ class _Rebuild:
                 return self._temp(v, f"{self.bind(v.cls, 'c')}(**{{{inner}}})")
             return self._temp(v, f"{self.bind(_new_obj, 'f')}({self.bind(v.cls, 'c')}, {{{inner}}})")
         raise self.tr.unsupported(f"returning a {type(v).__name__} from the compiled frame")
+
+    def cell(self, c: CellV) -> str:
+        """A real cell for a cell value: the caller's own (read through its source), or a new
+        one made once per residual call, shared by every closure rebuilt over it."""
+        if id(c) in self.memo:
+            return self.memo[id(c)]
+        if c.real is not None:
+            return c.source.cell_expr() if c.source is not None else self.bind(c.real, "cell")
+        name = self._temp(c, f"{self.bind(types.CellType, 'c')}()")
+        if c.contents is not None:      # after the memo: a closure may hold its own cell
+            self.pre.append(f"{name}.cell_contents = {self.expr(c.contents)}")
+        return name
 
     def _key(self, k):
         if k is None or type(k) in (bool, int, str):
@@ -173,6 +199,9 @@ def effect_lines(tr, rb: _Rebuild) -> list[str]:
         if eff[0] == "setattr":
             _, obj_v, name, value = eff
             effects.append(f"setattr({obj_v.source.expr()}, {name!r}, {rb.expr(value)})")
+        elif eff[0] == "cell":
+            _, cell, value = eff
+            effects.append(f"{rb.cell(cell)}.cell_contents = {rb.expr(value)}")
         elif eff[0] == "global":
             _, gid, name, value = eff
             effects.append(f"{gid}[{name!r}] = {rb.expr(value)}")

@@ -24,7 +24,7 @@ from .effects import finalize
 from .guards import EPOCH, RANKS, global_state, install_epoch_hooks
 from .interpreter import CO_VARARGS, CO_VARKEYWORDS, Frame, Tracer
 from .sources import ClosureSource, ConstSource, LocalSource
-from .values import CellV, ObjV
+from .values import ObjV
 
 MISS = object()
 EAGER = object()
@@ -263,8 +263,7 @@ class Runner:
         cells = {}
         if fn.__closure__:
             for i, name in enumerate(co.co_freevars):
-                cells[name] = CellV(real=fn.__closure__[i],
-                                    source=ClosureSource(ConstSource("__fn"), i))
+                cells[name] = tr.real_cell(fn.__closure__[i], ClosureSource(ConstSource("__fn"), i))
         frame = Frame(co, frame_locals, cells, fn.__globals__, tr.gid_for(fn.__globals__),
                       ObjV(fn, ConstSource("__fn")))
         if co.co_flags & 0x20:

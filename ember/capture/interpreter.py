@@ -116,6 +116,7 @@ class Tracer:
         self.inputs: list[tuple[Source, TensorV, torch.Tensor]] = []
         self.by_real_id: dict[int, TensorV] = {}
         self.keepalive: list = []
+        self.real_cells: dict[int, CellV] = {}   # one value per real cell: writes are seen by all
         self.by_source: dict[str, V] = {}
         self.overlay: dict[tuple[int, str], V] = {}     # attribute writes seen during the trace
         self.effects: list[tuple] = []                   # ('setattr', obj_v, name, v), ...
@@ -281,6 +282,11 @@ class Tracer:
             self.guard("TYPE", source, t)
             return MethodV(self.wrap(value.__func__, AttrSource(source, "__func__")),
                            self.wrap(value.__self__, AttrSource(source, "__self__")), source)
+        if t is types.FunctionType and guard_obj and source is not None and \
+                not source.structural and not value.__dict__ and \
+                (value.__closure__ is not None or "<locals>" in value.__qualname__):
+            self._guard_closure(value, source)
+            return ObjV(value, source)
         if isinstance(value, (types.FunctionType, types.BuiltinFunctionType, type,
                               types.ModuleType, types.MethodType)) or callable(value) and \
                 t.__module__.startswith("torch"):
@@ -295,6 +301,19 @@ class Tracer:
             return ObjV(value, source)
         self.guard("TYPE", source, t)
         return ObjV(value, source)
+
+    def _guard_closure(self, fn: types.FunctionType, source: Source) -> None:
+        """A nested function or closure is a new object each time its maker runs (a resume
+        function gets one per call): guard what an inlined call reads — its code, defaults and
+        kwdefaults, no attributes (ember.allow_in_graph marks) — not the object. The cells'
+        contents are guarded where the trace reads them."""
+        self.guard("TYPE", source, types.FunctionType)
+        self.guard("ID", AttrSource(source, "__code__"), fn.__code__)
+        self.guard("LEN", AttrSource(source, "__dict__"), 0)
+        for name in ("__defaults__", "__kwdefaults__"):
+            d = getattr(fn, name)
+            plain = d is None or is_literal(d) or type(d) is dict and all(map(is_literal, d.values()))
+            self.guard("NONE" if d is None else "EQ" if plain else "ID", AttrSource(source, name), d)
 
     def _remember(self, value, v):
         if v.source is not None:
@@ -685,7 +704,7 @@ class Tracer:
         if fn.__closure__:
             cells = []
             for i, c in enumerate(fn.__closure__):
-                cells.append(CellV(real=c, source=ClosureSource(src, i) if src else None))
+                cells.append(self.real_cell(c, ClosureSource(src, i) if src else None))
             closure = tuple(cells)
         defaults = tuple(self.default_value(d) for d in (fn.__defaults__ or ()))
         kwd = {k: self.default_value(d) for k, d in (fn.__kwdefaults__ or {}).items()}
@@ -697,6 +716,13 @@ class Tracer:
         if is_literal(d) or d is None:
             return ObjV(d)
         return self.wrap(d, None)
+
+    def real_cell(self, c, source) -> CellV:
+        v = self.real_cells.get(id(c))
+        if v is None:
+            v = self.real_cells[id(c)] = CellV(real=c, source=source)
+            self.keepalive.append(c)
+        return v
 
     def cell_get(self, cell: CellV) -> V:
         if cell.contents is not None:

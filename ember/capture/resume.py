@@ -8,7 +8,10 @@ context manager); produces a function whose positional parameters are the frame'
 `factory()` + BEFORE_WITH, so the resumed code runs inside it and exits it as the original
 would — delete locals that were unbound, jump) followed by
 the original bytecode unchanged: jumps in 3.11+ are relative, so only the exception table, the
-line table and the closure-variable indices (which follow the locals) need shifting.
+line table and the closure-variable indices (which follow the locals) need shifting. The
+frame's own cells (variables its inner functions capture) become free variables of the resume
+code, ahead of the original ones: the caller passes the live cell objects, so closures made
+before the break and the resumed frame share them.
 Resume code objects are deduplicated by (code, offset, stack layout, unbound locals).
 """
 from __future__ import annotations
@@ -27,6 +30,7 @@ _DEREF_OPS = {_OP[n] for n in ("LOAD_DEREF", "STORE_DEREF", "DELETE_DEREF", "LOA
               if n in _OP}
 _CODE_CACHE: dict = {}
 STACK_PREFIX = "__ember_stack"
+CELL_PREFIX = "__ember_cellarg_"
 
 
 class UnboundLocal:
@@ -104,19 +108,19 @@ def _no_location(units: int) -> bytes:
     return out
 
 
-def _shift_derefs(co_code: bytes, code: types.CodeType, n_new: int) -> bytes:
-    """Closure-variable indices follow the locals: shift them by the added parameters."""
-    if not n_new or not code.co_freevars:
-        return co_code
+def _remap_derefs(co_code: bytes, code: types.CodeType, index_of: dict) -> bytes:
+    """Closure-variable operands index the fast locals (locals, then cells, then free
+    variables): point each at its name's slot in the resume code's layout."""
     raw = bytearray(co_code)
     prev_op = None
     for i in range(0, len(raw), 2):
         op, arg = raw[i], raw[i + 1]
         if op in _DEREF_OPS:
-            if prev_op == _OP["EXTENDED_ARG"] or arg + n_new > 255:
+            new = index_of[code._varname_from_oparg(arg)]
+            if prev_op == _OP["EXTENDED_ARG"] or new > 255:
                 raise Unsupported("graph break in a function with more than 255 locals and "
                                   "closure variables")
-            raw[i + 1] = arg + n_new
+            raw[i + 1] = new
         prev_op = op
     return bytes(raw)
 
@@ -145,18 +149,21 @@ def resume_code(code: types.CodeType, offset: int, layout: tuple, unbound: tuple
     hit = _CODE_CACHE.get(key)
     if hit is not None:
         return hit
-    if code.co_cellvars:
-        raise Unsupported("graph break in a function whose locals are captured by an inner "
-                          "function (cell variables)")
     if code.co_flags & (0x20 | 0x80 | 0x100 | 0x200):
         raise Unsupported("graph break in a generator or coroutine")
     varnames, consts = code.co_varnames, code.co_consts
     n_stack = sum(1 for s in layout if s is VALUE)
     first = sum(1 for v in varnames if v.startswith(STACK_PREFIX))     # a resume of a resume
     new_names = tuple(f"{STACK_PREFIX}{first + i}" for i in range(n_stack))
+    # the frame's cells arrive in the closure, ahead of its free variables; a parameter that
+    # is also a cell keeps its slot under another name (MAKE_CELL, skipped, emptied it)
+    freevars = code.co_cellvars + code.co_freevars
+    names = tuple(f"{CELL_PREFIX}{v}" if v in code.co_cellvars else v for v in varnames) + new_names
+    index_of = {v: i for i, v in enumerate(names)} | \
+        {v: len(names) + j for j, v in enumerate(freevars)}
     pro = b""
-    if code.co_freevars:
-        pro += _emit(_OP["COPY_FREE_VARS"], len(code.co_freevars))
+    if freevars:
+        pro += _emit(_OP["COPY_FREE_VARS"], len(freevars))
     pro += _emit(_OP["RESUME"], 0)
     k = 0
     for slot in layout:
@@ -172,12 +179,12 @@ def resume_code(code: types.CodeType, offset: int, layout: tuple, unbound: tuple
         pro += _emit(_OP["DELETE_FAST"], varnames.index(name))
     pro += _emit(_OP["JUMP_FORWARD"], offset // 2)
     units = len(pro) // 2
-    body = _shift_derefs(code.co_code, code, n_stack)
+    body = _remap_derefs(code.co_code, code, index_of)
     flags = code.co_flags & ~(0x04 | 0x08)
-    names = varnames + new_names
     new = code.replace(
         co_code=pro + body, co_consts=consts, co_argcount=len(names), co_posonlyargcount=0,
         co_kwonlyargcount=0, co_nlocals=len(names), co_varnames=names, co_flags=flags,
+        co_cellvars=(), co_freevars=freevars,
         co_name=f"__resume_{code.co_name}_at_{offset}",
         co_qualname=f"{code.co_qualname}.<resume at {offset}>",
         co_exceptiontable=_shift_table(code.co_exceptiontable, units),
@@ -187,14 +194,20 @@ def resume_code(code: types.CodeType, offset: int, layout: tuple, unbound: tuple
     return new
 
 
-def resume_function(fn: types.FunctionType, offset: int, layout: tuple,
-                    unbound: tuple, route=None) -> types.FunctionType:
-    """The resume function; with `route`, every call it makes goes through `route(callable)`
-    first (route_calls)."""
+def resume_function(fn: types.FunctionType, offset: int, layout: tuple, unbound: tuple,
+                    route=None, cells: tuple = ()) -> types.FunctionType:
+    """The resume function over the frame's `cells` (one per `co_cellvars`) and `fn`'s
+    closure; with `route`, every call it makes goes through `route(callable)` first
+    (route_calls)."""
     code = resume_code(fn.__code__, offset, layout, unbound)
     if route is not None:
         code = route_calls(code, route)
-    return types.FunctionType(code, fn.__globals__, code.co_name, None, fn.__closure__)
+    return with_closure(code, fn, cells)
+
+
+def with_closure(code: types.CodeType, fn: types.FunctionType, cells: tuple) -> types.FunctionType:
+    closure = tuple(cells) + (fn.__closure__ or ())
+    return types.FunctionType(code, fn.__globals__, code.co_name, None, closure or None)
 
 
 def _route(route, loc) -> list:

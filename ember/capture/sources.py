@@ -170,6 +170,9 @@ class ClosureSource(Source):
     def name(self):
         return f"{self.base.name()}.__closure__[{self.idx}]"
 
+    def cell_expr(self):
+        return f"{self.base.expr()}.__closure__[{self.idx}]"
+
 
 class DefaultSource(Source):
     __slots__ = ("base", "idx", "kw")

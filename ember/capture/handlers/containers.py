@@ -145,6 +145,9 @@ def get_iter(tr, f, ins):
 @handler("FOR_ITER")
 def for_iter(tr, f, ins):
     it = f.stack[-1]
+    if not isinstance(it, IterV):       # a real iterator passed in (a comprehension's `.0`)
+        raise tr.unsupported(f"iterating a {type(it.value).__name__ if isinstance(it, ObjV) else type(it).__name__} "
+                             "passed in from the caller")
     if it.pos < len(it.items):
         it.pos += 1
         f.push(it.items[it.pos - 1])

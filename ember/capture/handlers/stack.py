@@ -89,9 +89,9 @@ def load_deref(tr, f, ins):
 @handler("STORE_DEREF")
 def store_deref(tr, f, ins):
     cell = f.cells[ins.argval]
-    if cell.real is not None:
-        raise tr.unsupported(f"assignment to the caller's closure variable {ins.argval!r}")
     cell.contents = f.pop()
+    if cell.real is not None:       # the caller's cell: written back after the graph
+        tr.effects.append(("cell", cell, cell.contents))
 
 
 @handler("LOAD_GLOBAL")
