@@ -16,7 +16,7 @@ import types
 
 import torch
 
-from .values import (NULL, BuiltinMethodV, CellV, ContextV, DictV, FuncV, IterV, ListV,
+from .values import (NULL, BuiltinMethodV, CellV, ContextV, DictV, FuncV, IterV, ListV, NewModuleV,
                      MethodV, NewObjV, ObjV, SuperV, TensorV, TupleV, V, is_literal)
 
 _TORCH_MODULES = ("torch", "torch.nn.functional", "torch.linalg", "torch.fft", "torch.special",
@@ -247,7 +247,7 @@ def call_class(tr, fn: ObjV, args, kwargs) -> V:
     if cls.__module__ == "contextlib" and cls.__name__ == "nullcontext":
         return ContextV("null", (args[0] if args else ObjV(None),))
     if issubclass(cls, torch.nn.Module):
-        raise tr.unsupported(f"creating a {cls.__name__} module inside the traced code")
+        return _new_module(tr, cls, args, kwargs)
     if issubclass(cls, torch.Tensor):
         raise tr.unsupported(f"constructing {cls.__name__} directly")
     if cls in (torch.Size, torch.device, torch.dtype, torch.finfo, torch.iinfo, slice, range) \
@@ -290,6 +290,22 @@ def call_class(tr, fn: ObjV, args, kwargs) -> V:
             raise tr.unsupported(f"class {cls.__qualname__} with a builtin __init__")
         call(tr, ObjV(init), [obj] + list(args), kwargs)
     return obj
+
+
+def _new_module(tr, cls, args, kwargs) -> V:
+    """A stateless torch.nn module made in the traced code (HF's `loss_fct = CrossEntropyLoss()`):
+    built for real at trace time from constant arguments, so calling it inlines as usual. The
+    trace cannot write its attributes (it has no source); residual code that needs it makes a
+    new one with the same arguments, as eager does per call."""
+    if not cls.__module__.startswith("torch.nn.") or not (_all_const(args) and
+                                                          _all_const(kwargs.values())):
+        raise tr.unsupported(f"creating a {cls.__name__} module inside the traced code",
+                             hint="only torch.nn modules with constant arguments are built here")
+    m = cls(*[a.value for a in args], **{k: v.value for k, v in kwargs.items()})
+    if next(m.parameters(), None) is not None or \
+            any(b is not None for b in m._buffers.values()) or m._modules:
+        raise tr.unsupported(f"creating a {cls.__name__} module with state inside the traced code")
+    return NewModuleV(m, args, kwargs)
 
 
 def _is_generated_init(cls) -> bool:

@@ -16,7 +16,8 @@ import types
 import torch
 import torch.fx as fx
 
-from .values import (CellV, DictV, FuncV, LazyV, ListV, NewObjV, ObjV, TensorV, TupleV, V)
+from .values import (CellV, DictV, FuncV, LazyV, ListV, NewModuleV, NewObjV, ObjV, TensorV, TupleV,
+                     V)
 
 
 @dataclasses.dataclass
@@ -87,6 +88,11 @@ class _Rebuild:
                 return v.source.expr()
             args = [self.expr(a) for a in v.args] + [f"{k}={self.expr(x)}" for k, x in v.kwargs.items()]
             return f"{self.bind(v.fn, 'f')}({', '.join(args)})"
+        if isinstance(v, NewModuleV):
+            if id(v) in self.memo:
+                return self.memo[id(v)]
+            args = [self.expr(a) for a in v.args] + [f"{k}={self.expr(x)}" for k, x in v.kwargs.items()]
+            return self._temp(v, f"{self.bind(type(v.value), 'c')}({', '.join(args)})")
         if isinstance(v, ObjV):
             x = v.value
             if x is None or type(x) in (bool, int, str) or type(x) is float and math.isfinite(x):

@@ -2,6 +2,7 @@
 
   ObjV      a real Python object known at trace time (constants, classes, functions, modules,
             user objects); guarded through its `source` when it came from the caller
+  NewModuleV  a stateless torch.nn module made in the trace (a loss module)
   LazyV     a float or str from the caller, or a pure function of such values, guarded by value
             only when the trace uses it (see the class)
   TensorV   a tensor: an FX node + a meta-device example value (+ the real device)
@@ -79,6 +80,16 @@ class LazyV(ObjV):
 
     def __repr__(self):
         return f"LazyV({self._value!r:.60}{', pending' if self.pending else ''})"
+
+
+class NewModuleV(ObjV):
+    """A stateless torch.nn module built during the trace from constant arguments; residual
+    code rebuilds it as `type(value)(*args, **kwargs)`."""
+    __slots__ = ("args", "kwargs")
+
+    def __init__(self, value, args, kwargs):
+        super().__init__(value)
+        self.args, self.kwargs = tuple(args), dict(kwargs)
 
 
 def peek(v: ObjV):

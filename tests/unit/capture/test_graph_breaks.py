@@ -887,6 +887,35 @@ def test_parameter_cell_and_store_after_break(capsys):
     counts(cell_args_across_break, X, 3, graphs=2, breaks=1)
 
 
+def loss_made_inside(logits, labels):
+    loss_fct = nn.CrossEntropyLoss(ignore_index=-1, label_smoothing=0.1)
+    return loss_fct(logits.view(-1, 5), labels.view(-1)), loss_fct
+
+
+def loss_only(logits, labels):
+    return nn.CrossEntropyLoss(ignore_index=-1)(logits.view(-1, 5), labels.view(-1))
+
+
+def test_stateless_module_made_in_traced_code():
+    """HF builds `CrossEntropyLoss()` inside forward: one graph, no break, grads equal; the
+    module itself, when it leaves the frame, is a new object per call as in eager."""
+    logits = torch.randn(3, 4, 5, requires_grad=True)
+    labels = torch.tensor([[0, 1, -1, 4], [2, 2, 3, -1], [1, 0, 4, 4]])
+    cf = ember.compile(loss_made_inside, backend=BACKEND)
+    e_loss, e_mod = loss_made_inside(logits, labels)
+    c_logits = logits.detach().clone().requires_grad_()
+    for _ in range(2):
+        c_loss, c_mod = cf(c_logits, labels)
+        torch.testing.assert_close(c_loss, e_loss)
+        assert type(c_mod) is nn.CrossEntropyLoss and c_mod.ignore_index == -1
+    assert c_mod is not cf(c_logits, labels)[1]
+    (g,) = torch.autograd.grad(e_loss, logits)
+    (cg,) = torch.autograd.grad(c_loss, c_logits)
+    torch.testing.assert_close(cg, g)
+    counts(loss_only, logits, labels, graphs=1, breaks=0)
+    no_recompiles_no_fallbacks()
+
+
 def make_counter():
     count = 0
 
