@@ -174,7 +174,7 @@ def _kind(instrs, table, idx, ins, frame) -> str:
                 if isinstance(v, BuiltinMethodV) and isinstance(v.recv, ContextV)]
     python_ctx = any(isinstance(v, MethodV) and isinstance(v.func, ObjV) and
                      getattr(v.func.value, "__name__", "") == "__exit__" for v in frame.stack)
-    simple_ctx = all(c.ctx_kind in ("grad", "grad_set", "null") for c in contexts) and \
+    simple_ctx = all(c.ctx_kind in ("grad", "grad_set", "null", "autocast") for c in contexts) and \
         not python_ctx
     if in_loop or not with_only or not simple_ctx:
         return "eager"
