@@ -14,6 +14,7 @@ lists (buffer names, in order) for the wrapper.
 from __future__ import annotations
 
 import math
+import re
 
 import sympy
 import torch
@@ -45,6 +46,10 @@ def _blocks(n, block: int) -> str:
 
 
 # --- the handler ---------------------------------------------------------------------------
+
+LOOP_VAR = re.compile(r"v\d+")
+# integer ops that fault on a zero divisor (a masked-off lane may hold any value)
+INT_TRAPS = {"floordiv", "truncdiv", "remainder", "fmod", "truediv"}
 
 CPP = {
     "neg": "(-{0})", "abs": "ember::abs_({0})", "exp": "ember::exp({0})", "exp2": "std::exp2({0})",
@@ -124,6 +129,9 @@ class CppHandler:
         self.stored: dict = {}
         self.n = 0
         self.subs: dict = {}      # merged loop dims: var -> 0 (see plan_loops)
+        self.load_mask: str | None = None   # inside a branch-free masked body (see masked)
+        self.ors: dict = {}       # logical_or result -> its operands (see where)
+        self.need_if = False      # the masked body wants the `if` form (see masked)
 
     def idx(self, index) -> str:
         index = sympy.expand(index)
@@ -160,8 +168,12 @@ class CppHandler:
         if hit is not None:
             return hit
         if name in self.row_local:
+            if self.load_mask:          # row-local arrays are small: no clamped form for them
+                self.need_if = True
             return self.emit(f"{name}_row[{self.idx(sympy.expand(index).xreplace(self.row_subs))}]",
                              compute_dtype(self.buffers[name].dtype))
+        if self.load_mask:
+            idx = self._clamped(name, sympy.expand(index), idx)
         if name in self.local:
             raise AssertionError(f"local buffer {name} read before it is written")
         dt = self.buffers[name].dtype
@@ -220,20 +232,53 @@ class CppHandler:
         return self.emit(f"static_cast<{ctype(dtype)}>({x})", dtype)
 
     def where(self, c, a, b):
+        if str(c) in self.ors:
+            # (x || y) ? a : b as y ? a : (x ? a : b): g++ 12 does not vectorize a select on
+            # an or of two float compares (max pooling's `v > best || isnan(v)`)
+            x, y = self.ors[str(c)]
+            return self.where(y, a, self.where(x, a, b))
         dt = a.dtype if isinstance(a, CppVal) else b.dtype
         a, b = self._as(a, dt), self._as(b, dt)
         return self.emit(f"({self._as(c, torch.bool)} ? {a} : {b})", dt)
 
+    def _clamped(self, name: str, index, idx: str) -> str:
+        """A load's index inside a branch-free masked body, clamped into the buffer so a
+        masked-off lane reads some element of it (its value is then not selected). Not
+        `mask ? idx : 0`: g++ turns that back into a masked load, which it cannot vectorize
+        with a strided index (pooling windows); a 32-bit clamp becomes a vector gather. A
+        load contiguous in some loop variable (padding, stride-1 pooling) keeps the `if`
+        form: there g++'s masked vector load beats a gather."""
+        buf = self.buffers[name]
+        extent = 1 + sum((sz - 1) * st for sz, st in zip(buf.size, buf.stride))
+        contiguous = any(index.coeff(v) == 1 for v in index.free_symbols
+                         if LOOP_VAR.fullmatch(str(v)))
+        if contiguous or any(sz == 0 for sz in buf.size) or \
+                not (is_symbolic(extent) or extent > 0):
+            self.need_if = True
+            return idx
+        it = "int32_t" if not is_symbolic(extent) and extent < 2 ** 31 else "int64_t"
+        return (f"std::min<{it}>(std::max<{it}>(static_cast<{it}>({idx}), 0), "
+                f"{self.idx(extent - 1)})")
+
     def masked(self, mask, body, other):
+        """`mask ? body() : other`. Branch-free when the body cannot fault on a masked-off lane
+        (its loads are clamped into their buffers, no integer division, no indirect index) and
+        no load is contiguous (see _clamped): then strided windows (max pooling) vectorize.
+        Otherwise an `if` around the body."""
         mask = self._as(mask, torch.bool)
         saved = self.push()
-        outer_code = self.code
+        outer_code, outer_mask, outer_trap = self.code, self.load_mask, self.need_if
         self.code = IndentedBuffer(outer_code.level + 1)
+        self.load_mask = f"{outer_mask} && {mask}" if outer_mask else str(mask)
+        self.need_if = False
         value = body()
-        inner = self.code
-        self.code = outer_code
+        inner, trap = self.code, self.need_if
+        self.code, self.load_mask, self.need_if = outer_code, outer_mask, outer_trap or trap
         self.pop(saved)
         dt = value.dtype
+        if not trap and isinstance(value, CppVal):
+            self.code.lines.extend(line[4:] for line in inner.lines)
+            return self.emit(f"({mask} ? {value} : {literal(other, dt)})", dt)
         name = self.fresh()
         self.code.writeline(f"{ctype(dt)} {name} = {literal(other, dt)};")
         self.code.writeline(f"if ({mask}) {{")
@@ -243,6 +288,7 @@ class CppHandler:
         return CppVal(name, dt)
 
     def indirect_indexing(self, value, size, check=True):
+        self.need_if = True
         v = self._as(value, torch.int64)
         name = self.fresh("idx")
         self.code.writeline(f"int64_t {name} = {v} < 0 ? {v} + {_int(size)} : {v};")
@@ -255,9 +301,14 @@ class CppHandler:
 
         def op(*args):
             dt = next((a.dtype for a in args if isinstance(a, CppVal)), torch.float32)
+            if name in INT_TRAPS and not dt.is_floating_point:
+                self.need_if = True
             vals = [self._as(a, dt) for a in args]
             out = torch.bool if name in COMPARE else dt
-            return self.emit(fmt.format(*vals), out)
+            val = self.emit(fmt.format(*vals), out)
+            if name == "logical_or":
+                self.ors[str(val)] = tuple(vals)
+            return val
         return op
 
 

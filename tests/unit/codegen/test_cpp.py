@@ -73,3 +73,42 @@ def test_bf16_storage_fp32_accumulation(tmp_path, monkeypatch):
     res = torch.empty((), dtype=torch.bfloat16)
     fns[steps[0].name](t.data_ptr(), res.data_ptr())
     assert res.item() == torch.tensor(float(n)).bfloat16().item()
+
+
+def _window_max(x, n, h, w, step, other):
+    """out[i, j] = max over a 2-wide window of x at (step*j - 1 + k), masked at the left edge."""
+    xl = x.loader()
+
+    def body(i):
+        best = None
+        for k in range(2):
+            col = step * i[1] - 1 + k
+            m = ops.ge(ops.index_expr(col, torch.int64), ops.constant(0, torch.int64))
+            v = ops.masked(m, lambda col=col: xl([i[0], col]), other)
+            best = v if best is None else ops.where(
+                ops.logical_or(ops.gt(v, best), ops.isnan(v)), v, best)
+        return best
+    return ComputedBuffer("buf0", torch.float32, (n, w), (w, 1), body=Pointwise(
+        (n, w), torch.float32, body))
+
+
+def test_masked_strided_load_is_branch_free_and_safe(tmp_path, monkeypatch):
+    """A masked load with a strided index (max pooling) clamps its index into the buffer and
+    selects: no `if`, vectorizable; a contiguous one keeps the `if` (a masked vector load).
+    Values (NaN included) match the reference either way."""
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))
+    n, h = 5, 34
+    x = InputBuffer("arg0", torch.float32, (n, h), (h, 1), position=0)
+    t = torch.randn(n, h)
+    t[1, 7] = float("nan")
+    pad = torch.nn.functional.pad(t, (1, 0), value=float("-inf"))
+    for step, w in ((2, h // 2), (1, h)):
+        steps, src, fns, sigs = _compile([_window_max(x, n, h, w, step, float("-inf"))], [x])
+        kernel = src[src.index('extern "C"'):]
+        assert ("if (" in kernel) == (step == 1), kernel
+        assert ("std::min<int32_t>" in kernel) == (step == 2), kernel
+        res = torch.empty(n, w)
+        fns[steps[0].name](*[{"arg0": t, "buf0": res}[a].data_ptr() for a in sigs[steps[0].name]])
+        windows = pad.unfold(1, 2, step)[:, :w]
+        exp = torch.where(windows.isnan().any(-1), float("nan"), windows.amax(-1))
+        torch.testing.assert_close(res, exp, equal_nan=True)
