@@ -96,6 +96,7 @@ class WrapperCodegen:
                                    f"{b.name}.stride() == {py_repr(tuple(b.stride))}, "
                                    f"'ember: input {b.position} changed size/stride'")
             pool: dict = {}
+            pooled: dict = {}       # freed buffer -> where its `del` goes if nothing reuses it
             for i, step in enumerate(self.steps):
                 self._step(i, step, pool)
                 for name in self.plan.frees.get(i, []):
@@ -104,8 +105,13 @@ class WrapperCodegen:
                         code.writeline(f"del {name}")
                     elif name in self.owned and buf is not None:
                         pool.setdefault(_sig(buf), []).append(name)
+                        pooled[name] = (len(code.lines), code.level)
                     elif name not in self.input_names:
                         code.writeline(f"del {name}")
+            # a freed buffer no later allocation took is released when it dies, not at return
+            unused = [pooled[n] + (n,) for names in pool.values() for n in names]
+            for at, level, name in sorted(unused, reverse=True):
+                code.lines.insert(at, "    " * level + f"del {name}")
             outs = ", ".join(self.value(o) for o in self.outputs)
             code.writeline(f"return ({outs}{',' if len(self.outputs) == 1 else ''})")
         return code.getvalue()

@@ -43,3 +43,20 @@ def test_pointwise_after_extern_writes_in_place():
     fn = compile_aten_graph(gm, [x, w])
     assert "# in place" in fn.ember_wrapper
     torch.testing.assert_close(fn(x, w)[0], f(x, w), rtol=1e-4, atol=1e-3)
+
+
+def test_freed_buffer_nothing_reuses_is_deleted_when_it_dies():
+    """relu(2x) is realized for the matmul and dies there; no later buffer has its size, so
+    it must be released right after the matmul, not held until the graph returns."""
+    from ember.aot import trace_aten
+    from ember.decomp import get_decompositions
+    from ember.lower import compile_aten_graph
+    x, w = torch.randn(16, 8), torch.randn(8, 4)
+    f = lambda t, m: (((t * 2).relu() @ m).sin().sum(),)  # noqa: E731
+    gm = trace_aten(f, (x, w), decompositions=get_decompositions())
+    fn = compile_aten_graph(gm, [x, w])
+    lines = [ln.strip() for ln in fn.ember_wrapper.splitlines()]
+    first = next(ln.split(" = ")[0] for ln in lines if "empty_strided((16, 8)" in ln)
+    mm = next(i for i, ln in enumerate(lines) if "mm" in ln and first in ln.split("(", 1)[-1])
+    assert lines[mm + 1] == f"del {first}", lines
+    torch.testing.assert_close(fn(x, w)[0], f(x, w)[0])
