@@ -166,11 +166,16 @@ class TrainingRuntime:
                         "ember: double backward (create_graph=True, or differentiating a gradient) "
                         "through an ember-compiled graph is not supported; run this part eagerly")
                 saved = list(ctx.saved_tensors)
+                # without retain_graph, autograd's references to the saved tensors go now, so a
+                # boxed backward holds the last ones and frees each after its last use
+                ctx.maybe_clear_saved_tensors()
                 for i, x in ctx.ember_ints:
                     saved.insert(i, x)
-                tangents = [_coerce_tangent(grad_outs[j], spec, ctx.ember_sizes)
-                            for j, spec in zip(t.tangent_outs, t.tangent_specs)]
-                grads = rt.backward_fn()(*saved, *tangents)
+                saved += [_coerce_tangent(grad_outs[j], spec, ctx.ember_sizes)
+                          for j, spec in zip(t.tangent_outs, t.tangent_specs)]
+                bw = rt.backward_fn()
+                boxed = getattr(bw, "boxed", None)
+                grads = boxed(saved) if boxed is not None else bw(*saved)
                 result: list = [None] * t.n_inputs
                 for k, g in zip(t.grad_inputs, grads):
                     result[k] = g

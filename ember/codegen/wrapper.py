@@ -25,6 +25,11 @@ def grad_free(call):
     grad_enabled, set_grad = torch.is_grad_enabled, torch._C._set_grad_enabled
 
     def run(*args):
+        return boxed(args)
+
+    def boxed(args):
+        """Called with a list the callee may empty: it then holds the only references to the
+        inputs and frees each after its last use (the backward's saved activations)."""
         if not grad_enabled():
             return call(args)
         set_grad(False)
@@ -32,6 +37,7 @@ def grad_free(call):
             return call(args)
         finally:
             set_grad(True)
+    run.boxed = boxed
     return run
 
 
@@ -89,6 +95,7 @@ class WrapperCodegen:
                     self.globals[b.name] = b.constant
             if names:
                 code.writeline(f"{', '.join(names)}, = args")
+                code.writeline("if args.__class__ is list: args.clear()  # boxed: inputs die here")
             self._bind_sizes()
             for b in self.inputs:
                 if b.size is not None and b.position >= 0:
@@ -106,7 +113,7 @@ class WrapperCodegen:
                     elif name in self.owned and buf is not None:
                         pool.setdefault(_sig(buf), []).append(name)
                         pooled[name] = (len(code.lines), code.level)
-                    elif name not in self.input_names:
+                    else:       # an input: drops this frame's reference (the last, if boxed)
                         code.writeline(f"del {name}")
             # a freed buffer no later allocation took is released when it dies, not at return
             unused = [pooled[n] + (n,) for names in pool.values() for n in names]
