@@ -301,7 +301,8 @@ def _new_module(tr, cls, args, kwargs) -> V:
                                                           _all_const(kwargs.values())):
         raise tr.unsupported(f"creating a {cls.__name__} module inside the traced code",
                              hint="only torch.nn modules with constant arguments are built here")
-    m = cls(*[a.value for a in args], **{k: v.value for k, v in kwargs.items()})
+    with torch.random.fork_rng(devices=[]):    # a module with weights would draw from the RNG
+        m = cls(*[a.value for a in args], **{k: v.value for k, v in kwargs.items()})
     if next(m.parameters(), None) is not None or \
             any(b is not None for b in m._buffers.values()) or m._modules:
         raise tr.unsupported(f"creating a {cls.__name__} module with state inside the traced code")

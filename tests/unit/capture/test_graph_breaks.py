@@ -1645,3 +1645,18 @@ def test_graph_breaks_not_logged_without_env(capsys, monkeypatch, caplog):
     finally:
         lg.propagate = False
     assert [r for r in caplog.records if r.name == "ember.graph_breaks"] == []
+
+
+def linear_made_inside(x):
+    return nn.Linear(4, 4)(x) + torch.rand(4)
+
+
+def test_module_with_weights_made_in_traced_code_keeps_rng_in_step(capsys):
+    """A module with parameters cannot be built in the trace (it breaks); building it at trace
+    time to find out must not draw from the RNG, or later random numbers differ from eager."""
+    cf = ember.compile(linear_made_inside, backend=BACKEND)
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        exp = linear_made_inside(X)
+        torch.manual_seed(seed)
+        torch.testing.assert_close(cf(X), exp)
