@@ -243,11 +243,15 @@ class GraphLowering:
             return value.arg()
         stride = _output_stride(meta)
         out = self.realize(value, stride=stride)
-        if stride is not None and out.stride != stride:
-            # realized earlier (for a user inside the graph) in another layout: the next graph
-            # (a backward taking this as a saved activation) was traced with the meta layout
-            body = Pointwise(out.size, out.dtype, out.loader())
-            out = dense_view(self.add_computed(body, stride=stride))
+        want = stride if stride is not None else _gapped_stride(meta)
+        if want is not None and out.stride != want:
+            # realized earlier (for a user inside the graph) in another layout, or a view with
+            # gaps (one head of a qkv projection): the next graph (a backward taking this as a
+            # saved activation) was traced with the meta layout. A view of the stored base
+            # when it has that layout; else a copy stored with exactly those strides.
+            view = self._realize_as_view(value, want) if isinstance(value, Reindex) else None
+            out = view if view is not None else dense_view(self.add_computed(
+                Pointwise(out.size, out.dtype, out.loader()), stride=want))
         return out.arg()
 
 
@@ -256,6 +260,20 @@ def _output_stride(meta):
     if isinstance(meta, torch.Tensor) and _dense_permutation(meta):
         return as_sizes(meta.stride())
     return None
+
+
+def _gapped_stride(meta):
+    """The meta stride of an output whose layout skips elements (not dense, not overlapping)."""
+    if not isinstance(meta, torch.Tensor) or meta.dim() == 0 or any(
+            isinstance(x, torch.SymInt) for x in (*meta.shape, *meta.stride())):
+        return None
+    dims = sorted((st, s) for s, st in zip(meta.shape, meta.stride()) if s != 1)
+    reach = 1
+    for st, s in dims:
+        if st < reach:          # overlapping (an expand) or not ordered: not ours to store
+            return None
+        reach = st * s
+    return as_sizes(meta.stride())
 
 
 def _dense_permutation(t: torch.Tensor) -> bool:

@@ -126,3 +126,39 @@ def test_mha_fast_path_without_weights():
     compiled = ember.compile(f, backend="ember", fullgraph=True)
     with torch.no_grad():
         torch.testing.assert_close(compiled(x), f(x), rtol=1e-5, atol=1e-5)
+
+
+class HeadsAttention(nn.Module):
+    """EdgeNeXt's cross-covariance attention (timm): q and k are unbound from a permuted qkv
+    projection (views with gaps) and normalized, so the forward saves them for the backward."""
+
+    def __init__(self, dim=48, heads=4):
+        super().__init__()
+        self.heads = heads
+        self.temperature = nn.Parameter(torch.ones(heads, 1, 1))
+        self.qkv = nn.Linear(dim, dim * 3)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x):
+        x = x.transpose(1, 2)           # channels-first input, as after EdgeNeXt's conv stem
+        b, n, c = x.shape
+        qkv = self.qkv(x).reshape(b, n, 3, self.heads, -1).permute(2, 0, 3, 4, 1)
+        q, k, v = qkv.unbind(0)
+        attn = (nn.functional.normalize(q, dim=-1) @
+                nn.functional.normalize(k, dim=-1).transpose(-2, -1)) * self.temperature
+        x = attn.softmax(dim=-1) @ v
+        return self.proj(x.permute(0, 3, 1, 2).reshape(b, n, c))
+
+
+def test_saved_views_with_gaps_keep_their_traced_layout():
+    """A saved activation whose traced layout skips elements (one head of qkv) is stored with
+    those strides, as the backward was traced with them (edgenext_xx_small training asserted
+    'input changed size/stride' in the backward)."""
+    torch.manual_seed(0)
+    m = HeadsAttention()
+    m2 = copy.deepcopy(m)
+    x = torch.randn(8, 48, 64)
+    m(x).sum().backward()
+    ember.compile(m2, backend="ember")(x).sum().backward()
+    for p, q in zip(m.parameters(), m2.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, atol=1e-5, rtol=1e-4)
