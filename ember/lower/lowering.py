@@ -239,11 +239,14 @@ class GraphLowering:
     def _output(self, value, meta):
         if not isinstance(value, TensorValue):
             return value
-        if isinstance(value, View):
-            return value.arg()
         stride = _output_stride(meta)
-        out = self.realize(value, stride=stride)
         want = stride if stride is not None else _gapped_stride(meta)
+        if isinstance(value, View):
+            # a view of an input aliases it (aot rebuilds such outputs); an extern's result
+            # in another layout than its meta (a channels-last conv) is copied to the meta one
+            if isinstance(value.buffer, InputBuffer) or want is None or value.stride == want:
+                return value.arg()
+        out = self.realize(value, stride=stride)
         if want is not None and out.stride != want:
             # realized earlier (for a user inside the graph) in another layout, or a view with
             # gaps (one head of a qkv projection): the next graph (a backward taking this as a

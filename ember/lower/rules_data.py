@@ -483,3 +483,32 @@ for _name in EXTERNS:
     _packet, _, _ov = _name.rpartition(".")
     if hasattr(aten, _packet) and _ov in getattr(aten, _packet).overloads():
         RULES[getattr(getattr(aten, _packet), _ov)] = extern_functional
+
+
+@rule(aten.convolution.default)
+def convolution(ctx, node, x, *args):
+    """An extern whose output layout is the one the CPU kernel returns: channels-last when its
+    input is stored channels-last (ConvNeXt's blocks permute around a LayerNorm), where the
+    meta kernel says contiguous. Downstream kernels then read it in place instead of the wrapper
+    copying each conv output to the meta layout (the wrapper still copies if a run disagrees)."""
+    val = out_meta(node)
+    device = ctx.gm.meta.get("device")
+    if isinstance(x, TensorValue) and len(x.size) == 4 and isinstance(val, torch.Tensor) and \
+            device is not None and torch.device(device).type == "cpu":
+        xv = ctx.realize(x)
+        if _channels_last(xv.size, xv.stride) and _channels_last(tuple(val.shape), None):
+            n, c, h, w = val.shape
+            val = torch.empty_strided(val.shape, (h * w * c, 1, w * c, c), dtype=val.dtype,
+                                      device="meta")
+    return ctx.extern(node.target, (x, *args), {}, val)
+
+
+def _channels_last(size, stride) -> bool:
+    """Dense channels-last strides, with channels and a spatial extent to tell it apart (None
+    stride: whether the sizes could be told apart)."""
+    if any(not isinstance(s, int) for s in (*size, *(stride or ()))):
+        return False
+    n, c, h, w = size
+    if c == 1 or h * w == 1:
+        return False
+    return stride is None or tuple(stride) == (h * w * c, 1, w * c, c)

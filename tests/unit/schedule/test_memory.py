@@ -60,3 +60,23 @@ def test_freed_buffer_nothing_reuses_is_deleted_when_it_dies():
     mm = next(i for i, ln in enumerate(lines) if "mm" in ln and first in ln.split("(", 1)[-1])
     assert lines[mm + 1] == f"del {first}", lines
     torch.testing.assert_close(fn(x, w)[0], f(x, w)[0])
+
+
+def test_conv_on_channels_last_input_keeps_the_kernels_layout():
+    """ConvNeXt permutes around a LayerNorm, so its convs read channels-last inputs and the CPU
+    kernel returns channels-last outputs (the meta kernel says contiguous): the wrapper expects
+    the real layout instead of copying every conv output; values equal eager."""
+    from ember.aot import trace_aten
+    from ember.decomp import get_decompositions
+    from ember.lower import compile_aten_graph
+    torch.manual_seed(0)
+    x, w1, w2 = torch.randn(2, 8, 6, 6), torch.randn(8, 1, 3, 3), torch.randn(16, 8, 1, 1)
+
+    def f(t, a, b):
+        y = torch.nn.functional.layer_norm(t.permute(0, 2, 3, 1), (8,)).permute(0, 3, 1, 2)
+        y = torch.nn.functional.conv2d(y, a, padding=1, groups=8)
+        return (torch.nn.functional.conv2d(y.relu(), b) * 2,)
+    gm = trace_aten(f, (x, w1, w2), decompositions=get_decompositions())
+    fn = compile_aten_graph(gm, [x, w1, w2])
+    assert "stride() != (288, 1, 48, 8)" in fn.ember_wrapper, fn.ember_wrapper
+    torch.testing.assert_close(fn(x, w1, w2)[0], f(x, w1, w2)[0], rtol=1e-4, atol=1e-4)
