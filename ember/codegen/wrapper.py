@@ -209,6 +209,14 @@ class WrapperCodegen:
         if buf.size is None:
             return
         n = buf.name
+        # a size-1 dim's stride says nothing about where elements are: not compared (a 1x1
+        # conv's weight gradient comes back channels-last, strides (320, 1, 320, 320))
+        dims = [d for d, sz in enumerate(buf.size) if not (isinstance(sz, int) and sz == 1)]
+        if len(dims) == len(buf.size):
+            got, want = f"{n}.stride()", py_repr(tuple(buf.stride))
+        else:
+            got = f"tuple({n}.stride()[d] for d in {py_repr(tuple(dims))})"
+            want = py_repr(tuple(buf.stride[d] for d in dims))
         self.code.writeline(
-            f"if {n} is not None and {n}.stride() != {py_repr(tuple(buf.stride))}: {n} = empty_strided("
+            f"if {n} is not None and {got} != {want}: {n} = empty_strided("
             f"{py_repr(tuple(buf.size))}, {py_repr(tuple(buf.stride))}, dtype={n}.dtype).copy_({n})")

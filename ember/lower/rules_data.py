@@ -492,15 +492,35 @@ def convolution(ctx, node, x, *args):
     meta kernel says contiguous. Downstream kernels then read it in place instead of the wrapper
     copying each conv output to the meta layout (the wrapper still copies if a run disagrees)."""
     val = out_meta(node)
-    device = ctx.gm.meta.get("device")
-    if isinstance(x, TensorValue) and len(x.size) == 4 and isinstance(val, torch.Tensor) and \
-            device is not None and torch.device(device).type == "cpu":
-        xv = ctx.realize(x)
-        if _channels_last(xv.size, xv.stride) and _channels_last(tuple(val.shape), None):
-            n, c, h, w = val.shape
-            val = torch.empty_strided(val.shape, (h * w * c, 1, w * c, c), dtype=val.dtype,
-                                      device="meta")
+    if _cpu_channels_last_input(ctx, x):
+        val = _as_channels_last(val)
     return ctx.extern(node.target, (x, *args), {}, val)
+
+
+@rule(aten.convolution_backward.default)
+def convolution_backward(ctx, node, grad_out, x, *args):
+    """The same for the input gradient: channels-last when the forward input is."""
+    val = out_meta(node)
+    if _cpu_channels_last_input(ctx, x) and isinstance(val, (tuple, list)):
+        val = (_as_channels_last(val[0]), *val[1:])
+    return ctx.extern(node.target, (grad_out, x, *args), {}, val)
+
+
+def _cpu_channels_last_input(ctx, x) -> bool:
+    device = ctx.gm.meta.get("device")
+    if not isinstance(x, TensorValue) or len(x.size) != 4 or device is None or \
+            torch.device(device).type != "cpu":
+        return False
+    xv = ctx.realize(x)
+    return _channels_last(xv.size, xv.stride)
+
+
+def _as_channels_last(val):
+    if not isinstance(val, torch.Tensor) or val.dim() != 4 or \
+            not _channels_last(tuple(val.shape), None):
+        return val
+    n, c, h, w = val.shape
+    return torch.empty_strided(val.shape, (h * w * c, 1, w * c, c), dtype=val.dtype, device="meta")
 
 
 def _channels_last(size, stride) -> bool:

@@ -80,3 +80,23 @@ def test_conv_on_channels_last_input_keeps_the_kernels_layout():
     fn = compile_aten_graph(gm, [x, w1, w2])
     assert "stride() != (288, 1, 48, 8)" in fn.ember_wrapper, fn.ember_wrapper
     torch.testing.assert_close(fn(x, w1, w2)[0], f(x, w1, w2)[0], rtol=1e-4, atol=1e-4)
+
+
+def test_layout_check_ignores_strides_of_size_one_dims():
+    """An extern's result is copied only when a dim with more than one element is laid out
+    differently: a 1x1 conv's weight gradient (320, 1, 320, 320) is the same memory as
+    (320, 1, 1, 1)."""
+    import types
+
+    from ember.codegen.common import IndentedBuffer
+    from ember.codegen.wrapper import WrapperCodegen
+    w = WrapperCodegen.__new__(WrapperCodegen)
+    w.code = IndentedBuffer()
+    w._fix_layout(types.SimpleNamespace(name="g", size=(1280, 320, 1, 1), stride=(320, 1, 1, 1)))
+    ns = {"empty_strided": torch.empty_strided}
+    check = w.code.getvalue()
+    for g, copied in ((torch.empty_strided((1280, 320, 1, 1), (320, 1, 320, 320)), False),
+                      (torch.empty(320, 1280, 1, 1).transpose(0, 1), True)):
+        ns["g"] = g
+        exec(check, ns)
+        assert (ns["g"] is not g) == copied, check
