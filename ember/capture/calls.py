@@ -17,7 +17,7 @@ import types
 import torch
 
 from .values import (NULL, BuiltinMethodV, CellV, ContextV, DictV, FuncV, IterV, ListV, NewModuleV,
-                     MethodV, NewObjV, ObjV, SuperV, TensorV, TupleV, V, is_literal)
+                     MethodV, NewObjV, ObjV, SuperV, TensorV, TupleV, V, is_literal, peek)
 
 _TORCH_MODULES = ("torch", "torch.nn.functional", "torch.linalg", "torch.fft", "torch.special",
                   "torch._C._nn", "torch._C._VariableFunctions", "torch._C._linalg",
@@ -122,7 +122,7 @@ def _all_const(vals) -> bool:
 
 def call_obj(tr, fn: ObjV, args: list, kwargs: dict) -> V:
     from .builtins import BUILTINS, fold
-    f = fn.value
+    f = peek(fn)        # a call uses what a nested function runs, not which object it is
     if getattr(f, "_ember_disabled", False):
         raise tr.unsupported(f"call to {f.__qualname__}, marked ember.disable")
     if _is_collective(f):

@@ -69,6 +69,7 @@ class _Rebuild:
         self.out_index: dict = {}
         self.pre: list[str] = []
         self.memo: dict[int, str] = {}
+        self.snaps: dict[str, str] = {}
 
     def bind(self, obj, hint="k"):
         return self.tr.bind_const(obj, hint)
@@ -85,9 +86,11 @@ class _Rebuild:
             return f"__o[{i}]"
         if isinstance(v, LazyV) and v.pending:       # recomputed, so left unguarded
             if v.source is not None:
-                return v.source.expr()
+                return self._snap(v.source.expr())
+            if id(v) in self.memo:
+                return self.memo[id(v)]
             args = [self.expr(a) for a in v.args] + [f"{k}={self.expr(x)}" for k, x in v.kwargs.items()]
-            return f"{self.bind(v.fn, 'f')}({', '.join(args)})"
+            return self._temp(v, f"{self.bind(v.fn, 'f')}({', '.join(args)})")
         if isinstance(v, NewModuleV):
             if id(v) in self.memo:
                 return self.memo[id(v)]
@@ -98,7 +101,7 @@ class _Rebuild:
             if x is None or type(x) in (bool, int, str) or type(x) is float and math.isfinite(x):
                 return repr(x)
             if isinstance(x, torch.SymInt):
-                return self.tr.size_expr(x)
+                return self._snap(self.tr.size_expr(x))
             if isinstance(x, (tuple, list, torch.Size)) and any(isinstance(i, torch.SymInt) for i in x):
                 return self.expr(TupleV([ObjV(i) for i in x], cls=type(x))
                                  if not isinstance(x, list) else ListV([ObjV(i) for i in x]))
@@ -159,6 +162,15 @@ class _Rebuild:
         name = self._temp(c, f"{self.bind(types.CellType, 'c')}()")
         if c.contents is not None:      # after the memo: a closure may hold its own cell
             self.pre.append(f"{name}.cell_contents = {self.expr(c.contents)}")
+        return name
+
+    def _snap(self, code: str) -> str:
+        """A value read from the caller's state, read once before any effect or eager call
+        runs: replayed writes (`o.a, o.b = o.b, o.a`, a `nonlocal` counter) must not change it."""
+        name = self.snaps.get(code)
+        if name is None:
+            name = self.snaps[code] = f"__s{len(self.snaps)}"
+            self.pre.append(f"{name} = {code}")
         return name
 
     def _key(self, k):

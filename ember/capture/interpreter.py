@@ -286,7 +286,9 @@ class Tracer:
                 not source.structural and not value.__dict__ and \
                 (value.__closure__ is not None or "<locals>" in value.__qualname__):
             self._guard_closure(value, source)
-            return ObjV(value, source)
+            # which object it is counts only where identity is used (`is`, `==`, a dict key):
+            # there the read installs the ID guard; calls read it without (calls.call_obj)
+            return LazyV(value, lambda: self.guard("ID", source, value), source)
         if isinstance(value, (types.FunctionType, types.BuiltinFunctionType, type,
                               types.ModuleType, types.MethodType)) or callable(value) and \
                 t.__module__.startswith("torch"):

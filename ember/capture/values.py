@@ -4,7 +4,8 @@
             user objects); guarded through its `source` when it came from the caller
   NewModuleV  a stateless torch.nn module made in the trace (a loss module)
   LazyV     a float or str from the caller, or a pure function of such values, guarded by value
-            only when the trace uses it (see the class)
+            only when the trace uses it (see the class); also a nested function, whose
+            identity is guarded only when used
   TensorV   a tensor: an FX node + a meta-device example value (+ the real device)
   ListV / TupleV / DictV   containers whose items are values (tensors inside stay symbolic)
   FuncV     a function created during the trace (MAKE_FUNCTION: lambdas, comprehensions, closures)

@@ -252,13 +252,12 @@ class CppHandler:
         extent = 1 + sum((sz - 1) * st for sz, st in zip(buf.size, buf.stride))
         contiguous = any(index.coeff(v) == 1 for v in index.free_symbols
                          if LOOP_VAR.fullmatch(str(v)))
-        if contiguous or any(sz == 0 for sz in buf.size) or \
-                not (is_symbolic(extent) or extent > 0):
+        if contiguous or is_symbolic(extent) or extent <= 0 or 0 in buf.size:
+            # (a symbolic buffer may be empty at run time: nothing to clamp into)
             self.need_if = True
             return idx
-        it = "int32_t" if not is_symbolic(extent) and extent < 2 ** 31 else "int64_t"
-        return (f"std::min<{it}>(std::max<{it}>(static_cast<{it}>({idx}), 0), "
-                f"{self.idx(extent - 1)})")
+        it = "int32_t" if extent < 2 ** 31 else "int64_t"
+        return f"std::min<{it}>(std::max<{it}>(static_cast<{it}>({idx}), 0), {extent - 1})"
 
     def masked(self, mask, body, other):
         """`mask ? body() : other`. Branch-free when the body cannot fault on a masked-off lane

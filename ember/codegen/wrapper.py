@@ -41,6 +41,18 @@ def grad_free(call):
     return run
 
 
+def _strides(buf) -> tuple[str, str]:
+    """(expression, expected) comparing a buffer's strides, except of size-1 dims: their
+    stride says nothing about where elements are (a 1x1 conv's weight gradient comes back as
+    (320, 1, 320, 320) for (320, 1, 1, 1))."""
+    n = buf.name
+    dims = [d for d, sz in enumerate(buf.size) if not (isinstance(sz, int) and sz == 1)]
+    if len(dims) == len(buf.size):
+        return f"{n}.stride()", py_repr(tuple(buf.stride))
+    return (f"tuple({n}.stride()[d] for d in {py_repr(tuple(dims))})",
+            py_repr(tuple(buf.stride[d] for d in dims)))
+
+
 def _sig(buf):
     return (tuple(buf.size), tuple(buf.stride), buf.dtype)
 
@@ -99,8 +111,9 @@ class WrapperCodegen:
             self._bind_sizes()
             for b in self.inputs:
                 if b.size is not None and b.position >= 0:
+                    got, want = _strides(b)
                     code.writeline(f"assert {b.name}.size() == {py_repr(tuple(b.size))} and "
-                                   f"{b.name}.stride() == {py_repr(tuple(b.stride))}, "
+                                   f"{got} == {want}, "
                                    f"'ember: input {b.position} changed size/stride'")
             pool: dict = {}
             pooled: dict = {}       # freed buffer -> where its `del` goes if nothing reuses it
@@ -209,14 +222,7 @@ class WrapperCodegen:
         if buf.size is None:
             return
         n = buf.name
-        # a size-1 dim's stride says nothing about where elements are: not compared (a 1x1
-        # conv's weight gradient comes back channels-last, strides (320, 1, 320, 320))
-        dims = [d for d, sz in enumerate(buf.size) if not (isinstance(sz, int) and sz == 1)]
-        if len(dims) == len(buf.size):
-            got, want = f"{n}.stride()", py_repr(tuple(buf.stride))
-        else:
-            got = f"tuple({n}.stride()[d] for d in {py_repr(tuple(dims))})"
-            want = py_repr(tuple(buf.stride[d] for d in dims))
+        got, want = _strides(buf)
         self.code.writeline(
             f"if {n} is not None and {got} != {want}: {n} = empty_strided("
             f"{py_repr(tuple(buf.size))}, {py_repr(tuple(buf.stride))}, dtype={n}.dtype).copy_({n})")

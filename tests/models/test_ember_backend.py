@@ -162,3 +162,20 @@ def test_saved_views_with_gaps_keep_their_traced_layout():
     ember.compile(m2, backend="ember")(x).sum().backward()
     for p, q in zip(m.parameters(), m2.parameters()):
         torch.testing.assert_close(q.grad, p.grad, atol=1e-5, rtol=1e-4)
+
+
+def test_conv_output_with_size_one_spatial_dims_into_backward():
+    """A channels-last input to a conv whose output is 1x1: the CPU kernel returns strides
+    (16, 1, 16, 16) where the meta says (16, 1, 1, 1); the backward takes it as saved and must
+    accept it (strides of size-1 dims are not compared)."""
+    torch.manual_seed(0)
+    conv = nn.Conv2d(8, 16, 4)
+    w = nn.Parameter(torch.randn(1, 16, 1, 1))
+    x = torch.randn(2, 8, 4, 4).to(memory_format=torch.channels_last)
+    f = lambda t: (conv(t) * w).sum()  # noqa: E731
+    f(x).backward()
+    ref = [conv.weight.grad.clone(), w.grad.clone()]
+    conv.weight.grad = w.grad = None
+    ember.compile(f, backend="ember")(x).backward()
+    torch.testing.assert_close(conv.weight.grad, ref[0], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(w.grad, ref[1], rtol=1e-4, atol=1e-5)

@@ -1660,3 +1660,71 @@ def test_module_with_weights_made_in_traced_code_keeps_rng_in_step(capsys):
         exp = linear_made_inside(X)
         torch.manual_seed(seed)
         torch.testing.assert_close(cf(X), exp)
+
+
+class _Box:
+    pass
+
+
+SWAP = _Box()
+
+
+def swap_attrs(x):
+    SWAP.a, SWAP.b = SWAP.b, SWAP.a
+    return x + 1
+
+
+def test_replayed_writes_read_the_values_from_before_them():
+    """Residual code reads the caller's floats once, before any write is replayed: a swap
+    swaps (a lazy float re-read after the first write would copy it twice)."""
+    SWAP.a, SWAP.b = 1.0, 2.0
+    cf = ember.compile(swap_attrs, backend=BACKEND)
+    for k in range(3):
+        torch.testing.assert_close(cf(X), X + 1)
+        assert (SWAP.a, SWAP.b) == ((2.0, 1.0) if k % 2 == 0 else (1.0, 2.0))
+
+
+def make_stepper():
+    n = 0
+
+    def step(x):
+        nonlocal n
+        n += 1
+        y = x * n
+        n += 10
+        return y
+    return step
+
+
+def test_nonlocal_int_written_twice():
+    eager, compiled = make_stepper(), make_stepper()
+    cf = ember.compile(compiled, backend=BACKEND)
+    for _ in range(4):
+        torch.testing.assert_close(cf(X), eager(X))
+    assert compiled.__closure__[0].cell_contents == eager.__closure__[0].cell_contents == 44
+
+
+def make_callback(k):
+    def cb(x):
+        return x + k
+    return cb
+
+
+LAST = {}
+
+
+def identity_branch(x, cb):
+    if cb is LAST["cb"]:
+        return x * 0
+    return cb(x)
+
+
+def test_closure_identity_is_guarded_where_used():
+    """Nested functions are guarded by code, not identity, for calls; an `is` test on one
+    installs the identity guard, so another closure from the same code takes its own path."""
+    cb1, cb2 = make_callback(1.0), make_callback(2.0)
+    LAST["cb"] = cb1
+    cf = ember.compile(identity_branch, backend=BACKEND)
+    torch.testing.assert_close(cf(X, cb1), X * 0)
+    torch.testing.assert_close(cf(X, cb2), X + 2.0)
+    torch.testing.assert_close(cf(X, cb1), X * 0)
