@@ -49,8 +49,11 @@ def _strides(buf) -> tuple[str, str]:
     dims = [d for d, sz in enumerate(buf.size) if not (isinstance(sz, int) and sz == 1)]
     if len(dims) == len(buf.size):
         return f"{n}.stride()", py_repr(tuple(buf.stride))
-    return (f"tuple({n}.stride()[d] for d in {py_repr(tuple(dims))})",
-            py_repr(tuple(buf.stride[d] for d in dims)))
+    if not dims:
+        return "()", "()"
+    picked = ", ".join(f"{'(_st := ' + n + '.stride())' if i == 0 else '_st'}[{d}]"
+                       for i, d in enumerate(dims))
+    return f"({picked},)", py_repr(tuple(buf.stride[d] for d in dims))
 
 
 def _sig(buf):

@@ -100,3 +100,17 @@ def test_layout_check_ignores_strides_of_size_one_dims():
         ns["g"] = g
         exec(check, ns)
         assert (ns["g"] is not g) == copied, check
+
+
+def test_all_size_one_buffer_layout_check_is_valid_python():
+    import types
+
+    from ember.codegen.common import IndentedBuffer
+    from ember.codegen.wrapper import WrapperCodegen
+    w = WrapperCodegen.__new__(WrapperCodegen)
+    w.code = IndentedBuffer()
+    w._fix_layout(types.SimpleNamespace(name="g", size=(1, 1, 1), stride=(1, 1, 1)))
+    g = torch.empty_strided((1, 1, 1), (7, 3, 5))
+    ns = {"empty_strided": torch.empty_strided, "g": g}
+    exec(w.code.getvalue(), ns)
+    assert ns["g"] is g
