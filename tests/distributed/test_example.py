@@ -12,11 +12,21 @@ from ._harness import free_port
 ROOT = Path(__file__).resolve().parents[2]
 
 
+# A gloo rank can abort while the process exits, after the run is done and printed. Plain
+# eager DDP does it too (--eager, no ember: 4 of 16 runs on a loaded 2-core box), so one
+# retry of exactly that failure keeps CI about the example, not about gloo's teardown.
+_SHUTDOWN_ABORT = "terminate called without an active exception"
+
+
 def _run(*extra) -> str:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-           "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
-           str(ROOT / "examples" / "ddp_train.py"), "--steps", "3", *extra]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=ROOT)
+    for attempt in range(2):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+               "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
+               str(ROOT / "examples" / "ddp_train.py"), "--steps", "3", *extra]
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=ROOT)
+        done = "parameter checksum" in out.stdout and _SHUTDOWN_ABORT in out.stderr
+        if out.returncode == 0 or not done or attempt:
+            break
     assert out.returncode == 0, out.stdout + out.stderr
     return out.stdout
 
