@@ -87,15 +87,9 @@ class _Rebuild:
         if isinstance(v, LazyV) and v.pending:       # recomputed, so left unguarded
             if v.source is not None:
                 return self._snap(v.source.expr())
-            if id(v) in self.memo:
-                return self.memo[id(v)]
-            args = [self.expr(a) for a in v.args] + [f"{k}={self.expr(x)}" for k, x in v.kwargs.items()]
-            return self._temp(v, f"{self.bind(v.fn, 'f')}({', '.join(args)})")
+            return self._call(v, v.fn)
         if isinstance(v, NewModuleV):
-            if id(v) in self.memo:
-                return self.memo[id(v)]
-            args = [self.expr(a) for a in v.args] + [f"{k}={self.expr(x)}" for k, x in v.kwargs.items()]
-            return self._temp(v, f"{self.bind(type(v.value), 'c')}({', '.join(args)})")
+            return self._call(v, type(v.value))
         if isinstance(v, ObjV):
             x = v.value
             if x is None or type(x) in (bool, int, str) or type(x) is float and math.isfinite(x):
@@ -163,6 +157,13 @@ class _Rebuild:
         if c.contents is not None:      # after the memo: a closure may hold its own cell
             self.pre.append(f"{name}.cell_contents = {self.expr(c.contents)}")
         return name
+
+    def _call(self, v, fn) -> str:
+        """`fn(*v.args, **v.kwargs)` once per residual call: a value made again, not kept."""
+        if id(v) in self.memo:
+            return self.memo[id(v)]
+        args = [self.expr(a) for a in v.args] + [f"{k}={self.expr(x)}" for k, x in v.kwargs.items()]
+        return self._temp(v, f"{self.bind(fn, 'f')}({', '.join(args)})")
 
     def _snap(self, code: str) -> str:
         """A value read from the caller's state, read once before any effect or eager call

@@ -51,9 +51,9 @@ def _strides(buf) -> tuple[str, str]:
         return f"{n}.stride()", py_repr(tuple(buf.stride))
     if not dims:
         return "()", "()"
-    picked = ", ".join(f"{'(_st := ' + n + '.stride())' if i == 0 else '_st'}[{d}]"
-                       for i, d in enumerate(dims))
-    return f"({picked},)", py_repr(tuple(buf.stride[d] for d in dims))
+    first, *rest = dims             # one stride() call, bound by the first item
+    picked = [f"(_st := {n}.stride())[{first}]"] + [f"_st[{d}]" for d in rest]
+    return f"({', '.join(picked)},)", py_repr(tuple(buf.stride[d] for d in dims))
 
 
 def _sig(buf):
@@ -72,7 +72,6 @@ class WrapperCodegen:
         self.donated: set = set()  # buffers whose memory an output took over (in place)
         self.inplace_ok = inplace_ok or (lambda step, src, dst: False)
         self.code = IndentedBuffer()
-        self.input_names = {b.name for b in inputs}
         self.ops: dict = {}        # global name -> "namespace::op.overload" (for the graph cache)
 
     def tensor_arg(self, a) -> str:
