@@ -120,11 +120,22 @@ def _all_const(vals) -> bool:
     return all(isinstance(v, ObjV) for v in vals)
 
 
+def compiled_by_torch(f) -> bool:
+    """A torch.compile'd function (Dynamo's wrapper) or module (OptimizedModule)."""
+    return getattr(f, "_torchdynamo_orig_callable", None) is not None or \
+        isinstance(f, torch.nn.Module) and type(f).__module__.startswith("torch._dynamo")
+
+
 def call_obj(tr, fn: ObjV, args: list, kwargs: dict) -> V:
     from .builtins import BUILTINS, fold
     f = peek(fn)        # a call uses what a nested function runs, not which object it is
     if getattr(f, "_ember_disabled", False):
         raise tr.unsupported(f"call to {f.__qualname__}, marked ember.disable")
+    if compiled_by_torch(f):
+        # its frames are Dynamo's to capture: tracing into Dynamo's wrapper would compile the
+        # function with ember and trace Dynamo's own machinery
+        raise tr.unsupported(f"call to {getattr(f, '__qualname__', type(f).__name__)}, compiled "
+                             f"by torch.compile", hint="it runs under torch.compile, outside the graph")
     if _is_collective(f):
         raise tr.unsupported(f"call to collective torch.distributed {getattr(f, '__name__', f)}",
                              hint="collectives are not captured; the function runs eagerly")

@@ -21,9 +21,10 @@ from ..errors import InternalError, Unsupported
 from ..logging import enabled, get_logger, warn_once
 from ..shapes import LOWER_BOUND
 from .effects import finalize
-from .guards import EPOCH, RANKS, global_state, install_epoch_hooks
+from .guards import RANKS, global_state
 from .interpreter import CO_VARARGS, CO_VARKEYWORDS, Frame, Tracer
-from .sources import ClosureSource, ConstSource, LocalSource
+from . import statecheck
+from .sources import AttrSource, ClosureSource, ConstSource, DictEntrySource, LocalSource
 from .values import ObjV
 
 MISS = object()
@@ -33,7 +34,8 @@ CACHES: dict = {}
 
 
 def stats() -> dict:
-    """Counters: graphs (compiled), recompiles, fallbacks, unsupported, calls_compiled."""
+    """Counters: graphs (compiled), recompiles, fallbacks, unsupported, calls_compiled, refreshes
+    (structural guards re-checked because a module-state snapshot changed)."""
     return dict(STATS)
 
 
@@ -91,7 +93,6 @@ class Runner:
 
     def __init__(self, fn: types.FunctionType, settings: CompileSettings, bound_self=None,
                  eager=None):
-        install_epoch_hooks()
         self.fn, self.settings, self.code = fn, settings, fn.__code__
         self.bound_self = bound_self
         self.eager = eager
@@ -377,7 +378,8 @@ def build_entry(tr: Tracer, plan, argnames, eager=False, reason=None, settings=N
     """Generate the guard+run function of one cache entry."""
     ns = tr.ns
     from .sources import instance_dict
-    ns.update({"__MISS": MISS, "__EAGER": EAGER, "__EP": EPOCH, "__odict": instance_dict})
+    ns.update({"__MISS": MISS, "__EAGER": EAGER, "__odict": instance_dict,
+               "__snapshot": statecheck.snapshot})
     binder = _Binder(ns)
     if not eager and plan.gm is not None and plan.n_ops:
         # the backend first: its tracing adds the shape guards it assumed (dynamic shapes)
@@ -398,8 +400,8 @@ def build_entry(tr: Tracer, plan, argnames, eager=False, reason=None, settings=N
     structural_inputs = plan.structural_inputs if plan is not None else []
     roots = [r for r in tr.roots]
     if struct or structural_inputs:
-        cond = "__EP[0] != __st[0]" + "".join(f" or {r.expr()} is not __st[{i + 2}]"
-                                             for i, r in enumerate(roots))
+        cond = "not __st[0]()" + "".join(f" or {r.expr()} is not __st[{i + 2}]"
+                                         for i, r in enumerate(roots))
         lines.append(f"        if {cond}:")
         lines.append(f"            if not __refresh({sig}):")
         lines.append("                return __MISS")
@@ -416,15 +418,21 @@ def build_entry(tr: Tracer, plan, argnames, eager=False, reason=None, settings=N
             lines.append("    __o = ()")
         lines.extend("    " + s for s in plan.body)
     if struct or structural_inputs:
-        ns["__st"] = [None, None] + [None] * len(roots)
+        ns["__st"] = [statecheck.never, None] + [None] * len(roots)
+        ns["__STATS"] = STATS
         lines.append(f"def __refresh({sig}):")
+        lines.append("    __STATS['refreshes'] += 1")
         lines.append("    if not (" + "\n            and ".join(
             [g.expr(binder) for g in struct] or ["True"]) + "):")
         lines.append("        return False")
         lines.append("    __st[1] = [" + ", ".join(s.expr() for s in structural_inputs) + "]")
         for i, r in enumerate(roots):
             lines.append(f"    __st[{i + 2}] = {r.expr()}")
-        lines.append("    __st[0] = __EP[0]")
+        mods = _module_exprs(struct, structural_inputs, roots)
+        tensors = dict.fromkeys([s.expr() for s in structural_inputs] +
+                                [g.source.expr() for g in struct if g.kind == "TENSOR"])
+        lines.append(f"    __st[0] = __snapshot(({''.join(m + ', ' for m in mods)}), "
+                     f"({''.join(t + ', ' for t in tensors)}))")
         lines.append("    return True")
     source = "\n".join(lines) + "\n"
     if enabled("guards"):
@@ -440,6 +448,19 @@ def build_entry(tr: Tracer, plan, argnames, eager=False, reason=None, settings=N
     run = ns["__entry"]
     return Entry(run, guards, plan.gm if plan is not None else None, source,
                  plan.n_ops if plan is not None else 0, eager=eager, reason=reason)
+
+
+def _module_exprs(struct, structural_inputs, roots) -> list[str]:
+    """Expressions of the modules that structural sources read attributes of (the modules whose
+    state a snapshot records): each structural attribute/table read's base, and the roots."""
+    out = {r.expr(): None for r in roots}
+    for s in [g.source for g in struct] + list(structural_inputs):
+        while s is not None:
+            base = getattr(s, "base", None)
+            if base is not None and s.structural and isinstance(s, (AttrSource, DictEntrySource)):
+                out[base.expr()] = None
+            s = base
+    return list(out)
 
 
 def _dump(ddir, tr, plan, source, guards):

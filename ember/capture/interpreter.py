@@ -259,7 +259,7 @@ class Tracer:
                 or t is torch.Size:
             self.guard("TYPE", source, t)
             self.guard("LEN", source, len(value))
-            items = [self.wrap(x, ItemSource(source, i) if source else None)
+            items = [self.wrap(x, ItemSource(source, i, frozen=t is not list) if source else None)
                      for i, x in enumerate(value)]
             if t is list:
                 return self._remember(value, ListV(items, source))
