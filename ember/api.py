@@ -7,14 +7,15 @@ the object, its class, state_dict keys, hooks and pickling are unchanged.
 from __future__ import annotations
 
 import collections
-
+import copy
 import functools
+import pickle
 from typing import Any, Callable
 
 import torch
 
 from . import capture
-from .backends import lookup_backend
+from .backends import get_backend, lookup_backend
 from .backends.registry import accepts_options
 from .config import MODES, CompileSettings
 
@@ -22,16 +23,69 @@ from .config import MODES, CompileSettings
 class CompiledCall:
     """The callable installed as `module._compiled_call_impl`.
 
-    nn.Module.__getstate__ drops `_compiled_call_impl`, so a pickled, loaded or deep-copied module
-    runs eagerly until it is compiled again.
+    nn.Module.__getstate__ drops `_compiled_call_impl`, so the CompiledCall also sits in the
+    module's `__dict__` as `_ember_compiled`, which pickling keeps. It pickles as
+    `(_recompiled, (module, request))`: the compile() arguments, not the compiled code. pickle
+    and torch.save/load and copy.deepcopy (whose memo maps the module to its copy) hand the
+    copy to `_recompiled`, which installs a fresh CompiledCall bound to the *copy*; it compiles
+    on its first call (its own guards, over its own parameters; the disk cache makes it fast).
+    A backend or option that cannot be pickled (a lambda) saves the module uncompiled, with one
+    warning. state_dict keys are never touched.
     """
 
-    def __init__(self, module: torch.nn.Module, settings: CompileSettings):
-        self.settings = settings
-        self._run = capture.compile_module(module, settings)
+    def __init__(self, module: torch.nn.Module, settings: CompileSettings, *, lazy: bool = False):
+        self.module, self.settings = module, settings
+        self._run = self._first_call if lazy else capture.compile_module(module, settings)
+        module.__dict__["_ember_compiled"] = self
 
     def __call__(self, *args, **kwargs):
         return self._run(*args, **kwargs)
+
+    def _first_call(self, *args, **kwargs):
+        self._run = capture.compile_module(self.module, self.settings)
+        return self._run(*args, **kwargs)
+
+    def __reduce__(self):
+        request = self.settings.request
+        try:
+            pickle.dumps(request)
+        except Exception as e:  # noqa: BLE001 - any pickling error means "cannot ship it"
+            from .logging import warn_once
+            warn_once(f"pickle-compiled:{id(self)}",
+                      f"{type(self.module).__name__} is saved uncompiled: its compile settings "
+                      f"cannot be pickled ({type(e).__name__}: {e}); pass the backend by name "
+                      f"(ember.register_backend) or as a module-level function to keep it")
+            return (_uncompiled, ())
+        return (_recompiled, (self.module, request))
+
+    def __deepcopy__(self, memo):
+        copy_ = memo.get(id(self.module))
+        if copy_ is None:                       # the CompiledCall alone was deep-copied
+            return copy.deepcopy(self.module, memo).__dict__.get("_ember_compiled")
+        return _install(copy_, self.settings)
+
+
+def _install(module: torch.nn.Module, settings: CompileSettings) -> CompiledCall:
+    # straight into __dict__: while unpickling, the module's own state is not set yet
+    call = CompiledCall(module, settings, lazy=True)
+    module.__dict__["_compiled_call_impl"] = call
+    return call
+
+
+def _recompiled(module: torch.nn.Module, request: dict):
+    """Unpickling a compiled module: compile the copy with the same compile() arguments."""
+    try:
+        settings = _settings(**request)
+    except (TypeError, ValueError) as e:    # e.g. a backend name not registered here
+        from .logging import warn_once
+        warn_once(f"unpickle-compiled:{request.get('backend')!r}",
+                  f"{type(module).__name__} loads uncompiled: {e}")
+        return None
+    return _install(module, settings)
+
+
+def _uncompiled():
+    return None
 
 
 def compile(obj: Callable | None = None, *, backend: str | Callable = "ember", mode: str = "default",
@@ -60,6 +114,10 @@ def _settings(backend, mode, fullgraph, dynamic, options, recompile_limit) -> Co
         raise TypeError(f"options must be a dict, got {type(options).__name__}")
     if not isinstance(recompile_limit, int) or recompile_limit < 1:
         raise ValueError(f"recompile_limit must be a positive int, got {recompile_limit!r}")
+    request_dynamic = dynamic
+    if callable(backend) and isinstance(getattr(backend, "ember_backend_name", None), str) and \
+            get_backend(backend.ember_backend_name) is backend:
+        backend = backend.ember_backend_name      # ember.backend & co. pickle by name
     name, fn = lookup_backend(backend)
     user_options = dict(options or {})
     options = dict(user_options)
@@ -76,8 +134,11 @@ def _settings(backend, mode, fullgraph, dynamic, options, recompile_limit) -> Co
         # them (a user callable, inductor through our capture) would specialize on the example
         # inputs. It gets static graphs unless dynamic=True asks for symbolic ones.
         dynamic = False
+    request = dict(backend=backend, mode=mode, fullgraph=fullgraph, dynamic=request_dynamic,
+                   options=user_options or None, recompile_limit=recompile_limit)
     return CompileSettings(backend=fn, backend_name=name, mode=mode, fullgraph=bool(fullgraph),
-                           dynamic=dynamic, options=options, recompile_limit=recompile_limit)
+                           dynamic=dynamic, options=options, recompile_limit=recompile_limit,
+                           request=request)
 
 
 def _bind_options(fn: Callable, options: dict) -> Callable:

@@ -89,25 +89,80 @@ def test_module_values_hooks_and_modes_match_eager():
     torch.testing.assert_close(m[1].running_mean, ref[1].running_mean)
 
 
-def test_torch_save_and_pickle_roundtrip(tmp_path):
+RUNS = []
+
+
+def _counting(gm, example_inputs):
+    """A backend whose compiled graphs count their runs (registered by name, so it pickles)."""
+    def run(*args):
+        RUNS.append(1)
+        return gm.forward(*args)
+    return run
+
+
+ember.register_backend("test-counting", _counting)
+
+
+def _roundtrip(kind, m):
+    if kind == "pickle":
+        return pickle.loads(pickle.dumps(m))
+    if kind == "deepcopy":
+        return copy.deepcopy(m)
+    buf = io.BytesIO()
+    torch.save(m, buf)
+    buf.seek(0)
+    return torch.load(buf, weights_only=False)
+
+
+def test_state_dict_save_load_of_compiled_module(tmp_path):
     m = ember.compile(_net(), backend="eager")
     m.eval()
     x = torch.randn(3, 4)
-    expected = m(x)
     torch.save(m.state_dict(), tmp_path / "sd.pt")
     fresh = _net()
     fresh.load_state_dict(torch.load(tmp_path / "sd.pt"))
     fresh.eval()
-    torch.testing.assert_close(fresh(x), expected)
+    torch.testing.assert_close(fresh(x), m(x))
 
-    buf = io.BytesIO()
-    torch.save(m, buf)
-    buf.seek(0)
-    loaded = torch.load(buf, weights_only=False)
-    assert type(loaded) is torch.nn.Sequential
+
+@pytest.mark.parametrize("kind", ["pickle", "deepcopy", "torch.save"])
+def test_copies_of_compiled_module_stay_compiled(kind):
+    m = ember.compile(_net(), backend="test-counting", dynamic=False, recompile_limit=3)
+    x = torch.randn(3, 4)
+    expected = m(x)
+    c = _roundtrip(kind, m)
+    assert type(c) is torch.nn.Sequential
+    assert list(c.state_dict()) == list(m.state_dict())
+    call = c._compiled_call_impl
+    assert isinstance(call, ember.api.CompiledCall) and call.module is c
+    s = call.settings
+    assert (s.backend_name, s.dynamic, s.recompile_limit) == ("test-counting", False, 3)
+    ember.reset()                              # the copy compiles for itself, from scratch
+    RUNS.clear()
+    torch.testing.assert_close(c(x), expected)
+    assert ember.stats()["counts"]["graphs"] == 1 and len(RUNS) == 1
+    # its own parameters: a change to the copy shows in the copy only, as in eager
+    with torch.no_grad():
+        c[0].weight.add_(1.0)
+    eager = copy.deepcopy(c)
+    eager._compiled_call_impl = None
+    torch.testing.assert_close(c(x), eager(x))
+    torch.testing.assert_close(m(x), expected)  # the original still works, unchanged
+    assert len(RUNS) == 3 and ember.stats()["counts"].get("eager_calls", 0) == 0
+
+
+def test_pickled_module_with_unpicklable_backend_saves_uncompiled():
+    m = ember.compile(_net(), backend=lambda gm, example_inputs: gm.forward)
+    x = torch.randn(3, 4)
+    expected = m(x)
+    with pytest.warns(UserWarning, match="saved uncompiled.*lambda") as record:
+        data = pickle.dumps(m)
+        pickle.dumps(m)
+    assert len(record) == 1
+    loaded = pickle.loads(data)
+    assert loaded._compiled_call_impl is None
     torch.testing.assert_close(loaded(x), expected)
-    torch.testing.assert_close(pickle.loads(pickle.dumps(m))(x), expected)
-    torch.testing.assert_close(copy.deepcopy(m)(x), expected)
+    assert isinstance(copy.deepcopy(m)._compiled_call_impl, ember.api.CompiledCall)  # no pickling
 
 
 def test_register_backend_and_get_backend_protocol():
