@@ -10,6 +10,7 @@ import collections
 import copy
 import functools
 import pickle
+import types
 from typing import Any, Callable
 
 import torch
@@ -195,19 +196,162 @@ def allow_in_graph(fn: Callable):
     return fn
 
 
+def _dims_of(fname: str, t, dim) -> set:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{fname} expects a torch.Tensor, got {type(t).__name__}")
+    if dim is None:
+        return set(range(t.dim()))
+    dims = [dim] if isinstance(dim, int) and not isinstance(dim, bool) else dim
+    if not isinstance(dims, (list, tuple, set, range)):
+        raise TypeError(f"{fname}: dim must be an int or a list of ints, got {type(dim).__name__}")
+    for d in dims:
+        if isinstance(d, bool) or not isinstance(d, int) or not -t.dim() <= d < t.dim():
+            raise ValueError(f"{fname}: dim {d!r} is out of range for a {t.dim()}-d tensor "
+                             f"(valid: {-t.dim()} .. {t.dim() - 1})")
+    return {d % t.dim() for d in dims}
+
+
 def mark_dynamic(t, dim) -> None:
     """Trace dim `dim` (an int or a list of ints) of tensor `t` with a symbolic size from the
     first compile on, instead of waiting for a second distinct size (dynamic=None). Sizes 0 and
     1 still specialize; dynamic=False ignores the mark."""
-    import torch
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"mark_dynamic expects a tensor, got {type(t).__name__}")
-    dims = [dim] if isinstance(dim, int) else list(dim)
-    for d in dims:
-        if not isinstance(d, int) or not -t.dim() <= d < t.dim():
-            raise ValueError(f"mark_dynamic: dim {d!r} is out of range for a {t.dim()}-d tensor "
-                             f"(valid: {-t.dim()} .. {t.dim() - 1})")
-    t._ember_dynamic_dims = set(getattr(t, "_ember_dynamic_dims", ())) | {d % t.dim() for d in dims}
+    dims = _dims_of("mark_dynamic", t, dim)
+    t._ember_dynamic_dims = set(getattr(t, "_ember_dynamic_dims", ())) | dims
+    t._ember_static_dims = set(getattr(t, "_ember_static_dims", ())) - dims
+
+
+def mark_static(t, dim=None) -> None:
+    """Keep dim `dim` (an int, a list of ints, or None: every dim) of tensor `t` static: automatic
+    dynamic never makes it symbolic when its size changes (a new size recompiles instead), and
+    dynamic=True leaves it static too. Undoes an earlier mark_dynamic of the same dim.
+
+    torch's mark_static also takes an nn.Module (class) and then specializes on its parameters;
+    ember's parameters are always graph inputs, so a module is refused with TypeError."""
+    if isinstance(t, torch.nn.Module) or isinstance(t, type) and issubclass(t, torch.nn.Module):
+        raise TypeError("mark_static expects a torch.Tensor; ember does not specialize modules "
+                        "(their parameters and buffers are graph inputs, guarded by shape)")
+    dims = _dims_of("mark_static", t, dim)
+    t._ember_static_dims = set(getattr(t, "_ember_static_dims", ())) | dims
+    t._ember_dynamic_dims = set(getattr(t, "_ember_dynamic_dims", ())) - dims
+
+
+class _StanceScope:
+    """What set_stance returns: the switch is already made; `with` restores the previous stance
+    on exit, and as a decorator it undoes the switch and makes it around each call instead."""
+
+    def __init__(self, stance: str, prev: str):
+        self.stance, self.prev = stance, prev
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        capture.set_stance(self.prev)
+        return False
+
+    def __call__(self, fn):
+        if not callable(fn):
+            raise TypeError(f"set_stance(...) decorates a function, got {type(fn).__name__}")
+        capture.set_stance(self.prev)
+        stance = self.stance
+
+        @functools.wraps(fn)
+        def with_stance(*args, **kwargs):
+            prev = capture.set_stance(stance)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                capture.set_stance(prev)
+        return with_stance
+
+
+class _BreakScope:
+    """What error_on_graph_break returns: a context manager (re-entrant) and a decorator."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self._tokens: list = []
+
+    def __enter__(self):
+        self._tokens.append(capture.ERROR_ON_BREAK.set(self.enabled))
+        return self
+
+    def __exit__(self, *exc):
+        capture.ERROR_ON_BREAK.reset(self._tokens.pop())
+        return False
+
+    def __call__(self, fn):
+        if not callable(fn):
+            raise TypeError(f"error_on_graph_break(...) decorates a function, got "
+                            f"{type(fn).__name__}")
+
+        @functools.wraps(fn)
+        def scoped(*args, **kwargs):
+            with self:
+                return fn(*args, **kwargs)
+        return scoped
+
+
+def set_stance(stance: str = "default") -> _StanceScope:
+    """Change how compiled callables behave, without compiling again (like torch.compiler.set_stance):
+
+      "default"             compile on a miss, as usual
+      "force_eager"         run every compiled function/module eagerly; nothing is compiled
+      "eager_on_recompile"  use existing compiled entries; where one would recompile, run eagerly
+      "fail_on_recompile"   use existing entries; where one would recompile, raise
+                            ember.RecompileError naming the guard that failed (a frame never
+                            compiled still compiles the first time)
+
+    A plain call switches the process-wide stance now; `with ember.set_stance(s):` switches it
+    for the block; `@ember.set_stance(s)` for each call of the decorated function."""
+    if not isinstance(stance, str):
+        raise TypeError(f"stance must be a str, one of {', '.join(capture.STANCES)}; "
+                        f"got {type(stance).__name__}")
+    prev = capture.set_stance(stance)           # ValueError listing the stances
+    return _StanceScope(stance, prev)
+
+
+def error_on_graph_break(enabled: bool = True) -> _BreakScope:
+    """`with ember.error_on_graph_break(True):` a scoped fullgraph=True: a frame compiled inside
+    the block raises ember.Unsupported (file:line, reason) where it would graph-break, instead
+    of splitting the graph. `error_on_graph_break(False)` inside an outer True allows breaks
+    again. It applies where compiling happens (the first call, a recompile): frames compiled
+    before the block keep their graphs. Also a decorator."""
+    if not isinstance(enabled, bool):
+        raise TypeError(f"error_on_graph_break expects True or False, got {enabled!r}")
+    return _BreakScope(enabled)
+
+
+def nested_compile_region(fn_or_module=None):
+    """Compile a repeated block once and reuse its compiled code for every call and instance
+    (e.g. the 12 identical blocks of a transformer). Takes a function, an nn.Module instance or
+    an nn.Module subclass (all its instances); marks it and returns it. Also a decorator (on a
+    function or a `forward`), with or without parentheses.
+
+    Called from code that ember compiles, a region is not inlined into the caller's graph: the
+    caller's graph is split around the call, and the call goes to the region's own compiled
+    unit, cached per (code, compile settings) like every ember frame. Its parameters and buffers
+    are inputs of its graph (read per instance), not constants guarded by identity, so the
+    first instance's compile serves every instance with the same shapes/dtypes: captured and
+    compiled once instead of N times. Values and gradients are eager's (the unit is an ordinary
+    compiled frame with its own autograd graph).
+
+    Trade-off (vs torch, whose region is a subgraph inside the caller's graph): no fusion across
+    a region's boundary, and the caller's code around it is its own graphs (a loop over the
+    blocks runs as Python that calls the compiled region). Under fullgraph=True or
+    error_on_graph_break(True), where no split is allowed, the region is inlined instead (one
+    graph, compiled per instance). Called outside compiled code, a region runs eagerly."""
+    if fn_or_module is None:
+        return nested_compile_region
+    if isinstance(fn_or_module, torch.nn.Module):
+        fn_or_module.__dict__["_ember_region"] = True
+    elif isinstance(fn_or_module, type) and issubclass(fn_or_module, torch.nn.Module) or \
+            isinstance(fn_or_module, types.FunctionType):
+        fn_or_module._ember_region = True
+    else:
+        raise TypeError(f"nested_compile_region expects a Python function, an nn.Module or an "
+                        f"nn.Module subclass, got {type(fn_or_module).__name__}")
+    return fn_or_module
 
 
 def reset() -> None:
