@@ -354,12 +354,38 @@ def nested_compile_region(fn_or_module=None):
     return fn_or_module
 
 
+def save_cache_artifacts() -> bytes:
+    """The disk-cache entries this process built or used since the last reset (compiled
+    kernels, whole-graph entries) as one versioned blob, to make another machine's cache warm:
+    `ember.load_cache_artifacts(blob)` there (same ember, torch, Python, C++ compiler and CPU
+    architecture; checked on load). Format: ember/runtime/artifacts.py."""
+    from . import __version__
+    from .runtime import artifacts
+    return artifacts.save(__version__)
+
+
+def load_cache_artifacts(data: bytes) -> dict:
+    """Unpack a blob from save_cache_artifacts into this process's cache dir (EMBER_CACHE_DIR);
+    compiles of the same graphs then hit it. Returns {"kernels": n, "graphs": m} loaded. A
+    corrupt, truncated or foreign blob (another ember, torch, Python, compiler or CPU) raises
+    ValueError saying which, and nothing is written: every file is checked first, then written
+    to a temp file and renamed into place."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise TypeError(f"load_cache_artifacts expects bytes (from ember.save_cache_artifacts()), "
+                        f"got {type(data).__name__}")
+    from . import __version__
+    from .runtime import artifacts
+    return artifacts.load(bytes(data), __version__)
+
+
 def reset() -> None:
     """Drop every cache: captured frames, compiled graphs, warn-once memory, counters."""
     from . import counters
     from .logging import reset_warnings
     from .lower import STATS as graph_stats
+    from .runtime import cache as disk_cache
     capture.reset()
+    disk_cache.USED.clear()
     reset_warnings()
     counters.clear()
     graph_stats.clear()
