@@ -107,13 +107,17 @@ DYNAMIC_BACKENDS = ("eager", "aot_eager", "ember")
 
 
 def _settings(backend, mode, fullgraph, dynamic, options, recompile_limit) -> CompileSettings:
-    if mode not in MODES:
+    if not isinstance(mode, str) or mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; valid modes: {', '.join(MODES)}")
     if dynamic not in (None, True, False):
         raise ValueError(f"dynamic must be None, True or False, got {dynamic!r}")
     if options is not None and not isinstance(options, dict):
         raise TypeError(f"options must be a dict, got {type(options).__name__}")
-    if not isinstance(recompile_limit, int) or recompile_limit < 1:
+    if not isinstance(fullgraph, bool):
+        raise TypeError(f"fullgraph must be True or False, got {fullgraph!r}")
+    if isinstance(recompile_limit, bool) or not isinstance(recompile_limit, int):
+        raise TypeError(f"recompile_limit must be a positive int, got {recompile_limit!r}")
+    if recompile_limit < 1:
         raise ValueError(f"recompile_limit must be a positive int, got {recompile_limit!r}")
     request_dynamic = dynamic
     if callable(backend) and isinstance(getattr(backend, "ember_backend_name", None), str) and \
@@ -181,6 +185,9 @@ def disable(fn: Callable | None = None):
     """Never compile `fn`; capture calls it eagerly (a graph break around the call)."""
     if fn is None:
         return disable
+    if not callable(fn):
+        raise TypeError(f"ember.disable expects a function (or use it as a decorator), got "
+                        f"{type(fn).__name__}")
 
     @functools.wraps(fn)
     def eager_only(*args, **kwargs):
@@ -192,7 +199,13 @@ def disable(fn: Callable | None = None):
 
 def allow_in_graph(fn: Callable):
     """Put calls to `fn` into the graph as one opaque node instead of tracing into it."""
-    fn._ember_allow_in_graph = True
+    if not callable(fn) or isinstance(fn, (type, torch.nn.Module)):
+        raise TypeError(f"ember.allow_in_graph expects a function, got {type(fn).__name__}")
+    try:
+        fn._ember_allow_in_graph = True
+    except (AttributeError, TypeError):
+        raise TypeError(f"ember.allow_in_graph expects a Python function; {fn!r} takes no "
+                        f"attributes (wrap it in a def)") from None
     return fn
 
 
@@ -412,5 +425,7 @@ def stats() -> dict:
 
 def explain(fn: Callable, *args, **kwargs):
     """Run `fn(*args, **kwargs)` under capture and report graphs, breaks, guards, recompiles."""
+    if not callable(fn):
+        raise TypeError(f"ember.explain expects a function or an nn.Module, got {type(fn).__name__}")
     from .capture import explain as _explain
     return _explain(fn, *args, **kwargs)

@@ -31,7 +31,9 @@ _lock = threading.Lock()
 
 def register_backend(name: str, fn: Callable | None = None):
     """Register `fn` under `name`; usable as a decorator `@register_backend("mine")`."""
-    if not isinstance(name, str) or not name:
+    if not isinstance(name, str):
+        raise TypeError(f"backend name must be a str, got {type(name).__name__}")
+    if not name:
         raise ValueError("backend name must be a non-empty string")
 
     def deco(f: Callable) -> Callable:
@@ -63,6 +65,9 @@ def get_backend(name: str) -> Callable:
 
     `torch.compile(model, backend=ember.get_backend("aot_eager"))` runs Dynamo's capture with ours.
     """
+    if not isinstance(name, str):
+        raise TypeError(f"backend name must be a str, one of {', '.join(list_backends())}; "
+                        f"got {type(name).__name__}")
     with _lock:
         cached = _RESOLVED.get(name)
     if cached is not None:
@@ -79,7 +84,8 @@ def lookup_backend(backend: str | Callable) -> tuple[str, Callable]:
         return backend, get_backend(backend)
     if callable(backend):
         return getattr(backend, "__name__", type(backend).__name__), backend
-    raise ValueError(f"backend must be a name or a callable; valid names: {', '.join(list_backends())}")
+    raise TypeError(f"backend must be a name or a callable (gm, example_inputs) -> callable; "
+                    f"valid names: {', '.join(list_backends())}; got {type(backend).__name__}")
 
 
 def accepts_options(fn: Callable) -> bool:

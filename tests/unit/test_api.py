@@ -19,7 +19,9 @@ def _net():
 
 def test_public_names():
     for name in ["compile", "explain", "reset", "disable", "allow_in_graph", "list_backends",
-                 "register_backend", "get_backend", "Unsupported", "backend"]:
+                 "register_backend", "get_backend", "Unsupported", "backend", "mark_dynamic",
+                 "mark_static", "set_stance", "error_on_graph_break", "nested_compile_region",
+                 "save_cache_artifacts", "load_cache_artifacts", "RecompileError"]:
         assert hasattr(ember, name), name
     assert {"eager", "aot_eager", "ember"} <= set(ember.list_backends())
     assert callable(ember.backend)
@@ -225,3 +227,55 @@ def test_mode_and_options_reach_backends_that_take_them():
         ember.compile(lambda x: x, backend=plain, options={"k": 1})
     h = ember.compile(lambda x: x - 1, backend="eager", mode="max-autotune")  # built-ins drop it
     torch.testing.assert_close(h(torch.ones(2)), torch.zeros(2))
+
+
+def _bad_inputs():
+    """(call, error type, what the message must list) for each public function of ember."""
+    t = torch.randn(2, 3)
+    return [
+        (lambda: ember.compile(lambda x: x, backend=3), TypeError, "valid names: .*aot_eager"),
+        (lambda: ember.compile(lambda x: x, backend="nope"), ValueError, "valid backends: "),
+        (lambda: ember.compile(lambda x: x, mode=None), ValueError, "valid modes: default"),
+        (lambda: ember.compile(lambda x: x, fullgraph="yes"), TypeError, "True or False"),
+        (lambda: ember.compile(lambda x: x, dynamic=2), ValueError, "None, True or False"),
+        (lambda: ember.compile(lambda x: x, options="fast"), TypeError, "must be a dict"),
+        (lambda: ember.compile(lambda x: x, recompile_limit=0), ValueError, "positive int"),
+        (lambda: ember.compile(lambda x: x, recompile_limit=2.5), TypeError, "positive int"),
+        (lambda: ember.compile(3), TypeError, "nn.Module or a callable"),
+        (lambda: ember.explain(3), TypeError, "function or an nn.Module"),
+        (lambda: ember.disable(3), TypeError, "expects a function"),
+        (lambda: ember.allow_in_graph(3), TypeError, "expects a function"),
+        (lambda: ember.allow_in_graph(torch.nn.Linear(2, 2)), TypeError, "expects a function"),
+        (lambda: ember.mark_dynamic([1], 0), TypeError, "torch.Tensor"),
+        (lambda: ember.mark_dynamic(t, 5), ValueError, r"valid: -2 \.\. 1"),
+        (lambda: ember.mark_dynamic(t, 1.0), TypeError, "int or a list of ints"),
+        (lambda: ember.mark_static(t, [0, 9]), ValueError, r"valid: -2 \.\. 1"),
+        (lambda: ember.mark_static(torch.nn.Linear(2, 2)), TypeError, "torch.Tensor"),
+        (lambda: ember.set_stance("eager"), ValueError, "valid stances: default, force_eager"),
+        (lambda: ember.set_stance(1), TypeError, "one of default, force_eager"),
+        (lambda: ember.error_on_graph_break(1), TypeError, "True or False"),
+        (lambda: ember.nested_compile_region("f"), TypeError, "Python function, an nn.Module"),
+        (lambda: ember.load_cache_artifacts(None), TypeError, "expects bytes"),
+        (lambda: ember.load_cache_artifacts(b"junk"), ValueError, "not an ember cache artifact"),
+        (lambda: ember.get_backend(None), TypeError, "one of .*eager"),
+        (lambda: ember.get_backend("nope"), ValueError, "valid backends: "),
+        (lambda: ember.register_backend(None, lambda gm, ex: gm), TypeError, "must be a str"),
+        (lambda: ember.register_backend("", lambda gm, ex: gm), ValueError, "non-empty"),
+        (lambda: ember.register_backend("x", 3), TypeError, "must be callable"),
+    ]
+
+
+@pytest.mark.parametrize("i", range(len(_bad_inputs())))
+def test_public_functions_reject_bad_input_listing_what_is_valid(i):
+    call, exc, listing = _bad_inputs()[i]
+    with pytest.raises(exc, match=listing):
+        call()
+
+
+def test_every_public_function_is_covered_by_the_bad_input_table():
+    import inspect
+    src = inspect.getsource(_bad_inputs)
+    takes_args = [n for n in ember.__all__ if callable(getattr(ember, n)) and
+                  not isinstance(getattr(ember, n), type) and n not in ("backend",) and
+                  inspect.signature(getattr(ember, n)).parameters]
+    assert sorted(n for n in takes_args if f"ember.{n}(" not in src) == []
