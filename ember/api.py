@@ -1,8 +1,11 @@
-"""Public API: ember.compile, explain, reset, disable, allow_in_graph.
+"""Public API: ember.compile, explain, reset, stats, disable, allow_in_graph, mark_dynamic,
+mark_static, set_stance, error_on_graph_break, nested_compile_region, save/load_cache_artifacts.
 
 `compile` validates its options, resolves the backend, and hands the object to capture. Modules
 are compiled in place through `module._compiled_call_impl` (what `nn.Module.compile` uses), so
-the object, its class, state_dict keys, hooks and pickling are unchanged.
+the object, its class, state_dict keys and hooks are unchanged, and pickled or deep-copied
+modules stay compiled (CompiledCall). Every public function refuses bad input with a
+TypeError/ValueError that lists what is valid. Design notes: docs/design/010-user-controls.md.
 """
 from __future__ import annotations
 
