@@ -110,7 +110,7 @@ def dispatch(settings, fn):
     func = fn.__func__ if isinstance(fn, types.MethodType) else fn
     if isinstance(func, types.FunctionType) and func.__code__.co_flags & _GENERATOR_FLAGS:
         return fn
-    region = getattr(fn, "_ember_region", False)      # nested_compile_region: always compiled
+    region = getattr(fn, "_ember_region", False) is True   # nested_compile_region: compiled
     if isinstance(fn, types.MethodType) and isinstance(func, types.FunctionType):
         if _runs_as_is(func.__module__) and not region:
             return fn

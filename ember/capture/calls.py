@@ -125,7 +125,7 @@ def call_obj(tr, fn: ObjV, args: list, kwargs: dict) -> V:
     f = peek(fn)        # a call uses what a nested function runs, not which object it is
     if getattr(f, "_ember_disabled", False):
         raise tr.unsupported(f"call to {f.__qualname__}, marked ember.disable")
-    if getattr(f, "_ember_region", False) and not _inline_regions(tr):
+    if getattr(f, "_ember_region", False) is True and not _inline_regions(tr):
         raise tr.unsupported(f"call to {_name(f)}, an ember.nested_compile_region: it runs as "
                              "its own compiled unit, shared by every call and instance",
                              hint="intended: the region is compiled once, not inlined")
