@@ -279,3 +279,32 @@ def test_every_public_function_is_covered_by_the_bad_input_table():
                   not isinstance(getattr(ember, n), type) and n not in ("backend",) and
                   inspect.signature(getattr(ember, n)).parameters]
     assert sorted(n for n in takes_args if f"ember.{n}(" not in src) == []
+
+
+def test_torch_saved_compiled_module_loads_compiled_in_a_new_process(tmp_path, monkeypatch):
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[2]
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path / "cache"))
+    torch.manual_seed(0)
+    m = ember.compile(torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(),
+                                          torch.nn.Linear(16, 4)), backend="ember")
+    x = torch.randn(5, 8)
+    torch.save({"model": m, "x": x, "out": m(x).detach()}, tmp_path / "m.pt")
+    script = f"""
+import json, torch, ember
+d = torch.load({str(tmp_path / 'm.pt')!r}, weights_only=False)
+m = d["model"]
+assert isinstance(m._compiled_call_impl, ember.api.CompiledCall)
+torch.testing.assert_close(m(d["x"]), d["out"])
+print(json.dumps(ember.stats()["counts"]))
+"""
+    out = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True,
+                         env=dict(os.environ, PYTHONPATH=str(root), EMBER_STRICT="1"),
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    counts = json.loads(out.stdout.strip().splitlines()[-1])
+    assert counts["graphs"] == 1 and counts["graph_cache_hits"] == 1   # compiled, from disk
