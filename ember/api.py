@@ -20,7 +20,7 @@ import torch
 
 from . import capture
 from .backends import get_backend, lookup_backend
-from .backends.registry import accepts_options
+from .backends.registry import accepts_options, builtin_options
 from .config import MODES, CompileSettings
 
 
@@ -128,6 +128,11 @@ def _settings(backend, mode, fullgraph, dynamic, options, recompile_limit) -> Co
         backend = backend.ember_backend_name      # ember.backend & co. pickle by name
     name, fn = lookup_backend(backend)
     user_options = dict(options or {})
+    valid = builtin_options(fn)
+    unknown = sorted(set(user_options) - set(valid)) if valid is not None else []
+    if unknown:
+        raise ValueError(f"unknown option(s) {unknown} for backend {name!r}; valid options: "
+                         f"{', '.join(valid)}")
     options = dict(user_options)
     if mode != "default":
         options.setdefault("mode", mode)  # backends see the mode as an option

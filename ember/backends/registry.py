@@ -24,6 +24,13 @@ _BUILTIN: dict[str, str] = {
     "aot_eager": "ember.backends.aot_eager:aot_eager",
     "ember": "ember.backends.ember:ember_backend",
 }
+# the options each built-in backend reads (ember.compile(options=...) is checked against them)
+BUILTIN_OPTIONS: dict[str, tuple[str, ...]] = {
+    "eager": ("ddp_split",),
+    "aot_eager": ("partitioner", "ddp_split"),
+    "ember": ("fusion", "cpu_codegen", "mode", "triton.autotune", "triton.welford",
+              "triton.max_persistent", "triton.rblock", "ddp_split"),
+}
 _USER: dict[str, Callable] = {}
 _RESOLVED: dict[str, Callable] = {}
 _lock = threading.Lock()
@@ -45,6 +52,14 @@ def register_backend(name: str, fn: Callable | None = None):
         return f
 
     return deco(fn) if fn is not None else deco
+
+
+def builtin_options(fn: Callable) -> tuple[str, ...] | None:
+    """The options a built-in backend (as handed out by get_backend) reads; None for others."""
+    name = getattr(fn, "ember_backend_name", None)
+    if name in BUILTIN_OPTIONS and name not in _USER:
+        return BUILTIN_OPTIONS[name]
+    return None
 
 
 def list_backends() -> list[str]:
