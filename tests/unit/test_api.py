@@ -153,6 +153,20 @@ def test_copies_of_compiled_module_stay_compiled(kind):
     assert len(RUNS) == 3 and ember.stats()["counts"].get("eager_calls", 0) == 0
 
 
+def test_module_pickled_with_a_backend_unknown_where_it_loads_loads_uncompiled():
+    from ember.backends import registry
+    ember.register_backend("test-gone", _counting)
+    m = ember.compile(_net(), backend="test-gone")
+    data = pickle.dumps(m)
+    registry._USER.pop("test-gone")
+    registry._RESOLVED.pop("test-gone", None)
+    with pytest.warns(UserWarning, match="loads uncompiled: unknown backend 'test-gone'"):
+        loaded = pickle.loads(data)
+    assert loaded._compiled_call_impl is None
+    x = torch.randn(3, 4)
+    torch.testing.assert_close(loaded(x), m(x))
+
+
 def test_pickled_module_with_unpicklable_backend_saves_uncompiled():
     m = ember.compile(_net(), backend=lambda gm, example_inputs: gm.forward)
     x = torch.randn(3, 4)
