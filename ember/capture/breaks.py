@@ -113,13 +113,14 @@ def dispatch(settings, fn):
     if isinstance(func, types.FunctionType) and func.__code__.co_flags & _GENERATOR_FLAGS or \
             compiled_by_torch(fn):
         return fn
+    region = getattr(fn, "_ember_region", False) is True   # nested_compile_region: compiled
     if isinstance(fn, types.MethodType) and isinstance(func, types.FunctionType):
-        if _runs_as_is(func.__module__):
+        if _runs_as_is(func.__module__) and not region:
             return fn
         return compile_function(fn, settings)      # a Runner over the code's shared cache
     if isinstance(fn, (types.FunctionType, torch.nn.Module)):
-        if _runs_as_is(getattr(type(fn) if isinstance(fn, torch.nn.Module) else fn,
-                               "__module__", None)):
+        if not region and _runs_as_is(getattr(type(fn) if isinstance(fn, torch.nn.Module)
+                                              else fn, "__module__", None)):
             return fn
         per = _DISPATCH.setdefault(fn, {})
         key = (settings.backend, settings.mode, settings.dynamic)

@@ -10,6 +10,7 @@ raises under fullgraph=True, else the frame runs eagerly with one warning (file:
 from __future__ import annotations
 
 import collections
+import contextvars
 import threading
 import types
 
@@ -17,7 +18,7 @@ import torch
 
 from .. import config
 from ..config import CompileSettings
-from ..errors import InternalError, Unsupported
+from ..errors import InternalError, RecompileError, Unsupported
 from ..logging import enabled, get_logger, warn_once
 from ..shapes import LOWER_BOUND
 from .effects import finalize
@@ -31,6 +32,29 @@ MISS = object()
 EAGER = object()
 STATS: collections.Counter = collections.Counter()
 CACHES: dict = {}
+
+
+# ---- user controls (ember.set_stance, ember.error_on_graph_break) ------------------------------
+STANCES = ("default", "force_eager", "eager_on_recompile", "fail_on_recompile")
+STANCE = "default"          # read on the miss path only
+FORCE_EAGER = False         # the fast path's one extra check: a global load
+# scoped fullgraph: a graph break in a frame compiled inside `with ember.error_on_graph_break(True)`
+ERROR_ON_BREAK: contextvars.ContextVar = contextvars.ContextVar("ember_error_on_graph_break",
+                                                                 default=False)
+
+
+def set_stance(stance: str) -> str:
+    """Switch the process-wide stance; returns the previous one."""
+    global STANCE, FORCE_EAGER
+    if stance not in STANCES:
+        raise ValueError(f"unknown stance {stance!r}; valid stances: {', '.join(STANCES)}")
+    prev, STANCE, FORCE_EAGER = STANCE, stance, stance == "force_eager"
+    return prev
+
+
+def fullgraph(settings: CompileSettings) -> bool:
+    """Is a graph break an error here: fullgraph=True, or inside error_on_graph_break(True)."""
+    return settings.fullgraph or ERROR_ON_BREAK.get()
 
 
 def stats() -> dict:
@@ -146,6 +170,8 @@ class Runner:
         return tuple(out)
 
     def __call__(self, *args, **kwargs):
+        if FORCE_EAGER:                 # ember.set_stance("force_eager"): no guard, no compile
+            return self.run_eager(self.bind(args, kwargs))
         # fast path: positional call, MRU entry hits
         if kwargs or len(args) != self.fast_n:
             locals_ = self.bind(args, kwargs)
@@ -196,6 +222,12 @@ class Runner:
                       f"({settings.recompile_limit}); running eagerly from now on. "
                       f"Last failed guard: {failed}")
             return self.run_eager(locals_)
+        if cache.entries and STANCE != "default":
+            if STANCE == "eager_on_recompile":
+                return self.run_eager(locals_)
+            if STANCE == "fail_on_recompile":
+                raise RecompileError(f"{_where(cache.code)} would recompile under stance "
+                                     f"'fail_on_recompile'; failed guard: {failed}")
         if cache.entries:
             STATS["recompiles"] += 1
             changed = _mark_dynamic_dims(cache, self.fn, locals_, settings)
@@ -225,7 +257,7 @@ class Runner:
                     c.__exit__(None, None, None)
         except Unsupported as e:
             STATS["unsupported"] += 1
-            if self.settings.fullgraph:
+            if fullgraph(self.settings):
                 raise
             from .breaks import compile_break
             entry = compile_break(self, locals_, e)
@@ -323,9 +355,10 @@ def _mark_dynamic_dims(cache: FrameCache, fn, locals_, settings) -> str:
             _, dtype, _, shape, _, _ = g.expected
             if not isinstance(v, torch.Tensor) or v.dtype != dtype or v.dim() != len(shape):
                 continue
+            static = getattr(v, "_ember_static_dims", ())      # ember.mark_static
             for d, n in enumerate(shape):
                 if n is not None and n != v.shape[d] and v.shape[d] >= LOWER_BOUND and \
-                        d not in marks:
+                        d not in marks and d not in static:
                     marks.add(d)
                     notes.append(f"{g.source.name()} dim {d}: {n} → {v.shape[d]}, now dynamic")
     return "".join(f"; {n}" for n in dict.fromkeys(notes))
