@@ -13,6 +13,7 @@ import collections
 import contextvars
 import threading
 import types
+import weakref
 
 import torch
 
@@ -433,17 +434,21 @@ def build_entry(tr: Tracer, plan, argnames, eager=False, reason=None, settings=N
     structural_inputs = plan.structural_inputs if plan is not None else []
     roots = [r for r in tr.roots]
     if struct or structural_inputs:
-        cond = "not __st[0]()" + "".join(f" or {r.expr()} is not __st[{i + 2}]"
-                                         for i, r in enumerate(roots))
-        lines.append(f"        if {cond}:")
-        lines.append(f"            if not __refresh({sig}):")
+        # one state per root module (a class's forward serves every instance): its snapshot,
+        # its structural inputs, weak refs to the roots (a state never keeps a model alive)
+        key = _state_key(roots)
+        lines.append(f"        __s = __states.get({key})")
+        lines.append("        if __s is None or not __s[0]()" + "".join(
+            f" or __s[{i + 2}]() is not {r.expr()}" for i, r in enumerate(roots)) + ":")
+        lines.append(f"            __s = __refresh({sig})")
+        lines.append("            if __s is None:")
         lines.append("                return __MISS")
     lines.append("    except Exception:")
     lines.append("        return __MISS")
     if eager:
         lines.append("    return __EAGER")
     else:
-        call_args = (["*__st[1]"] if structural_inputs else []) + \
+        call_args = (["*__s[1]"] if structural_inputs else []) + \
             [s.expr() for s in plan.dynamic_inputs]
         if plan.gm is not None and plan.n_ops:
             lines.append(f"    __o = __compiled({', '.join(call_args)})")
@@ -451,22 +456,19 @@ def build_entry(tr: Tracer, plan, argnames, eager=False, reason=None, settings=N
             lines.append("    __o = ()")
         lines.extend("    " + s for s in plan.body)
     if struct or structural_inputs:
-        ns["__st"] = [statecheck.never, None] + [None] * len(roots)
-        ns["__STATS"] = STATS
+        ns.update({"__states": {}, "__STATS": STATS, "__keep": _keep_state})
         lines.append(f"def __refresh({sig}):")
         lines.append("    __STATS['refreshes'] += 1")
         lines.append("    if not (" + "\n            and ".join(
             [g.expr(binder) for g in struct] or ["True"]) + "):")
-        lines.append("        return False")
-        lines.append("    __st[1] = [" + ", ".join(s.expr() for s in structural_inputs) + "]")
-        for i, r in enumerate(roots):
-            lines.append(f"    __st[{i + 2}] = {r.expr()}")
+        lines.append("        return None")
         mods = _module_exprs(struct, structural_inputs, roots)
         tensors = dict.fromkeys([s.expr() for s in structural_inputs] +
                                 [g.source.expr() for g in struct if g.kind == "TENSOR"])
-        lines.append(f"    __st[0] = __snapshot(({''.join(m + ', ' for m in mods)}), "
-                     f"({''.join(t + ', ' for t in tensors)}))")
-        lines.append("    return True")
+        lines.append(f"    return __keep(__states, {key}, (__snapshot(({''.join(m + ', ' for m in mods)}), "
+                     f"({''.join(t + ', ' for t in tensors)})), "
+                     f"[{', '.join(s.expr() for s in structural_inputs)}]), "
+                     f"({''.join(r.expr() + ', ' for r in roots)}))")
     source = "\n".join(lines) + "\n"
     if enabled("guards"):
         get_logger("guards").info("guards for %s:\n%s", tr.frames and "" or "",
@@ -481,6 +483,26 @@ def build_entry(tr: Tracer, plan, argnames, eager=False, reason=None, settings=N
     run = ns["__entry"]
     return Entry(run, guards, plan.gm if plan is not None else None, source,
                  plan.n_ops if plan is not None else 0, eager=eager, reason=reason)
+
+
+def _state_key(roots) -> str:
+    """The expression keying an entry's per-root states: the roots' ids (None without roots)."""
+    if not roots:
+        return "None"
+    if len(roots) == 1:
+        return f"id({roots[0].expr()})"
+    return "(" + "".join(f"id({r.expr()}), " for r in roots) + ")"
+
+
+def _keep_state(states: dict, key, state: tuple, roots: tuple) -> tuple:
+    """Store (snapshot, inputs) for `roots` as (snapshot, inputs, *weakrefs); the state goes
+    when a root is collected (its id may then be reused by another object)."""
+    def drop(_ref, states=states, key=key):
+        states.pop(key, None)
+    refs = tuple(weakref.ref(r, drop) for r in roots)
+    state = state + refs
+    states[key] = state
+    return state
 
 
 def _module_exprs(struct, structural_inputs, roots) -> list[str]:

@@ -16,7 +16,9 @@ submodule assignment, hook (un)registration or `.train()`/`.eval()` moves a tag.
 `module.to()/.half()/.cuda()` swap a parameter's storage in place (`param.data = ...`), which
 moves the StorageImpl pointer; `torch.utils.swap_tensors` moves the TensorImpl; freezing
 (`requires_grad_`) flips `requires_grad`, which matters (and is read) only with grad enabled.
-Not seen: a `__dict__` object replaced wholesale, a parameter resized in place.
+A module's `__dict__` replaced wholesale is seen too (its identity is checked first). Not seen: a
+parameter resized in place. A snapshot holds modules weakly and their dicts not at all, so it
+never keeps a deleted model alive (entry.py keeps one state per root, dropped with the root).
 
 The per-call check is a small C extension (built with the C compiler once, 0.2 s, cached on disk
 like the kernels): ~1.5 µs for a resnet18. The two pointer offsets are found by probing real
@@ -37,6 +39,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import weakref
 from pathlib import Path
 
 import torch
@@ -67,9 +70,9 @@ static Py_ssize_t impl_off, storage_off;
 
 typedef struct {
     PyObject_HEAD
-    PyObject *objs;            /* tuple: modules, dicts, tensors (kept alive) */
-    Py_ssize_t n_mod, n_dict, n_ten;
-    uint64_t *vals;            /* per module: type; per dict: tag; per tensor: 4 words */
+    PyObject *objs;            /* tuple: weakrefs to the modules, then the tensors (kept alive) */
+    Py_ssize_t n_mod, n_ten;
+    uint64_t *vals;            /* per module: type, n dicts, (dict, tag) * n; per tensor: 4 words */
 } Snap;
 
 #define TENSOR_WORDS 4
@@ -96,15 +99,23 @@ static void snap_dealloc(Snap *s) {
     Py_TYPE(s)->tp_free((PyObject *)s);
 }
 
-/* snap() -> True while nothing recorded has changed */
+/* snap() -> True while nothing recorded has changed. A module's dicts are not owned (they would
+   keep the module alive through a compiled module's own runner): its __dict__ is checked to be
+   the same object first, and while its tag holds, the tables it holds are the recorded ones. */
 static PyObject *snap_call(Snap *s, PyObject *args, PyObject *kw) {
     PyObject **o = &PyTuple_GET_ITEM(s->objs, 0);
     uint64_t *v = s->vals;
     Py_ssize_t i;
-    for (i = 0; i < s->n_mod; ++i, ++o, ++v)
-        if ((uint64_t)(uintptr_t)Py_TYPE(*o) != *v) Py_RETURN_FALSE;
-    for (i = 0; i < s->n_dict; ++i, ++o, ++v)
-        if (tag_of(*o) != *v) Py_RETURN_FALSE;
+    for (i = 0; i < s->n_mod; ++i, ++o) {
+        PyObject *m = PyWeakref_GET_OBJECT(*o);          /* None once the module is gone */
+        if ((uint64_t)(uintptr_t)Py_TYPE(m) != v[0]) Py_RETURN_FALSE;
+        PyObject **dp = _PyObject_GetDictPtr(m);
+        if (dp == NULL || (uint64_t)(uintptr_t)*dp != v[2]) Py_RETURN_FALSE;
+        uint64_t n = v[1];
+        v += 2;
+        for (uint64_t j = 0; j < n; ++j, v += 2)
+            if (tag_of((PyObject *)(uintptr_t)v[0]) != v[1]) Py_RETURN_FALSE;
+    }
     if (s->n_ten == 0) Py_RETURN_TRUE;
     PyObject *ge = grad_enabled(NULL, NULL);
     if (ge == NULL) return NULL;
@@ -127,35 +138,59 @@ static PyTypeObject SnapType = {
     .tp_flags = Py_TPFLAGS_DEFAULT,
 };
 
-/* snapshot(modules: tuple, dicts: tuple of dict, tensors: tuple of Tensor) -> Snapshot */
+/* snapshot(modules: tuple of (weakref to module, tuple of its dicts: __dict__ first),
+            tensors: tuple of Tensor) -> Snapshot. Modules are held weakly and their dicts not
+   at all: a snapshot never keeps a deleted model alive. */
 static PyObject *snapshot(PyObject *self, PyObject *args) {
-    PyObject *mods, *dicts, *tens;
-    if (!PyArg_ParseTuple(args, "O!O!O!", &PyTuple_Type, &mods, &PyTuple_Type, &dicts,
-                          &PyTuple_Type, &tens))
+    PyObject *mods, *tens;
+    if (!PyArg_ParseTuple(args, "O!O!", &PyTuple_Type, &mods, &PyTuple_Type, &tens))
         return NULL;
-    Py_ssize_t nm = PyTuple_GET_SIZE(mods), nd = PyTuple_GET_SIZE(dicts), nt = PyTuple_GET_SIZE(tens);
+    Py_ssize_t nm = PyTuple_GET_SIZE(mods), nt = PyTuple_GET_SIZE(tens), words = 0;
+    for (Py_ssize_t i = 0; i < nm; ++i) {
+        PyObject *e = PyTuple_GET_ITEM(mods, i);
+        if (!PyTuple_Check(e) || PyTuple_GET_SIZE(e) != 2 || !PyWeakref_CheckRef(PyTuple_GET_ITEM(e, 0))
+            || !PyTuple_Check(PyTuple_GET_ITEM(e, 1)) || PyTuple_GET_SIZE(PyTuple_GET_ITEM(e, 1)) < 1) {
+            PyErr_SetString(PyExc_TypeError, "modules: (weakref, (dict, ...)) pairs");
+            return NULL;
+        }
+        words += 2 + 2 * PyTuple_GET_SIZE(PyTuple_GET_ITEM(e, 1));
+    }
     Snap *s = PyObject_New(Snap, &SnapType);
     if (s == NULL) return NULL;
-    s->objs = NULL;
-    s->vals = PyMem_Malloc(sizeof(uint64_t) * (nm + nd + TENSOR_WORDS * nt + 1));
-    s->n_mod = nm; s->n_dict = nd; s->n_ten = nt;
-    PyObject *all = PySequence_Concat(mods, dicts);
-    if (all != NULL) { Py_SETREF(all, PySequence_Concat(all, tens)); }
-    if (all == NULL || s->vals == NULL) { Py_XDECREF(all); Py_DECREF(s); return PyErr_NoMemory(); }
-    s->objs = all;
+    s->objs = PyTuple_New(nm + nt);
+    s->vals = PyMem_Malloc(sizeof(uint64_t) * (words + TENSOR_WORDS * nt + 1));
+    s->n_mod = nm; s->n_ten = nt;
+    if (s->objs == NULL || s->vals == NULL) { Py_DECREF(s); return PyErr_NoMemory(); }
     uint64_t *v = s->vals;
-    for (Py_ssize_t i = 0; i < nm; ++i) *v++ = (uint64_t)(uintptr_t)Py_TYPE(PyTuple_GET_ITEM(mods, i));
-    for (Py_ssize_t i = 0; i < nd; ++i) {
-        PyObject *d = PyTuple_GET_ITEM(dicts, i);
-        if (!PyDict_Check(d)) { Py_DECREF(s); PyErr_SetString(PyExc_TypeError, "not a dict"); return NULL; }
-        *v++ = tag_of(d);
+    for (Py_ssize_t i = 0; i < nm; ++i) {
+        PyObject *e = PyTuple_GET_ITEM(mods, i), *r = PyTuple_GET_ITEM(e, 0), *ds = PyTuple_GET_ITEM(e, 1);
+        PyObject *m = PyWeakref_GET_OBJECT(r);
+        PyObject **dp = _PyObject_GetDictPtr(m);
+        if (dp == NULL || *dp != PyTuple_GET_ITEM(ds, 0)) {
+            Py_DECREF(s); PyErr_SetString(PyExc_TypeError, "the first dict is not the module's __dict__");
+            return NULL;
+        }
+        Py_INCREF(r);
+        PyTuple_SET_ITEM(s->objs, i, r);
+        *v++ = (uint64_t)(uintptr_t)Py_TYPE(m);
+        *v++ = (uint64_t)PyTuple_GET_SIZE(ds);
+        for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(ds); ++j) {
+            PyObject *d = PyTuple_GET_ITEM(ds, j);
+            if (!PyDict_Check(d)) { Py_DECREF(s); PyErr_SetString(PyExc_TypeError, "not a dict"); return NULL; }
+            *v++ = (uint64_t)(uintptr_t)d;
+            *v++ = tag_of(d);
+        }
     }
-    for (Py_ssize_t i = 0; i < nt; ++i, v += TENSOR_WORDS)
-        if (tensor_state(PyTuple_GET_ITEM(tens, i), v, 1) < 0) {
+    for (Py_ssize_t i = 0; i < nt; ++i, v += TENSOR_WORDS) {
+        PyObject *t = PyTuple_GET_ITEM(tens, i);
+        Py_INCREF(t);
+        PyTuple_SET_ITEM(s->objs, nm + i, t);
+        if (tensor_state(t, v, 1) < 0) {
             Py_DECREF(s);
             PyErr_SetString(PyExc_TypeError, "a tensor whose requires_grad cannot be read");
             return NULL;
         }
+    }
     return (PyObject *)s;
 }
 
@@ -266,14 +301,13 @@ def snapshot(modules, tensors):
     native = _native()
     if native is None:
         return never
-    mods = tuple({id(m): m for m in modules if isinstance(m, torch.nn.Module)}.values())
-    dicts = []
-    for m in mods:
+    mods = []
+    for m in {id(m): m for m in modules if isinstance(m, torch.nn.Module)}.values():
         d = object.__getattribute__(m, "__dict__")
-        dicts.append(d)
-        dicts.extend(t for t in (d.get(n) for n in MODULE_TABLES) if isinstance(t, dict))
+        tables = (t for t in (d.get(n) for n in MODULE_TABLES) if isinstance(t, dict))
+        mods.append((weakref.ref(m), (d, *tables)))
     tens = tuple({id(t): t for t in tensors if isinstance(t, torch.Tensor)}.values())
     try:
-        return native.snapshot(mods, tuple(dicts), tens)
+        return native.snapshot(tuple(mods), tens)
     except TypeError:
         return never          # e.g. a tensor subclass without storage: check every call

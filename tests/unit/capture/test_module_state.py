@@ -51,6 +51,7 @@ MUTATIONS = {
     "dtype via .double()": lambda m: m.double(),
     "storage swapped by param.data =": lambda m: setattr(m.fc.weight, "data", torch.zeros(5, 6)),
     "class changed": lambda m: setattr(m.act, "__class__", nn.Sigmoid),
+    "__dict__ replaced": lambda m: setattr(m, "__dict__", {**m.__dict__, "scale": -2.0}),
 }
 
 
@@ -163,3 +164,29 @@ def test_snapshot_sees_dict_tags_and_tensor_state():
     assert snap()
     m.bias.requires_grad_(False)
     assert not snap()
+
+
+def test_alternating_instances_keep_their_own_state():
+    """One cache entry serves every instance of a class; each root keeps its own snapshot and
+    inputs, so calls that alternate between instances re-check nothing."""
+    blocks = [Net() for _ in range(3)]
+
+    def step(block, t):
+        return block(t)
+    compiled = ember.compile(step, backend="eager")
+    for _ in range(4):
+        for b in blocks:
+            torch.testing.assert_close(compiled(b, x), b(x), rtol=0, atol=0)
+    st = capture.stats()
+    assert st["graphs"] == 1 and st["refreshes"] == 3, st
+
+
+def test_a_deleted_compiled_model_is_freed():
+    import gc
+    import weakref
+    m = ember.compile(Net(), backend="eager")
+    m(x)
+    ref = weakref.ref(m)
+    del m
+    gc.collect()
+    assert ref() is None
