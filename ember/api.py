@@ -405,8 +405,10 @@ def reset() -> None:
     from .logging import reset_warnings
     from .lower import STATS as graph_stats
     from .runtime import cache as disk_cache
+    from .backends import speed
     capture.reset()
     disk_cache.USED.clear()
+    speed.DECISIONS.clear()
     reset_warnings()
     counters.clear()
     graph_stats.clear()

@@ -6,6 +6,7 @@ from ..aot import aot_compile
 from ..fallback import fall_back, stage
 from ..decomp import get_decompositions
 from ..lower import compile_aten_graph
+from .speed import speed_checked
 
 
 def ember_backend(gm, example_inputs, **kwargs):
@@ -24,5 +25,6 @@ def ember_backend(gm, example_inputs, **kwargs):
             fall_back("ember", exc, "this graph's backward")
             return g
     with counters.timed("aot"), stage("aot"):
-        return aot_compile(gm, example_inputs, fw_compiler=compiler, bw_compiler=bw_compiler,
-                           decompositions=get_decompositions())
+        compiled = aot_compile(gm, example_inputs, fw_compiler=compiler, bw_compiler=bw_compiler,
+                               decompositions=get_decompositions())
+    return speed_checked(gm, compiled, example_inputs, options)    # never slower than eager

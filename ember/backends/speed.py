@@ -1,0 +1,180 @@
+"""Backend "ember", never slower than eager: an inference graph whose generated kernels lose to
+eager PyTorch on the real inputs runs eagerly.
+
+On its second call (the first one builds the kernels), an eligible graph is timed both ways on
+that call's own inputs: the compiled callable and the captured graph as eager PyTorch runs it
+(`gm.forward`, the user's own ops, not our decompositions), alternating, a few rounds within a
+small time budget. The faster path serves every later call; eager wins only when it is faster by
+more than MARGIN. The choice is cached on disk (keyed by the graph's code, its input sizes,
+strides and dtypes, the options and the machine's compiler), so another process reuses it
+without timing. Both paths compute the same values; only the speed differs.
+
+Eligible: inference graphs (aot's forward-only runtime) with static sizes, no input mutated,
+and no random op (running the graph again must change nothing a user can see). Training graphs
+are not timed yet (a backward cannot be timed without running the user's autograd).
+
+Off: `options={"speed_check": False}` or EMBER_SPEED_CHECK=0. Decisions are logged under
+EMBER_LOGS=perf ("graph kept on aten/eager: ...").
+
+Consumes: the captured FX graph, aot's compiled callable. Produces: a callable with the same
+calling convention.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import threading
+import time
+
+import torch
+
+from .. import config
+from ..logging import get_logger
+
+perf_log = get_logger("perf")
+
+MARGIN = 1.03            # eager must beat the kernels by more than 3% to be chosen
+ROUNDS = 5               # alternating rounds at most ...
+BUDGET_S = 0.5           # ... and no more than this much time spent timing one graph
+_RANDOM = re.compile(r"rand|dropout|bernoulli|normal|multinomial|uniform|poisson|exponential|"
+                     r"geometric|cauchy|seed|rng")
+#: what the speed check chose, per graph (tests and `ember bench` read it)
+DECISIONS: list = []
+
+
+def enabled(options: dict) -> bool:
+    if os.environ.get("EMBER_SPEED_CHECK", "1") == "0":
+        return False
+    return bool(options.get("speed_check", True))
+
+
+def eligible(gm, compiled) -> str | None:
+    """None if the graph may be timed both ways, else why not."""
+    from ..aot.runtime import InferenceRuntime
+    if not isinstance(compiled, InferenceRuntime):
+        return "a training graph"
+    if compiled.traced.mutated:
+        return "it mutates an input"
+    if compiled.traced.symbols:
+        return "dynamic sizes"
+    for n in gm.graph.nodes:
+        if n.op in ("call_function", "call_method"):
+            name = n.target if isinstance(n.target, str) else getattr(n.target, "__name__", "")
+            if _RANDOM.search(str(name)):
+                return f"a random op ({name})"
+    return None
+
+
+def speed_checked(gm, compiled, example_inputs, options: dict):
+    """`compiled`, or a callable that picks the faster of it and eager `gm` on its 2nd call."""
+    if not enabled(options):
+        return compiled
+    why = eligible(gm, compiled)
+    if why is not None:
+        perf_log.info("speed check skipped: %s", why)
+        return compiled
+    return _Chooser(gm, compiled, options)
+
+
+class _Chooser:
+    def __init__(self, gm, compiled, options):
+        self.gm, self.compiled, self.options = gm, compiled, options
+        self.calls = 0
+        self.run = self._undecided
+        self.decided = False
+        self.lock = threading.Lock()
+
+    def __call__(self, *args):
+        return self.run(*args)
+
+    def _undecided(self, *args):
+        with self.lock:
+            if self.decided:                         # decided meanwhile, in another thread
+                return self.run(*args)
+            self.calls += 1
+            if self.calls == 1:
+                return self.compiled(*args)          # builds the kernels: not timed
+            return self._decide(args)
+
+    def _eager(self, *args):
+        with torch.no_grad():
+            return self.gm(*args)
+
+    def _decide(self, args):
+        key = _key(self.gm, args, self.options)
+        cached = _load(key)
+        if cached is not None:
+            choice, t_kernels, t_eager, source = cached["choice"], cached["kernels_ms"], \
+                cached["eager_ms"], "disk cache"
+            out = None
+        else:
+            t_kernels, t_eager, out = _time_both(self.compiled, self._eager, args)
+            choice = "eager" if t_eager * MARGIN < t_kernels else "kernels"
+            source = "timed"
+            _store(key, {"choice": choice, "kernels_ms": t_kernels, "eager_ms": t_eager})
+        self.run = self._eager if choice == "eager" else self.compiled
+        self.decided = True
+        DECISIONS.append({"choice": choice, "kernels_ms": t_kernels, "eager_ms": t_eager,
+                          "source": source})
+        if choice == "eager":
+            perf_log.info("graph kept on eager PyTorch: kernels %.3f ms, eager %.3f ms (%s)",
+                          t_kernels, t_eager, source)
+        else:
+            perf_log.info("graph runs its kernels: %.3f ms, eager %.3f ms (%s)", t_kernels,
+                          t_eager, source)
+        return out if out is not None else self.run(*args)
+
+
+def _time_both(kernels, eager, args) -> tuple[float, float, object]:
+    """(kernels ms, eager ms, an output): minimum over alternating rounds, within BUDGET_S."""
+    tk, te = [], []
+    out = None
+    start = time.perf_counter()
+    for _ in range(ROUNDS):
+        t0 = time.perf_counter()
+        out = kernels(*args)
+        t1 = time.perf_counter()
+        eager(*args)
+        t2 = time.perf_counter()
+        tk.append(t1 - t0)
+        te.append(t2 - t1)
+        if t2 - start > BUDGET_S and len(tk) >= 2:
+            break
+    return min(tk) * 1e3, min(te) * 1e3, out
+
+
+def _key(gm, args, options) -> str:
+    from ..runtime.build import compiler_version
+    h = hashlib.sha256()
+    h.update(gm.code.encode())
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            h.update(f"{tuple(a.shape)}{a.stride()}{a.dtype}{a.device}".encode())
+        else:
+            h.update(repr(a).encode())
+    h.update(json.dumps(options, sort_keys=True, default=str).encode())
+    h.update(f"{torch.__version__} {compiler_version()} {torch.get_num_threads()}".encode())
+    return h.hexdigest()
+
+
+def _path(key: str):
+    return config.cache_subdir("speed", key[:2]) / f"{key}.json"
+
+
+def _load(key: str) -> dict | None:
+    try:
+        data = json.loads(_path(key).read_text())
+        return data if data.get("choice") in ("eager", "kernels") else None
+    except (OSError, ValueError):
+        return None
+
+
+def _store(key: str, data: dict) -> None:
+    import tempfile
+    p = _path(key)
+    fd, tmp = tempfile.mkstemp(dir=p.parent, suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f)
+    os.replace(tmp, p)
