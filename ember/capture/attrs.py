@@ -113,9 +113,17 @@ def _tensor_attr(tr, v: TensorV, name: str) -> V:
     raise tr.unsupported(f"Tensor attribute {name!r}")
 
 
+DELETED = ObjV(None)       # overlay mark: the trace ran `del obj.name`
+
+
 def _obj_attr(tr, v: ObjV, name: str) -> V:
     obj = v.value
     ov = tr.overlay.get((id(obj), name))
+    if ov is DELETED:
+        cls_attr, owner = _type_lookup(type(obj), name)
+        if cls_attr is None or isinstance(obj, type):
+            raise TraceAttributeError(name)
+        return _bind_class_attr(tr, cls_attr, v, name, owner)
     if ov is not None:
         return ov
     src = v.source
@@ -249,6 +257,7 @@ def _module_attr(tr, v: ObjV, name: str) -> V:
 
 
 def store_attr(tr, obj_v: V, name: str, value: V) -> None:
+    tr.writes += 1
     if isinstance(obj_v, NewObjV):
         obj_v.attrs[name] = value
         return
@@ -262,3 +271,39 @@ def store_attr(tr, obj_v: V, name: str, value: V) -> None:
         tr.effects.append(("setattr", obj_v, name, value))
         return
     raise tr.unsupported(f"attribute write {name!r} on {type(obj_v).__name__}")
+
+
+def delete_attr(tr, obj_v: V, name: str) -> None:
+    """`del obj.name`: on an object made in the trace, applied to its value; on the caller's
+    object, replayed after the graph (reads in the trace then see the class attribute)."""
+    from .interpreter import TracedRaise
+    tr.writes += 1
+    if isinstance(obj_v, NewObjV):
+        if name not in obj_v.attrs:
+            raise TracedRaise(AttributeError(name))
+        del obj_v.attrs[name]
+        return
+    if not (isinstance(obj_v, ObjV) and obj_v.source is not None and
+            not isinstance(obj_v.value, (type, types.ModuleType))):
+        raise tr.unsupported(f"del of attribute {name!r} on {type(obj_v).__name__}")
+    obj = obj_v.value
+    cls = type(obj)
+    if isinstance(obj, torch.nn.Module):
+        if any(name in obj.__dict__.get(t, ()) for t in ("_parameters", "_buffers", "_modules")):
+            raise tr.unsupported(f"deleting module attribute {name!r} inside the graph")
+    elif cls.__delattr__ is not object.__delattr__:
+        raise tr.unsupported(f"del on a {cls.__qualname__}, which has its own __delattr__")
+    key = (id(obj), name)
+    if tr.overlay.get(key) is DELETED:
+        raise TracedRaise(AttributeError(name))
+    if key not in tr.overlay:
+        try:
+            d = object.__getattribute__(obj, "__dict__")
+        except AttributeError:
+            d = {}
+        if name not in d or _is_data_descriptor(_type_lookup(cls, name)[0]):
+            raise tr.unsupported(f"del of {name!r}, not an instance attribute of "
+                                 f"{cls.__qualname__}")
+        load_attr(tr, obj_v, name)          # guards the value, so that it exists
+    tr.overlay[key] = DELETED
+    tr.effects.append(("delattr", obj_v, name))

@@ -30,10 +30,10 @@ from ..logging import enabled, get_logger
 from .bytecode import decode
 from .effects import Plan, _graph_module, _Rebuild, effect_lines
 from .handlers.contexts import context_method
-from .interpreter import StopTrace, Tracer
+from .interpreter import CO_VARARGS, CO_VARKEYWORDS, StopTrace, Tracer
 from .resume import (NULL as NULL_SLOT, UNBOUND, VALUE, call_trampoline, instruction_starts,
                      resume_function, with_closure)
-from .values import NULL, BuiltinMethodV, ContextV, IterV, MethodV, ObjV, TensorV
+from .values import NULL, BuiltinMethodV, ContextV, GenV, IterV, MethodV, ObjV, TensorV
 
 _JUMPS = {"POP_JUMP_IF_TRUE": True, "POP_JUMP_IF_FALSE": False}
 _LOGGED: set = set()
@@ -219,6 +219,14 @@ class _BreakRebuild(_Rebuild):
             return "__res"
         if isinstance(v, IterV):
             return f"iter([{', '.join(self.expr(i) for i in v.items[v.pos:])}])"
+        if isinstance(v, GenV):
+            if id(v) in self.memo:
+                return self.memo[id(v)]
+            if v.frame is not None and not v.started and v.frame.fn_v is not None:
+                # not started: the same generator, made again by calling its function
+                return self._temp(v, f"{self.expr(v.frame.fn_v)}({', '.join(self._args(v.frame))})")
+            items = _finish(self.tr, v)
+            return self._temp(v, f"iter([{', '.join(self.expr(i) for i in items)}])")
         if isinstance(v, MethodV):
             return f"{self.bind(types.MethodType, 'c')}({self.expr(v.func)}, {self.expr(v.self_v)})"
         if isinstance(v, BuiltinMethodV):
@@ -226,6 +234,34 @@ class _BreakRebuild(_Rebuild):
                 raise self.tr.unsupported(f"graph break with {v.name} of a context on the stack")
             return f"{self.expr(v.recv)}.{v.name}"
         return super().expr(v)
+
+    def _args(self, frame) -> list[str]:
+        """Arguments that bind a function's parameters to an unstarted frame's locals."""
+        co, loc = frame.code, frame.locals
+        names = co.co_varnames
+        n, nk = co.co_argcount, co.co_kwonlyargcount
+        out = [self.expr(loc[x]) for x in names[:n]]
+        i = n + nk
+        if co.co_flags & CO_VARARGS:
+            out.append("*" + self.expr(loc[names[i]]))
+            i += 1
+        out += [f"{x}={self.expr(loc[x])}" for x in names[n:n + nk]]
+        if co.co_flags & CO_VARKEYWORDS:
+            out.append("**" + self.expr(loc[names[i]]))
+        return out
+
+
+def _finish(tr, g) -> list:
+    """The values a generator suspended at the break has left. Eager code would run it one
+    step at a time, between its own statements; running it to the end here, in the prefix,
+    is the same only when that writes nothing (no container, attribute, cell, global or
+    in-place tensor write): else the frame is not resumable here."""
+    from .effects import _mutates_first_arg
+    writes, nodes = tr.writes, set(tr.graph.nodes)
+    items = tr.iterate(g)
+    if tr.writes != writes or any(_mutates_first_arg(n) for n in tr.graph.nodes if n not in nodes):
+        raise tr.unsupported("graph break while a generator with side effects is suspended")
+    return items
 
 
 def _is_exit(v) -> bool:

@@ -14,8 +14,9 @@ import types
 
 import torch
 
-from .values import (BuiltinMethodV, ContextV, DictV, FuncV, IterV, LazyV, ListV, MethodV,
-                     NewObjV, ObjV, SYM_TYPES, SuperV, TensorV, TupleV, V, is_literal, peek, pending)
+from .values import (STOP, BuiltinMethodV, ContextV, DictV, FuncV, GenV, IterV, LazyV, ListV,
+                     MethodV, NewObjV, ObjV, SYM_TYPES, SuperV, TensorV, TupleV, V, is_literal, peek,
+                     pending)
 
 BUILTINS: dict = {}
 
@@ -75,6 +76,30 @@ def pytype(v: V):
 
 
 # ---- iteration and truth --------------------------------------------------------------------
+MAX_ITEMS = 100_000         # a lazy iterator drained past this is taken to be endless
+
+
+def step(tr, it: V):
+    """The next value of an iterator value (IterV or GenV), or STOP."""
+    if isinstance(it, IterV):
+        if it.pos < len(it.items):
+            it.pos += 1
+            return it.items[it.pos - 1]
+        return STOP
+    if it.frame is not None:
+        return tr.resume_generator(it)
+    if it.done:
+        return STOP
+    v = it.step(tr)
+    it.done = v is STOP
+    return v
+
+
+def as_iter(tr, v: V) -> V:
+    """`iter(v)` as a value: iterators stay themselves (lazy ones lazy)."""
+    return v if isinstance(v, (IterV, GenV)) else IterV(iterate(tr, v))
+
+
 def iterate(tr, v: V) -> list:
     if isinstance(v, (ListV, TupleV)):
         return list(v.items)
@@ -83,6 +108,13 @@ def iterate(tr, v: V) -> list:
     if isinstance(v, IterV):
         out = v.items[v.pos:]
         v.pos = len(v.items)
+        return out
+    if isinstance(v, GenV):
+        out = []
+        while (x := step(tr, v)) is not STOP:
+            out.append(x)
+            if len(out) > MAX_ITEMS:
+                raise tr.unsupported(f"an iterator drained past {MAX_ITEMS} values (endless?)")
         return out
     if isinstance(v, TensorV):
         if v.meta.dim() == 0:
@@ -316,6 +348,15 @@ def _agg(tr, args, kwargs):
 
 def _make_agg(f):
     def h(tr, args, kwargs):
+        if f in (any, all) and len(args) == 1 and isinstance(args[0], GenV):
+            # short-circuits: a lazy iterator is stepped only as far as Python would
+            while (x := step(tr, args[0])) is not STOP:
+                if truth(tr, x) is (f is any):
+                    return ObjV(f is any)
+            return ObjV(f is all)
+        if f is sum and "start" in kwargs:
+            kwargs = dict(kwargs)
+            args = [args[0], kwargs.pop("start")]
         if f in (min, max) and len(args) > 1:
             items = list(args)
         else:
@@ -363,33 +404,62 @@ def _bad(tr, msg):
 
 @builtin(iter)
 def _iter(tr, args, kwargs):
-    if isinstance(args[0], IterV):
-        return args[0]
-    return IterV(iterate(tr, args[0]))
+    if len(args) != 1:
+        raise tr.unsupported("iter() with a sentinel")
+    return as_iter(tr, args[0])
 
 
 @builtin(next)
 def _next(tr, args, kwargs):
     it = args[0]
-    if not isinstance(it, IterV):
-        it = IterV(iterate(tr, it))
-    if it.pos < len(it.items):
-        it.pos += 1
-        return it.items[it.pos - 1]
+    if not isinstance(it, (IterV, GenV)):
+        raise tr.unsupported(f"next() of {_describe(it)}", hint="fails eagerly unless it is an "
+                             "iterator")
+    x = step(tr, it)
+    if x is not STOP:
+        return x
     if len(args) > 1:
         return args[1]
     from .interpreter import TracedRaise
     raise TracedRaise(StopIteration())
 
 
+def _lazy(args) -> bool:
+    return any(isinstance(a, GenV) for a in args)
+
+
 @builtin(enumerate)
 def _enumerate(tr, args, kwargs):
     start = real(tr, args[1]) if len(args) > 1 else real(tr, kwargs.get("start", ObjV(0)))
+    if _lazy(args[:1]):
+        src, n = args[0], [start]
+
+        def next_pair(tr):
+            x = step(tr, src)
+            if x is STOP:
+                return STOP
+            n[0] += 1
+            return TupleV([ObjV(n[0] - 1), x])
+        return GenV(step=next_pair, cls=enumerate)
     return IterV([TupleV([ObjV(i + start), x]) for i, x in enumerate(iterate(tr, args[0]))])
 
 
 @builtin(zip)
 def _zip(tr, args, kwargs):
+    if kwargs.get("strict") is not None and real(tr, kwargs["strict"]):
+        raise tr.unsupported("zip(strict=True)")
+    if _lazy(args):
+        its = [as_iter(tr, a) for a in args]
+
+        def next_tuple(tr):
+            out = []
+            for it in its:          # as zip does: stops at the first exhausted one
+                x = step(tr, it)
+                if x is STOP:
+                    return STOP
+                out.append(x)
+            return TupleV(out)
+        return GenV(step=next_tuple, cls=zip)
     lists = [iterate(tr, a) for a in args]
     return IterV([TupleV(t) for t in zip(*lists)])
 
@@ -401,13 +471,36 @@ def _reversed(tr, args, kwargs):
 
 @builtin(map)
 def _map(tr, args, kwargs):
-    fn, lists = args[0], [iterate(tr, a) for a in args[1:]]
+    fn = args[0]
+    if _lazy(args[1:]):
+        pairs = _zip(tr, args[1:], {})
+
+        def next_value(tr):
+            t = step(tr, pairs)
+            return STOP if t is STOP else tr.call(fn, list(t.items), {})
+        return GenV(step=next_value, cls=map)
+    lists = [iterate(tr, a) for a in args[1:]]
     return IterV([tr.call(fn, list(t), {}) for t in zip(*lists)])
+
+
+def _keeps(tr, fn, x) -> bool:
+    return truth(tr, x) if isinstance(fn, ObjV) and fn.value is None else \
+        truth(tr, tr.call(fn, [x], {}))
 
 
 @builtin(filter)
 def _filter(tr, args, kwargs):
-    fn, items = args[0], iterate(tr, args[1])
+    fn = args[0]
+    if _lazy(args[1:]):
+        src = args[1]
+
+        def next_kept(tr):
+            while (x := step(tr, src)) is not STOP:
+                if _keeps(tr, fn, x):
+                    return x
+            return STOP
+        return GenV(step=next_kept, cls=filter)
+    items = iterate(tr, args[1])
     keep = []
     for i in items:
         ok = truth(tr, i) if isinstance(fn, ObjV) and fn.value is None else truth(tr, tr.call(fn, [i], {}))
@@ -468,6 +561,7 @@ def container_method(tr, recv: V, name: str, args, kwargs) -> V:
 
 
 def _mutate(tr, v: V):
+    tr.writes += 1
     if v.source is not None and id(v) not in tr.fresh and not any(m is v for m in tr.mutated):
         tr.mutated.append(v)
 

@@ -218,6 +218,9 @@ def effect_lines(tr, rb: _Rebuild) -> list[str]:
         if eff[0] == "setattr":
             _, obj_v, name, value = eff
             effects.append(f"setattr({obj_v.source.expr()}, {name!r}, {rb.expr(value)})")
+        elif eff[0] == "delattr":
+            _, obj_v, name = eff
+            effects.append(f"delattr({obj_v.source.expr()}, {name!r})")
         elif eff[0] == "cell":
             _, cell, value = eff
             effects.append(f"{rb.cell(cell)}.cell_contents = {rb.expr(value)}")

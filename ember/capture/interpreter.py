@@ -60,14 +60,19 @@ class Return:
         self.value = value
 
 
+class Yield(Return):
+    """A generator frame paused at `yield value` (resumed by Tracer.resume_generator)."""
+    __slots__ = ()
+
+
 class Frame:
     __slots__ = ("code", "instrs", "pc", "stack", "locals", "cells", "globals", "gid", "fn_v",
-                 "yields", "lineno", "self_v")
+                 "generator", "lineno", "self_v")
 
     def __init__(self, code, locals_, cells, globals_, gid, fn_v=None):
         self.code, self.instrs = code, decode(code)[0]
         self.pc, self.stack, self.locals, self.cells = 0, [], locals_, cells
-        self.globals, self.gid, self.fn_v, self.yields = globals_, gid, fn_v, None
+        self.globals, self.gid, self.fn_v, self.generator = globals_, gid, fn_v, False
         self.lineno = code.co_firstlineno
 
     def push(self, v):
@@ -130,6 +135,9 @@ class Tracer:
         self._const_names: dict = {}
         self.real_contexts: list = []
         self.fresh: set[int] = set()
+        # writes to values (containers, attributes, cells, globals) made so far: a graph break
+        # may finish a suspended generator early only if that writes nothing (breaks.py)
+        self.writes = 0
         self.owned: set[int] = set()                    # ids of real objects the trace created
         self.autocast: dict = {d: dt for d, on, dt in (self.state0[3] or ()) if on}
         self.stop_at: tuple | None = None                # (instruction index, visit) in the root
@@ -590,6 +598,29 @@ class Tracer:
 
     # ---- frames -------------------------------------------------------------------------
     def run_frame(self, frame: Frame) -> V:
+        return self._run(frame).value
+
+    def resume_generator(self, g) -> V:
+        """Run generator `g` to its next `yield`: the yielded value, or STOP once it returns."""
+        from .values import STOP
+        if g.done:
+            return STOP
+        if any(f is g.frame for f in self.frames):
+            raise self.unsupported("generator already executing", hint="fails eagerly")
+        if g.started:
+            g.frame.push(ObjV(None))        # what the paused `yield` evaluates to (next, not send)
+        g.started = True
+        try:
+            r = self._run(g.frame)
+        except BaseException:
+            g.done = True
+            raise
+        if isinstance(r, Yield):
+            return r.value
+        g.done, g.ret = True, r.value
+        return STOP
+
+    def _run(self, frame: Frame) -> Return:
         from .handlers import HANDLERS
         if len(self.frames) >= MAX_INLINE_DEPTH:
             raise self.unsupported(f"inlining deeper than {MAX_INLINE_DEPTH} frames")
@@ -622,7 +653,7 @@ class Tracer:
                         e.break_location = self.location()
                     raise
                 if r is not None:
-                    return r.value
+                    return r
         finally:
             self.frames.pop()
 
@@ -650,10 +681,10 @@ class Tracer:
             cells[name_] = closure[i]
         frame = Frame(code, locals_, cells, globals_, self.gid_for(globals_), fn_v)
         if code.co_flags & CO_GENERATOR:
-            frame.yields = []
-            self.run_frame(frame)
-            from .values import IterV
-            return IterV(frame.yields)
+            # its body runs only as it is iterated, interleaved with the consumer's code
+            from .values import GenV
+            frame.generator = True
+            return GenV(frame)
         return self.run_frame(frame)
 
     def bind_args(self, code, args, kwargs, defaults, kwdefaults) -> dict:

@@ -12,6 +12,7 @@
   MethodV   a bound method (function value + self value)
   CellV     a closure cell created during the trace
   IterV     an iterator over a materialized list of values
+  GenV      a lazy iterator: a generator's suspended frame, or map/zip/... over one
   NewObjV   an object created during the trace (dataclass, ModelOutput, plain class instance)
   ContextV  a context manager the tracer understands (grad mode, autocast, nullcontext)
   SuperV    the result of super()
@@ -206,6 +207,36 @@ class IterV(V):
 
     def python_type(self):
         return type(iter([]))
+
+
+class _Stop:
+    def __repr__(self):
+        return "STOP"
+
+
+STOP = _Stop()       # what stepping an exhausted iterator value gives
+
+
+class GenV(V):
+    """A lazy iterator made in the trace, stepped one value at a time (`for`, `next`, `yield
+    from`) so that its code and its consumer's interleave as they do in Python: a generator
+    (`frame` is its suspended frame, `ret` its return value once done) or a lazy builtin over
+    one (`step(tracer) -> value | STOP`: map, filter, zip, enumerate)."""
+    __slots__ = ("frame", "step", "started", "done", "ret", "cls")
+    kind = "generator"
+
+    def __init__(self, frame=None, step=None, cls=None):
+        self.frame, self.step, self.started, self.done = frame, step, False, False
+        self.ret, self.source = ObjV(None), None
+        import types
+        self.cls = cls or types.GeneratorType
+
+    def python_type(self):
+        return self.cls
+
+    def __repr__(self):
+        what = self.frame.code.co_qualname if self.frame is not None else self.cls.__name__
+        return f"GenV({what}{', done' if self.done else ''})"
 
 
 class NewObjV(V):

@@ -339,8 +339,22 @@ def delete_subscr(tr, f, ins):
     from ..builtins import _mutate, real
     k, c = f.pop(), f.pop()
     if isinstance(c, (ListV, DictV)):
-        _mutate(tr, c)
-        del c.items[real(tr, k)]
+        key = real(tr, k)
+        try:
+            del c.items[key]
+        except (IndexError, KeyError, TypeError) as e:
+            from ..interpreter import TracedRaise
+            raise TracedRaise(e) from None
+        _mutate(tr, c)          # replayed on the caller's container, applied to a fresh one
+        return
+    if isinstance(c, TensorV) or isinstance(c, TupleV):
+        from ..interpreter import TracedRaise
+        raise TracedRaise(TypeError(f"'{c.python_type().__name__}' object doesn't support item "
+                                    "deletion"))
+    di = getattr(c.cls if isinstance(c, NewObjV) else type(c.value) if isinstance(c, ObjV)
+                 else None, "__delitem__", None)
+    if isinstance(di, types.FunctionType):
+        tr.call(ObjV(di), [c, k], {})
         return
     raise tr.unsupported(f"del on {type(c).__name__}")
 

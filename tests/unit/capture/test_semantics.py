@@ -1,0 +1,262 @@
+"""Python semantics capture follows (issue 26): generators and `yield from`, `del`, module
+containers, eager frames that say so. Each program runs eagerly and compiled (deep copies of
+its inputs) and asserts the counts of graphs and breaks."""
+from __future__ import annotations
+
+import contextlib
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+
+import ember
+from ember import capture
+
+from .helpers import check, same
+
+x3 = torch.randn(3)
+x44 = torch.randn(4, 4)
+
+
+def explain_same(fn, *args, graphs, breaks=0, **kwargs):
+    e = ember.explain(fn, *copy.deepcopy(args), **copy.deepcopy(kwargs))
+    same(fn(*copy.deepcopy(args), **copy.deepcopy(kwargs)), e.result)
+    assert (e.graph_count, e.break_count) == (graphs, breaks), str(e)
+    return e
+
+
+# ---- generators, `yield from` ------------------------------------------------------------------
+def test_yield_from_delegates_and_returns_its_value():
+    def inner(x):
+        yield x + 1
+        yield x + 2
+        return 10
+
+    def outer(x):
+        r = yield from inner(x)
+        yield x * r
+        yield from [x - 1, x - 2]
+        yield from (x * i for i in range(2))
+
+    def f(x):
+        return [t * 2 for t in outer(x)]
+    check(f, x3)
+
+
+def test_nested_yield_from_recursion():
+    def walk(tree, depth=0):
+        yield depth, tree[0]
+        for child in tree[1:]:
+            yield from walk(child, depth + 1)
+
+    def f(x):
+        tree = (x, (x + 1, (x + 2,)), (x + 3,))
+        return sum(t * d for d, t in walk(tree))
+    check(f, x3)
+
+
+def test_generator_interleaves_with_its_consumer():
+    # eager runs the generator one step at a time between the loop's statements
+    def gen(log, x):
+        for i in range(3):
+            log.append(i)
+            yield x + i
+
+    def f(x, log):
+        out = []
+        for y in gen(log, x):
+            log.append(-len(log))
+            out.append(y)
+        return torch.stack(out)
+    check(f, x3, [])
+
+
+def test_generator_stops_where_the_consumer_breaks():
+    def gen(log, x):
+        i = 0
+        while True:            # endless: only the loop's break ends it
+            log.append(i)
+            yield x * i
+            i += 1
+
+    def f(x, log):
+        for i, y in enumerate(gen(log, x)):
+            if i == 2:
+                break
+        first = next(gen(log, x))
+        pairs = list(zip(gen(log, x), [1, 2]))
+        return y + first + pairs[1][0]
+    check(f, x3, [])
+
+
+def test_any_all_short_circuit_over_generators():
+    def check_item(log, i):
+        log.append(i)
+        return i > 1
+
+    def f(x, log):
+        a = any(check_item(log, i) for i in range(5))
+        b = all(check_item(log, i) for i in range(5))
+        return x + a + b
+    check(f, x3, [])
+
+
+def test_contextmanager_generator_runs_around_the_body():
+    state = {"scale": 1.0}
+
+    @contextlib.contextmanager
+    def scaled(s):
+        old = state["scale"]
+        state["scale"] = s
+        try:
+            yield s * 2
+        finally:
+            state["scale"] = old
+
+    def f(x):
+        with scaled(3.0) as k:
+            y = x * state["scale"] * k
+        return y * state["scale"]
+    check(f, x3)
+    assert state == {"scale": 1.0}
+
+
+def test_module_modules_and_named_modules():
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Linear(4, 4)
+            self.b = nn.Sequential(nn.ReLU(), nn.Linear(4, 4))
+
+        def forward(self, x):
+            names = [n for n, _ in self.named_modules()]
+            for m in self.modules():
+                if isinstance(m, nn.Linear):
+                    x = m(x)
+            n_hooks = sum(len(m._forward_hooks) for m in self.modules())
+            return x, names, n_hooks
+
+    m = M()
+    e = explain_same(m, x44, graphs=1)
+    assert e.result[1] == ["", "a", "b", "b.0", "b.1"]
+
+
+def test_transformer_encoder_layer_eval_is_captured():
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(16, 2, 32, batch_first=True).eval()
+    x = torch.randn(2, 5, 16)
+    e = ember.explain(layer, x)
+    assert e.graph_count >= 1 and e.break_count == 0 and not e.unsupported, str(e)
+    torch.testing.assert_close(e.result, layer(x))
+    cl = ember.compile(layer, backend="eager")
+    torch.testing.assert_close(cl(x), layer(x))
+    assert capture.stats().get("graphs") == 1 and not capture.stats().get("fallbacks")
+
+
+def test_break_in_loop_over_pure_generator_resumes():
+    def gen(x):
+        for i in range(3):
+            yield x * i
+
+    def f(x):
+        out = x
+        for y in gen(x):
+            print("y")                 # break in the loop: the rest runs eagerly
+            out = out + y
+        return out
+    explain_same(f, x3, graphs=1, breaks=1)
+
+
+def test_break_with_suspended_generator_with_effects_runs_eagerly():
+    def gen(log, x):
+        for i in range(3):
+            log.append(i)
+            yield x * i
+
+    def f(x, log):
+        out = x
+        for y in gen(log, x):
+            print(len(log))        # eager prints 1, 2, 3: finishing gen early would print 3s
+            out = out + y
+        return out
+    log_e, log_c = [], []
+    expected = f(x3, log_e)
+    with pytest.warns(UserWarning, match="runs eagerly"):
+        got = ember.compile(f, backend="eager")(x3, log_c)
+    torch.testing.assert_close(got, expected)
+    assert log_c == log_e
+
+
+# ---- del obj.attr, del c[k] ----------------------------------------------------------------------
+class Holder:
+    kind = "class"
+
+    def __init__(self):
+        self.cache = torch.ones(3)
+        self.kind = "instance"
+
+
+def test_del_attr_on_callers_object_is_replayed():
+    def f(x, h):
+        y = x + h.cache
+        del h.cache
+        del h.kind
+        return y, h.kind, hasattr(h, "cache")
+
+    check(f, x3, Holder())
+    h = Holder()
+    ember.compile(f, backend="eager", fullgraph=True)(x3, h)
+    assert not hasattr(h, "cache") and "kind" not in vars(h)
+
+
+def test_del_attr_on_fresh_object_and_missing_attr_raises():
+    class Box:
+        pass
+
+    def f(x):
+        b = Box()
+        b.a, b.b = x, x + 1
+        del b.a
+        try:
+            del b.a
+        except AttributeError:
+            pass
+        return b.b, hasattr(b, "a")
+    check(f, x3)
+
+
+def test_del_attr_on_module_attribute():
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(3, 3)
+            self.scratch = 2.0
+
+        def forward(self, x):
+            y = self.lin(x) * self.scratch
+            del self.scratch
+            return y
+
+    m = M()
+    cm = ember.compile(M(), backend="eager", fullgraph=True)
+    cm.load_state_dict(m.state_dict())
+    torch.testing.assert_close(cm(x3), m(x3))
+    assert not hasattr(cm, "scratch") and not hasattr(m, "scratch")
+
+
+def test_del_subscr_on_callers_and_fresh_containers():
+    def f(x, d, l):
+        del d["a"]
+        del l[-1]
+        del l[0:1]
+        fresh = {"p": x, "q": x * 2}
+        del fresh["p"]
+        items = [x, x + 1, x + 2]
+        del items[1]
+        try:
+            del d["missing"]
+        except KeyError:
+            pass
+        return fresh, items, len(d), len(l)
+    check(f, x3, {"a": 1, "b": x3}, [1, 2, 3, 4])
