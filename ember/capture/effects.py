@@ -89,7 +89,7 @@ class _Rebuild:
                 return self._snap(v.source.expr())
             return self._call(v, v.fn)
         if isinstance(v, NewModuleV):
-            return self._call(v, type(v.value))
+            return self._call(v, v.fn)
         if isinstance(v, ObjV):
             x = v.value
             if x is None or type(x) in (bool, int, str) or type(x) is float and math.isfinite(x):

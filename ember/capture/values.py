@@ -2,7 +2,7 @@
 
   ObjV      a real Python object known at trace time (constants, classes, functions, modules,
             user objects); guarded through its `source` when it came from the caller
-  NewModuleV  a stateless torch.nn module made in the trace (a loss module)
+  NewModuleV  a torch.nn module made in the trace (a loss module, a Sequential slice)
   LazyV     a float or str from the caller, or a pure function of such values, guarded by value
             only when the trace uses it (see the class); also a nested function, whose
             identity is guarded only when used
@@ -85,13 +85,16 @@ class LazyV(ObjV):
 
 
 class NewModuleV(ObjV):
-    """A stateless torch.nn module built during the trace from constant arguments; residual
-    code rebuilds it as `type(value)(*args, **kwargs)`."""
-    __slots__ = ("args", "kwargs")
+    """A torch.nn module built during the trace: a stateless one from constant arguments, or a
+    slice of a Sequential/ModuleList (whose submodules the trace reads through their own
+    sources); residual code makes it again as `fn(*args, **kwargs)` (fn: `type(value)`, or
+    `operator.getitem` for a slice)."""
+    __slots__ = ("args", "kwargs", "fn")
 
-    def __init__(self, value, args, kwargs):
+    def __init__(self, value, args, kwargs, fn=None):
         super().__init__(value)
         self.args, self.kwargs = tuple(args), dict(kwargs)
+        self.fn = fn or type(value)
 
 
 def peek(v: ObjV):

@@ -252,24 +252,40 @@ def getitem(tr, c, k):
 
 
 def _module_getitem(tr, c, k):
-    """Sequential/ModuleList with an int or slice: the submodule(s), sources kept."""
+    """Sequential/ModuleList with an int or a slice: the submodule, sources kept; a slice is
+    the container eager makes (same class, same submodules), whose submodules the trace reads
+    through their own sources and residual code makes again as `container[slice]`."""
     import torch
+    from ..interpreter import TracedRaise
+    from ..values import NewModuleV
     x = c.value
     if not isinstance(x, (torch.nn.Sequential, torch.nn.ModuleList)) or not isinstance(k, ObjV):
         return None
-    from ..sources import AttrSource, DictEntrySource
-    keys = list(x._modules.keys())
-    if c.source is not None:
+    ov = tr.overlay.get((id(x), "_modules"))
+    if ov is not None:                       # itself a slice made in the trace
+        keys = list(ov.items)
+        get = ov.items.__getitem__
+    elif c.source is None:
+        raise tr.unsupported(f"indexing a {type(x).__name__} made in the traced code")
+    else:
+        from ..sources import AttrSource, DictEntrySource
+        keys = list(x._modules.keys())
         tr.guard("KEYS", AttrSource(c.source, "_modules", structural=True), keys)
+
+        def get(key):
+            return tr.wrap(x._modules[key], DictEntrySource(c.source, "_modules", key))
     idx = k.value
     if isinstance(idx, slice):
-        sel = keys[idx]
-        return ListV([tr.wrap(x._modules[s], DictEntrySource(c.source, "_modules", s)
-                              if c.source else None) for s in sel])
+        new = x[idx]
+        sub = DictV({nk: get(ok) for nk, ok in zip(new._modules, keys[idx])})
+        tr.keepalive.append(new)
+        tr.overlay[(id(new), "_modules")] = sub
+        return NewModuleV(new, [c, k], {}, fn=operator.getitem)
     if isinstance(idx, int):
-        key = keys[idx]
-        return tr.wrap(x._modules[key], DictEntrySource(c.source, "_modules", key)
-                       if c.source else None)
+        try:
+            return get(keys[idx])
+        except IndexError:
+            raise TracedRaise(IndexError(f"index {idx} is out of range")) from None
     return None
 
 

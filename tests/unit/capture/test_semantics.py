@@ -260,3 +260,60 @@ def test_del_subscr_on_callers_and_fresh_containers():
             pass
         return fresh, items, len(d), len(l)
     check(f, x3, {"a": 1, "b": x3}, [1, 2, 3, 4])
+
+
+# ---- Sequential / ModuleList / ModuleDict indexing and slicing ------------------------------------
+class Containers(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.seq = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4), nn.Tanh())
+        self.ml = nn.ModuleList([nn.Linear(4, 4) for _ in range(3)])
+        self.md = nn.ModuleDict({"a": nn.Linear(4, 4), "b": nn.ReLU()})
+
+    def forward(self, x):
+        y = self.seq[1:](x)
+        y = self.seq[-1](y) + self.seq[:-2][0](x) + self.seq[1:][1:](x)
+        for layer in self.ml[::-1]:
+            y = layer(y)
+        y = y + self.ml[-2](x) + self.ml[1:][-1](x)
+        n = len(self.seq) + len(self.ml[1:]) + len(self.md) + len(self.seq[:2])
+        for _, m in self.md.items():
+            y = m(y)
+        for k in self.md:
+            y = self.md[k](y)
+        return y * n, type(self.seq[1:]).__name__, type(self.ml[:1]).__name__
+
+
+def test_module_container_indexing_and_slicing():
+    torch.manual_seed(0)
+    m = Containers()
+    x = torch.randn(2, 4)
+    e = explain_same(m, x, graphs=1)
+    assert e.result[1:] == ("Sequential", "ModuleList")
+    cm = ember.compile(copy.deepcopy(m), backend="eager", fullgraph=True)
+    same(m(x), cm(x))
+    # a replaced submodule is seen through the slice
+    m.seq[2] = nn.Linear(4, 4)
+    cm.seq[2] = m.seq[2]
+    same(m(x), cm(x))
+
+
+def test_module_slice_out_of_range_and_across_a_break():
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.seq = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4))
+
+        def forward(self, x):
+            tail = self.seq[1:]
+            try:
+                self.seq[5]
+            except IndexError:
+                x = x + 1
+            print("break")
+            return tail(x)
+
+    torch.manual_seed(0)
+    m = M()
+    x = torch.randn(2, 4)
+    explain_same(m, x, graphs=2, breaks=1)
