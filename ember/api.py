@@ -179,7 +179,7 @@ def stats() -> dict:
     return snap
 
 
-def explain(fn: Callable, *args, **kwargs):
+def explain(fn: Callable, /, *args, **kwargs):
     """Run `fn(*args, **kwargs)` under capture and report graphs, breaks, guards, recompiles."""
     from .capture import explain as _explain
     return _explain(fn, *args, **kwargs)

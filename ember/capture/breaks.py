@@ -26,7 +26,7 @@ import weakref
 import torch
 
 from ..errors import Unsupported
-from ..logging import enabled, get_logger
+from ..logging import enabled, get_logger, warn_once
 from .bytecode import decode
 from .effects import Plan, _graph_module, _Rebuild, effect_lines
 from .handlers.contexts import context_method
@@ -38,6 +38,15 @@ from .values import NULL, BuiltinMethodV, ContextV, GenV, IterV, MethodV, ObjV, 
 _JUMPS = {"POP_JUMP_IF_TRUE": True, "POP_JUMP_IF_FALSE": False}
 _LOGGED: set = set()
 RECORD: list = []          # BreakInfo of every break compiled (explain() reads a slice)
+EAGER: list = []           # "file:line runs eagerly: reason" per eager (part of a) frame, ditto
+
+
+def runs_eagerly(key: str, code, lineno: int, reason: str) -> None:
+    """A frame (or its rest after a graph break) was set to run eagerly: say so once per
+    `key`, as `ember: <file:line> runs eagerly: <reason>`, and record it for explain()."""
+    msg = f"{code.co_filename}:{lineno} runs eagerly: {code.co_qualname}: {reason}"
+    EAGER.append(msg)
+    warn_once(key, msg)
 
 
 @dataclasses.dataclass
@@ -145,7 +154,7 @@ def compile_break(runner, locals_, err: Unsupported):
             frame = s.frame
         else:
             return None            # the retrace took another path: do not guess
-        kind = _kind(instrs, table, idx, ins, frame)
+        kind, why = _kind(instrs, table, idx, ins, frame)
         if kind == "eager" and idx == 0:
             return None
         plan = _plan(tr, runner, frame, idx, ins, kind)
@@ -159,6 +168,9 @@ def compile_break(runner, locals_, err: Unsupported):
         for c in reversed(tr.real_contexts):
             c.__exit__(None, None, None)
     info = _record(err, code, ins, kind)
+    if kind == "eager":
+        runs_eagerly(f"eager-rest:{id(code)}:{idx}", code, info.lineno,
+                     f"from this line on ({why}), after a graph break: {err.reason}")
     from .entry import build_entry
     entry = build_entry(tr, plan, runner.argnames, settings=runner.settings)
     entry.breaks = [info]
@@ -177,12 +189,13 @@ def _kind(instrs, table, idx, ins, frame) -> str:
     simple_ctx = all(c.ctx_kind in ("grad", "grad_set", "null", "autocast") for c in contexts) and \
         not python_ctx
     if in_loop or not with_only or not simple_ctx:
-        return "eager"
+        return "eager", ("inside a loop" if in_loop else "inside a try block" if not with_only
+                         else "inside a with-block of an unknown context manager")
     if ins.opname in ("CALL", "CALL_FUNCTION_EX"):
-        return "call"
+        return "call", None
     if ins.opname in _JUMPS and frame.stack and isinstance(frame.stack[-1], TensorV):
-        return "jump"
-    return "eager"
+        return "jump", None
+    return "eager", f"{ins.opname} cannot resume"
 
 
 def _is_with_cleanup(instrs, e) -> bool:

@@ -14,7 +14,7 @@ import types
 
 import torch
 
-from .values import (STOP, BuiltinMethodV, ContextV, DictV, FuncV, GenV, IterV, LazyV, ListV,
+from .values import (STOP, BuiltinMethodV, ContextV, DictV, DictViewV, FuncV, GenV, IterV, LazyV, ListV,
                      MethodV, NewObjV, ObjV, SYM_TYPES, SuperV, TensorV, TupleV, V, is_literal, peek,
                      pending)
 
@@ -41,6 +41,9 @@ def real(tr, v: V, use: bool = True):
         return v.cls(items) if v.cls in (tuple, torch.Size) else v.cls(*items)
     if isinstance(v, DictV):
         return {k: real(tr, x, use) for k, x in v.items.items()}
+    if isinstance(v, DictViewV):       # keys are constants: a keys view is one whatever the values
+        d = dict.fromkeys(v.d.items) if v.view == "keys" else real(tr, v.d, use)
+        return getattr(d, v.view)()
     raise tr.unsupported(f"{type(v).__name__} used where a constant is needed")
 
 
@@ -95,6 +98,16 @@ def step(tr, it: V):
     return v
 
 
+def view_items(v: DictViewV) -> list:
+    """A dict view's values now."""
+    it = v.d.items
+    if v.view == "keys":
+        return [ObjV(k) for k in it]
+    if v.view == "values":
+        return list(it.values())
+    return [TupleV([ObjV(k), x]) for k, x in it.items()]
+
+
 def as_iter(tr, v: V) -> V:
     """`iter(v)` as a value: iterators stay themselves (lazy ones lazy)."""
     return v if isinstance(v, (IterV, GenV)) else IterV(iterate(tr, v))
@@ -105,6 +118,8 @@ def iterate(tr, v: V) -> list:
         return list(v.items)
     if isinstance(v, DictV):
         return [ObjV(k) for k in v.items]
+    if isinstance(v, DictViewV):
+        return view_items(v)
     if isinstance(v, IterV):
         out = v.items[v.pos:]
         v.pos = len(v.items)
@@ -179,6 +194,8 @@ def truth(tr, v: V) -> bool:
         return bool(x)
     if isinstance(v, (ListV, TupleV, DictV)):
         return bool(v.items)
+    if isinstance(v, DictViewV):
+        return bool(v.d.items)
     if isinstance(v, TensorV):
         raise tr.unsupported("branching on a tensor value (data-dependent control flow)",
                              hint="use torch.where, or compute the condition outside")
@@ -198,6 +215,8 @@ def _len(tr, args, kwargs):
     (v,) = args
     if isinstance(v, (ListV, TupleV, DictV)):
         return ObjV(len(v.items))
+    if isinstance(v, DictViewV):
+        return ObjV(len(v.d.items))
     if isinstance(v, TensorV):
         if v.meta.dim() == 0:
             raise tr.unsupported("len() of a 0-d tensor")
@@ -616,12 +635,8 @@ def _dict_method(tr, d: DictV, name, args, kwargs):
         if name == "get":
             return args[1] if len(args) > 1 else ObjV(None)
         raise tr.unsupported(f"KeyError {k!r}")
-    if name == "keys":
-        return ListV([ObjV(k) for k in it])
-    if name == "values":
-        return ListV(list(it.values()))
-    if name == "items":
-        return ListV([TupleV([ObjV(k), x]) for k, x in it.items()])
+    if name in ("keys", "values", "items"):
+        return DictViewV(d, name)
     if name == "__contains__":
         return ObjV(real(tr, args[0]) in it)
     if name in ("__setitem__",):

@@ -16,8 +16,8 @@ import types
 import torch
 import torch.fx as fx
 
-from .values import (CellV, DictV, FuncV, LazyV, ListV, NewModuleV, NewObjV, ObjV, TensorV, TupleV,
-                     V)
+from .values import (CellV, DictV, DictViewV, FuncV, LazyV, ListV, NewModuleV, NewObjV, ObjV,
+                     TensorV, TupleV, V)
 
 
 @dataclasses.dataclass
@@ -126,6 +126,8 @@ class _Rebuild:
             if v.cls is dict:
                 return self._temp(v, "{" + inner + "}")
             return self._temp(v, f"{self.bind(v.cls, 'c')}({{{inner}}})")
+        if isinstance(v, DictViewV):      # a view of the dict as rebuilt: live there too
+            return f"{self.expr(v.d)}.{v.view}()"
         if isinstance(v, FuncV):          # a closure or lambda made in the trace, made again
             defaults = "".join(self.expr(d) + ", " for d in v.defaults)
             kwdefaults = ", ".join(f"{k!r}: {self.expr(d)}" for k, d in v.kwdefaults.items())

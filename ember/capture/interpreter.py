@@ -25,7 +25,8 @@ from .bytecode import decode
 from .guards import Guard, global_state
 from .sources import (AttrSource, ClosureSource, ConstSource, DictEntrySource, GlobalSource,
                       ItemSource, LocalSource, SizeSource, Source)
-from .values import (NULL, CellV, DictV, LazyV, ListV, ObjV, TensorV, TupleV, V, is_literal)
+from .values import (NULL, SYM_TYPES, CellV, DictV, LazyV, ListV, ObjV, TensorV, TupleV, V,
+                     is_literal)
 
 MAX_INLINE_DEPTH = 64
 CO_VARARGS, CO_VARKEYWORDS, CO_GENERATOR = 0x04, 0x08, 0x20
@@ -220,6 +221,12 @@ class Tracer:
         self.keepalive.append(obj)
         return name
 
+    def item_source(self, base: Source, key) -> ItemSource:
+        """`base[key]`, the key bound in the generated namespace when repr cannot spell it."""
+        from .sources import plain_repr
+        return ItemSource(base, key, None if plain_repr(key) is not None else
+                          self.bind_const(key, "key"))
+
     def gid_for(self, gdict: dict) -> str:
         gid = self.global_ids.get(id(gdict))
         if gid is None:
@@ -277,7 +284,7 @@ class Tracer:
             self.guard("KEYS", source, list(value.keys()))
             if not all(is_literal(k) for k in value):
                 raise self.unsupported("dict with non-constant keys")
-            d = DictV({k: self.wrap(x, ItemSource(source, k) if source else None)
+            d = DictV({k: self.wrap(x, self.item_source(source, k) if source else None)
                        for k, x in value.items()}, source, cls=t)
             return self._remember(value, d) if t is dict else d
         if isinstance(value, torch.nn.Module):
@@ -476,6 +483,10 @@ class Tracer:
             if isinstance(x, (tuple, list)) and any(isinstance(i, torch.SymInt) for i in x):
                 items = [self.size_node(i) if isinstance(i, torch.SymInt) else i for i in x]
                 return tuple(items) if type(x) is tuple else items
+            if not _graph_constant(x):
+                raise self.unsupported(f"a {type(x).__module__}.{type(x).__qualname__} object "
+                                       "as an argument in the graph",
+                                       hint="NumPy is not traced: the call runs eagerly")
             return x
         if isinstance(v, (ListV, TupleV)):
             items = [self.to_node(i) for i in v.items]
@@ -807,6 +818,19 @@ def _result_device(args, kwargs) -> torch.device:
                 if isinstance(i, TensorV):
                     return i.device
     return torch.get_default_device()
+
+
+def _graph_constant(x) -> bool:
+    """Whether the generated graph code can spell `x`: FX prints a constant argument with repr
+    (a NumPy array printed as `array([...])` is a NameError at call time) and imports only
+    callables and classes."""
+    if is_literal(x) or x is None or isinstance(x, SYM_TYPES) or type(x) is slice:
+        return True
+    if type(x) in (tuple, list):
+        return all(_graph_constant(i) for i in x)
+    if type(x).__module__ == "numpy" or type(x).__module__.startswith("numpy."):
+        return False
+    return callable(x) or type(x).__module__.split(".")[0] == "torch"
 
 
 def _has_tensor(x) -> bool:

@@ -8,6 +8,7 @@
             identity is guarded only when used
   TensorV   a tensor: an FX node + a meta-device example value (+ the real device)
   ListV / TupleV / DictV   containers whose items are values (tensors inside stay symbolic)
+  DictViewV a live keys/values/items view of a DictV
   FuncV     a function created during the trace (MAKE_FUNCTION: lambdas, comprehensions, closures)
   MethodV   a bound method (function value + self value)
   CellV     a closure cell created during the trace
@@ -165,6 +166,22 @@ class DictV(V):
 
     def python_type(self):
         return self.cls
+
+
+class DictViewV(V):
+    """`d.keys()` / `.values()` / `.items()` of a dict value: live, so it reads the dict's
+    items when used, after any later change (as Python's views do)."""
+    __slots__ = ("d", "view")
+    kind = "dict_view"
+
+    def __init__(self, d: DictV, view: str):
+        self.d, self.view, self.source = d, view, None
+
+    def python_type(self):
+        return type(getattr({}, self.view)())
+
+    def __repr__(self):
+        return f"DictViewV({self.view})"
 
 
 class FuncV(V):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import operator
 import types
 
-from ..values import NULL, SYM_TYPES, DictV, ListV, NewObjV, ObjV, TensorV, TupleV, peek
+from ..values import NULL, SYM_TYPES, DictV, DictViewV, ListV, NewObjV, ObjV, TensorV, TupleV, peek
 from . import handler
 
 BINARY_OPS = [operator.add, operator.and_, operator.floordiv, operator.lshift, operator.matmul,
@@ -49,6 +49,10 @@ def binary(tr, op, a, b):
             return tr.call(ObjV(fa), [a, b], {})
         from ..builtins import fold
         return fold(tr, op, [a, b], {})
+    if isinstance(a, DictViewV) or isinstance(b, DictViewV):
+        # set operations and comparisons of views: on their values now (keys are constants)
+        a, b = (ObjV(real(tr, x)) if isinstance(x, DictViewV) else x for x in (a, b))
+        return binary(tr, op, a, b)
     plain = _INPLACE_TO_PLAIN.get(op, op)
     a, b = _as_seq(a, b), _as_seq(b, a)
     if isinstance(a, ListV) and op is operator.iadd:
@@ -163,9 +167,13 @@ def is_op(tr, f, ins):
 
 
 def contains(tr, item, container) -> bool:
-    from ..builtins import real
+    from ..builtins import real, view_items
     if isinstance(container, DictV):
         return real(tr, item) in container.items
+    if isinstance(container, DictViewV):
+        if container.view == "keys":
+            return real(tr, item) in container.d.items
+        container = ListV(view_items(container))
     if isinstance(container, (ListV, TupleV)):
         for x in container.items:
             if x is item or is_same(x, item):
@@ -244,9 +252,8 @@ def getitem(tr, c, k):
             except Exception as e:  # noqa: BLE001
                 from ..interpreter import TracedRaise
                 raise TracedRaise(e) from None
-            from ..sources import ItemSource
             if c.source is not None and not isinstance(key, slice):
-                return tr.wrap(r, ItemSource(c.source, key))
+                return tr.wrap(r, tr.item_source(c.source, key))
             return tr.wrap(r, None) if not isinstance(r, (tuple, list, str)) else tr.const_value(r)
     raise tr.unsupported(f"subscript of {type(c).__name__}")
 

@@ -317,3 +317,98 @@ def test_module_slice_out_of_range_and_across_a_break():
     m = M()
     x = torch.randn(2, 4)
     explain_same(m, x, graphs=2, breaks=1)
+
+
+# ---- eager frames say so; small semantics ---------------------------------------------------------
+def test_frame_that_runs_eagerly_after_a_break_says_so_once():
+    import threading
+
+    def f(x):
+        lock = threading.Lock()          # a call the trace cannot make: a break
+        with lock:                       # a with-block the trace cannot enter: eager from here
+            y = x + 1
+        return y * 2
+
+    with pytest.warns(UserWarning, match=r"ember: \S+:\d+ runs eagerly: .*with-statement"):
+        e = ember.explain(f, x3)
+    assert e.graph_count == 0 and e.break_count == 2 and len(e.eager) == 1, str(e)
+    torch.testing.assert_close(e.result, f(x3))
+
+
+def test_frame_that_runs_eagerly_whole_is_listed_by_explain():
+    def gen(log, x):
+        for i in range(2):
+            log.append(i)
+            yield x * i
+
+    def f(x, log):
+        g = gen(log, x)
+        y = next(g)
+        print("break")                   # g is suspended and writes: no resumable break
+        return y + next(g)
+
+    with pytest.warns(UserWarning, match=r"(?s)ember: \S+:\d+ runs eagerly: .*no graph break"):
+        e = ember.explain(f, x3, [])
+    assert e.graph_count == 0 and len(e.eager) == 1 and e.fallbacks == 1, str(e)
+    torch.testing.assert_close(e.result, f(x3, []))
+
+
+def test_numpy_arrays_break_cleanly():
+    np = pytest.importorskip("numpy")
+
+    def f(x):
+        a = np.ones(3)
+        return x + torch.from_numpy(a) + torch.as_tensor(np.asarray([1.0, 2.0, 3.0]))
+
+    e = explain_same(f, x3, graphs=2, breaks=4)
+    assert all("numpy" in str(b) or "builtin" in str(b) for b in e.breaks), str(e)
+
+
+def test_keyword_argument_named_self():
+    def f(x, self):
+        return x + self
+
+    cf = ember.compile(f, backend="eager", fullgraph=True)
+    torch.testing.assert_close(cf(x3, self=2.0), f(x3, self=2.0))
+    torch.testing.assert_close(ember.explain(f, x3, self=x3).result, f(x3, x3))
+
+
+def test_sum_with_start():
+    def f(x, l):
+        return sum(l, start=x), sum([x, x], x * 2), sum((1, 2), start=3)
+    check(f, x3, [x3, x3 + 1])
+
+
+def test_dict_views_are_live():
+    def f(x, d):
+        keys, values, items = d.keys(), d.values(), d.items()
+        d["c"] = x * 3
+        fresh = {"p": x}
+        fk = fresh.keys()
+        fresh["q"] = x + 1
+        del d["a"]
+        return (list(keys), len(values), [k for k, _ in items], sum(values), list(fk),
+                "c" in keys, keys & {"b", "z"}, keys == {"b", "c"}, bool(fk))
+    check(f, x3, {"a": x3, "b": x3 + 1})
+
+
+def test_returned_dict_view_stays_live():
+    def f(x):
+        d = {"a": x}
+        v = d.keys()
+        return d, v
+
+    cf = ember.compile(f, backend="eager", fullgraph=True)
+    d, v = cf(x3)
+    d["b"] = 1
+    assert list(v) == ["a", "b"]
+
+
+def test_torch_size_as_dict_key():
+    def f(x, scale):
+        return x * scale[x.shape]
+
+    scale = {torch.Size([3]): 2.0, torch.Size([4, 4]): 3.0, torch.float32: 1.0}
+    check(f, x3, scale)
+    cf = ember.compile(f, backend="eager")
+    torch.testing.assert_close(cf(x44, scale), f(x44, scale))
