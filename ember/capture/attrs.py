@@ -11,7 +11,7 @@ import types
 import torch
 
 from .sources import AttrSource, DictEntrySource
-from .values import (BuiltinMethodV, DictV, FuncV, ListV, MethodV, NewObjV, ObjV, SuperV,
+from .values import (BuiltinMethodV, DictV, FuncV, ListV, MethodV, NewObjV, ObjV, PartialV, SuperV,
                      TensorV, TupleV, V, is_literal)
 
 
@@ -73,6 +73,8 @@ def load_attr(tr, v: V, name: str) -> V:
         if name == "__qualname__":
             return ObjV(v.qualname)
         raise tr.unsupported(f"attribute {name!r} of a traced function")
+    if isinstance(v, PartialV) and name in ("func", "args", "keywords"):
+        return v.func if name == "func" else TupleV(v.args) if name == "args" else DictV(v.kwargs)
     if isinstance(v, MethodV):
         if name == "__self__":
             return v.self_v

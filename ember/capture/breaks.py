@@ -282,6 +282,7 @@ def _is_exit(v) -> bool:
 
 
 def _plan(tr, runner, frame, idx, ins, kind) -> Plan:
+    tr.check_abandoned_generators()
     code = runner.code
     stack = list(frame.stack)
     # close, innermost first, the contexts still open on the stack: the graph ends balanced

@@ -14,9 +14,9 @@ import types
 
 import torch
 
-from .values import (STOP, BuiltinMethodV, ContextV, DictV, DictViewV, FuncV, GenV, IterV, LazyV, ListV,
-                     MethodV, NewObjV, ObjV, SYM_TYPES, SuperV, TensorV, TupleV, V, is_literal, peek,
-                     pending)
+from .values import (STOP, BuiltinMethodV, ContextV, DictV, DictViewV, FuncV, GenV, IterV,
+                     LazyV, ListV, MethodV, NewObjV, ObjV, SYM_TYPES, SuperV, TensorV, TupleV, V,
+                     is_literal, peek, pending)
 
 BUILTINS: dict = {}
 
@@ -261,7 +261,8 @@ def _make_pure(f):
         if isinstance(f, type(abs)) and f in (abs, round, pow) and args and isinstance(args[0], TensorV):
             return tr.call_graph({abs: torch.abs, round: torch.round, pow: torch.pow}[f], args, kwargs)
         if f is callable and args and not isinstance(args[0], ObjV):
-            return ObjV(isinstance(args[0], (FuncV, MethodV, BuiltinMethodV)) or
+            from .values import PartialV
+            return ObjV(isinstance(args[0], (FuncV, MethodV, BuiltinMethodV, PartialV)) or
                         isinstance(args[0], NewObjV) and hasattr(args[0].cls, "__call__"))
         return fold(tr, f, args, kwargs)
     return h
@@ -380,6 +381,10 @@ def _make_agg(f):
             items = list(args)
         else:
             items = iterate(tr, args[0]) if args else []
+        key = kwargs.get("key")
+        if f in (sorted, min, max) and key is not None and not (isinstance(key, ObjV) and (
+                key.value is None or isinstance(key.value, (types.BuiltinFunctionType, type)))):
+            return _keyed(tr, f, items, key, kwargs)
         from .handlers.ops import _const_like
         if all(_const_like(i) for i in items) and _all_obj(kwargs):
             extra = [real(tr, a) for a in args[1:]] if f not in (min, max) or len(args) == 1 else []
@@ -397,6 +402,22 @@ def _make_agg(f):
             raise tr.unsupported(f"{f.__name__}() over tensors needs their data")
         raise tr.unsupported(f"{f.__name__}() over traced values")
     return h
+
+
+def _keyed(tr, f, items, key, kwargs):
+    """sorted/min/max with a key function the trace runs (its results must be constants)."""
+    keys = [real(tr, tr.call(key, [i], {})) for i in items]
+    idx = list(range(len(items)))
+    if f is sorted:
+        # list.sort on the positions: the same stable order, reverse=True included
+        idx.sort(key=keys.__getitem__, reverse=bool(real(tr, kwargs.get("reverse", ObjV(False)))))
+        return ListV([items[j] for j in idx])
+    if not idx:
+        if "default" in kwargs:
+            return kwargs["default"]
+        from .interpreter import TracedRaise
+        raise TracedRaise(ValueError(f"{f.__name__}() iterable argument is empty"))
+    return items[f(idx, key=keys.__getitem__)]
 
 
 def _all_obj(kw):

@@ -17,7 +17,8 @@ import types
 import torch
 
 from .values import (NULL, BuiltinMethodV, CellV, ContextV, DictV, FuncV, IterV, ListV, NewModuleV,
-                     MethodV, NewObjV, ObjV, SuperV, TensorV, TupleV, V, is_literal, peek)
+                     MethodV, NewObjV, ObjV, PartialV, SuperV, TensorV, TupleV, V, is_literal,
+                     peek)
 
 _TORCH_MODULES = ("torch", "torch.nn.functional", "torch.linalg", "torch.fft", "torch.special",
                   "torch._C._nn", "torch._C._VariableFunctions", "torch._C._linalg",
@@ -96,6 +97,8 @@ def call(tr, fn: V, args: list, kwargs: dict) -> V:
                          fn.kwdefaults, fn, fn.name)
     if isinstance(fn, BuiltinMethodV):
         return call_builtin_method(tr, fn.recv, fn.name, args, kwargs)
+    if isinstance(fn, PartialV):
+        return call(tr, fn.func, list(fn.args) + list(args), {**fn.kwargs, **kwargs})
     if isinstance(fn, ObjV):
         return call_obj(tr, fn, args, kwargs)
     if isinstance(fn, NewObjV):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import math
 import types
 
@@ -17,7 +18,7 @@ import torch
 import torch.fx as fx
 
 from .values import (CellV, DictV, DictViewV, FuncV, LazyV, ListV, NewModuleV, NewObjV, ObjV,
-                     TensorV, TupleV, V)
+                     PartialV, TensorV, TupleV, V)
 
 
 @dataclasses.dataclass
@@ -126,6 +127,10 @@ class _Rebuild:
             if v.cls is dict:
                 return self._temp(v, "{" + inner + "}")
             return self._temp(v, f"{self.bind(v.cls, 'c')}({{{inner}}})")
+        if isinstance(v, PartialV):
+            args = [self.expr(v.func)] + [self.expr(a) for a in v.args] + \
+                [f"**{{{self._key(k)}: {self.expr(x)}}}" for k, x in v.kwargs.items()]
+            return self._temp(v, f"{self.bind(functools.partial, 'f')}({', '.join(args)})")
         if isinstance(v, DictViewV):      # a view of the dict as rebuilt: live there too
             return f"{self.expr(v.d)}.{v.view}()"
         if isinstance(v, FuncV):          # a closure or lambda made in the trace, made again
@@ -189,6 +194,7 @@ class _Rebuild:
 
 
 def finalize(tr, ret: V) -> Plan:
+    tr.check_abandoned_generators()
     rb = _Rebuild(tr)
     ret_expr = rb.expr(ret)
     body = list(rb.pre)

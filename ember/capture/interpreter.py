@@ -139,6 +139,7 @@ class Tracer:
         # writes to values (containers, attributes, cells, globals) made so far: a graph break
         # may finish a suspended generator early only if that writes nothing (breaks.py)
         self.writes = 0
+        self.generators: list = []                      # GenV of every generator made
         self.owned: set[int] = set()                    # ids of real objects the trace created
         self.autocast: dict = {d: dt for d, on, dt in (self.state0[3] or ()) if on}
         self.stop_at: tuple | None = None                # (instruction index, visit) in the root
@@ -631,6 +632,18 @@ class Tracer:
         g.done, g.ret = True, r.value
         return STOP
 
+    def check_abandoned_generators(self) -> None:
+        """A generator left paused inside a try/finally or with-block: eager closes it when
+        it is dropped, running that cleanup code, which the trace would skip."""
+        for g in self.generators:
+            if g.started and not g.done:
+                instrs, table = decode(g.frame.code)
+                i = g.frame.pc - 1
+                if any(e.start <= i <= e.end and instrs[e.target].opname not in
+                       ("CALL_INTRINSIC_1", "CLEANUP_THROW") for e in table):
+                    raise self.unsupported(f"generator {g.frame.code.co_qualname} left paused "
+                                           "inside a try or with block (its cleanup would not run)")
+
     def _run(self, frame: Frame) -> Return:
         from .handlers import HANDLERS
         if len(self.frames) >= MAX_INLINE_DEPTH:
@@ -695,7 +708,9 @@ class Tracer:
             # its body runs only as it is iterated, interleaved with the consumer's code
             from .values import GenV
             frame.generator = True
-            return GenV(frame)
+            g = GenV(frame)
+            self.generators.append(g)
+            return g
         return self.run_frame(frame)
 
     def bind_args(self, code, args, kwargs, defaults, kwdefaults) -> dict:

@@ -11,6 +11,7 @@
   DictViewV a live keys/values/items view of a DictV
   FuncV     a function created during the trace (MAKE_FUNCTION: lambdas, comprehensions, closures)
   MethodV   a bound method (function value + self value)
+  PartialV  a functools.partial made in the trace
   CellV     a closure cell created during the trace
   IterV     an iterator over a materialized list of values
   GenV      a lazy iterator: a generator's suspended frame, or map/zip/... over one
@@ -196,6 +197,19 @@ class FuncV(V):
     def python_type(self):
         import types
         return types.FunctionType
+
+
+class PartialV(V):
+    """`functools.partial(func, *args, **kwargs)` made in the trace."""
+    __slots__ = ("func", "args", "kwargs")
+    kind = "partial"
+
+    def __init__(self, func: V, args, kwargs):
+        self.func, self.args, self.kwargs, self.source = func, tuple(args), dict(kwargs), None
+
+    def python_type(self):
+        import functools
+        return functools.partial
 
 
 class MethodV(V):

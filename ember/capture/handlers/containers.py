@@ -112,6 +112,11 @@ def call_intrinsic_1(tr, f, ins):
         f.push(TupleV(f.pop().items))
     elif kind == 5:   # INTRINSIC_UNARY_POSITIVE
         f.push(tr.unary(operator.pos, f.pop()))
+    elif kind == 3:   # INTRINSIC_STOPITERATION_ERROR: an exception leaving a generator
+        e = f.pop().value
+        if isinstance(e, StopIteration):
+            e = RuntimeError("generator raised StopIteration")
+        f.push(ObjV(e))
     else:
         raise tr.unsupported(f"CALL_INTRINSIC_1 {ins.argval}")
 

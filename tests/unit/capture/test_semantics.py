@@ -412,3 +412,107 @@ def test_torch_size_as_dict_key():
     check(f, x3, scale)
     cf = ember.compile(f, backend="eager")
     torch.testing.assert_close(cf(x44, scale), f(x44, scale))
+
+
+def test_abandoned_generator_with_cleanup_runs_eagerly():
+    def gen(log, x):
+        try:
+            for i in range(3):
+                yield x * i
+        finally:
+            log.append("closed")         # eager runs it when the loop drops the generator
+
+    def f(x, log):
+        for y in gen(log, x):
+            if len(log) == 0:
+                break
+        return y
+
+    log_e, log_c = [], []
+    expected = f(x3, log_e)
+    with pytest.warns(UserWarning, match="left paused"):
+        got = ember.compile(f, backend="eager")(x3, log_c)
+    torch.testing.assert_close(got, expected)
+    assert log_c == log_e == ["closed"]
+
+
+def test_exception_raised_in_generator_reaches_the_consumer():
+    def gen(x):
+        yield x
+        raise ValueError("stop")
+
+    def f(x):
+        out = x
+        try:
+            for y in gen(x):
+                out = out + y
+        except ValueError:
+            out = out * 2
+        return out
+    check(f, x3)
+
+
+# ---- functools, itertools, sorted/min/max with key ----------------------------------------------
+def test_functools_partial_made_in_the_trace():
+    import functools
+
+    def scale(t, a, b=1.0):
+        return t * a + b
+
+    def f(x):
+        p = functools.partial(scale, b=2.0)
+        q = functools.partial(p, 3.0)
+        return q(x), p(x, a=0.5), q.args, callable(q)
+    check(f, x3)
+
+
+def test_functools_partial_returned_and_reduce():
+    import functools
+    import operator
+
+    def f(x):
+        total = functools.reduce(operator.add, [x, x * 2, x * 3])
+        prod = functools.reduce(lambda a, b: a * b, [x, x], x)
+        return total, prod, functools.partial(torch.add, x)
+
+    cf = ember.compile(f, backend="eager", fullgraph=True)
+    total, prod, p = cf(x3)
+    et, ep, pp = f(x3)
+    torch.testing.assert_close(total, et)
+    torch.testing.assert_close(prod, ep)
+    torch.testing.assert_close(p(x3), pp(x3))
+
+
+def test_itertools():
+    import itertools
+    import operator
+
+    def gen(log, x):
+        for i in range(4):
+            log.append(i)
+            yield x * i
+
+    def f(x, log):
+        a = list(itertools.chain([x, x + 1], (x * i for i in range(2))))
+        b = list(itertools.chain.from_iterable([[x], [x + 2, x + 3]]))
+        c = [p + q for p, q in itertools.product([x, x + 1], repeat=2)]
+        d = list(itertools.islice(gen(log, x), 1, 3))          # pulls 3 values, as eager does
+        e = list(itertools.zip_longest([x, x], [x], fillvalue=x * 0))
+        g = [i for i, _ in zip(itertools.count(5, 2), range(3))]
+        h = list(itertools.repeat(x, 2)) + [y for y, _ in zip(itertools.repeat(x), range(2))]
+        k = list(itertools.accumulate([x, x, x])) + \
+            list(itertools.accumulate([1, 2, 3], operator.mul, initial=2))
+        return a, b, c, d, e, g, h, k
+    check(f, x3, [])
+
+
+def test_sorted_min_max_with_key():
+    def f(x, d):
+        names = sorted(d, key=lambda k: len(k))
+        by_val = sorted(d.items(), key=lambda kv: kv[1], reverse=True)
+        tensors = sorted([x * 2, x, x * 3], key=lambda t: t.shape[0])
+        longest = max(d, key=len)
+        smallest = min(d.values(), key=lambda v: -v)
+        empty = min([], key=lambda v: v, default=-1)
+        return names, by_val, tensors, longest, smallest, empty
+    check(f, x3, {"bb": 2, "a": 1, "ccc": 3, "dd": 2})
