@@ -34,6 +34,8 @@ _TENSOR_NODE_ATTRS = {"T": lambda x: torch.Tensor.permute(x, *reversed(range(x.d
 
 
 def load_attr(tr, v: V, name: str) -> V:
+    if name == "__class__" and not isinstance(v, ObjV):
+        return ObjV(v.python_type())
     if isinstance(v, TensorV):
         return _tensor_attr(tr, v, name)
     if isinstance(v, ObjV):
@@ -63,8 +65,9 @@ def load_attr(tr, v: V, name: str) -> V:
         if hasattr(v.cls, name):
             if v.cls.__module__ not in ("builtins",):
                 cls_attr, owner = _type_lookup(v.cls, name)
-                if isinstance(cls_attr, types.FunctionType) or isinstance(cls_attr, property):
-                    return _bind_class_attr(tr, cls_attr, v, name, owner)
+                if isinstance(cls_attr, (types.FunctionType, property, classmethod,
+                                         staticmethod)) or not callable(cls_attr):
+                    return _bind_class_attr(tr, cls_attr, v, name, owner)   # also `_fields`
             return BuiltinMethodV(v, name)
         raise TraceAttributeError(name)
     if isinstance(v, FuncV):

@@ -428,6 +428,21 @@ for _a in (set, frozenset, sorted, sum, any, all, min, max):
     BUILTINS[_a] = _make_agg(_a)
 
 
+def _tuple_new(tr, args, kwargs):
+    """`tuple.__new__(cls, iterable)`: a namedtuple's `_make` and `__new__`."""
+    cls = real(tr, args[0])
+    if not (isinstance(cls, type) and issubclass(cls, tuple)) or len(args) > 2 or kwargs:
+        raise tr.unsupported("tuple.__new__ with these arguments")
+    items = iterate(tr, args[1]) if len(args) > 1 else []
+    if hasattr(cls, "_fields") and len(items) != len(cls._fields):
+        from .interpreter import TracedRaise
+        raise TracedRaise(TypeError(f"Expected {len(cls._fields)} arguments, got {len(items)}"))
+    return TupleV(items, cls=cls)
+
+
+BUILTINS[tuple.__new__] = _tuple_new
+
+
 @builtin(range, slice)
 def _range(tr, args, kwargs):
     raise AssertionError

@@ -242,7 +242,8 @@ def call_class(tr, fn: ObjV, args, kwargs) -> V:
             return ObjV(cls(*[a.value for a in args]))
         return ObjV(cls("<traced>"))
     if cls in (dict, collections.OrderedDict, collections.defaultdict) and not args \
-            or cls in (dict, collections.OrderedDict) and (not args or not isinstance(args[0], ObjV)):
+            or (cls in (dict, collections.OrderedDict) or _plain_dict_subclass(cls)) and \
+            (not args or not isinstance(args[0], ObjV)):
         from .builtins import BUILTINS as B
         d = B[dict](tr, args, kwargs)
         d.cls = cls
@@ -293,6 +294,21 @@ def call_class(tr, fn: ObjV, args, kwargs) -> V:
             raise tr.unsupported(f"class {cls.__qualname__} with a builtin __init__")
         call(tr, ObjV(init), [obj] + list(args), kwargs)
     return obj
+
+
+_DICT_PROTOCOL = ("__new__", "__init__", "__getitem__", "__setitem__", "__delitem__", "__missing__",
+                  "__contains__", "__iter__", "__len__", "__eq__", "get", "keys", "values", "items",
+                  "update", "setdefault", "pop", "popitem", "clear", "copy", "__getattr__",
+                  "__setattr__", "__getattribute__", "__post_init__")
+
+
+def _plain_dict_subclass(cls) -> bool:
+    """A dict/OrderedDict subclass that adds methods but overrides none of the mapping's own
+    (an output container): made in the trace as a dict value of that class."""
+    from .attrs import _type_lookup
+    return isinstance(cls, type) and issubclass(cls, dict) and \
+        all(_type_lookup(cls, n)[1] in (dict, collections.OrderedDict, object, None)
+            for n in _DICT_PROTOCOL)
 
 
 def _new_module(tr, cls, args, kwargs) -> V:

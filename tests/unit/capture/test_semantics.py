@@ -516,3 +516,49 @@ def test_sorted_min_max_with_key():
         empty = min([], key=lambda v: v, default=-1)
         return names, by_val, tensors, longest, smallest, empty
     check(f, x3, {"bb": 2, "a": 1, "ccc": 3, "dd": 2})
+
+
+# ---- containers built in the frame and returned -------------------------------------------------
+class _P(__import__("collections").namedtuple("_P", "a b")):
+    pass
+
+
+_Pair = __import__("collections").namedtuple("_Pair", "a b")
+
+
+class _Out(__import__("collections").OrderedDict):
+    def first(self):
+        return next(iter(self.values()))
+
+
+def test_namedtuple_make_replace_asdict():
+    def f(x):
+        p = _Pair._make([x, 1])
+        q = p._replace(b=x * 2)
+        return p, q, q._asdict(), _Pair._fields, _P(x, 2)
+    check(f, x3)
+
+
+def test_ordered_dict_subclass_built_and_returned():
+    def f(x):
+        o = _Out()
+        o["a"] = x + 1
+        o["b"] = x * 2
+        o2 = _Out(c=x, d=x - 1)
+        return o, o2, o.first(), list(o2.keys())
+    check(f, x3)
+
+
+def test_dataclass_replace_and_class_of_traced_values():
+    import dataclasses
+
+    @dataclasses.dataclass(frozen=True)
+    class Frozen:
+        x: torch.Tensor
+        n: int = 1
+
+    def f(x):
+        a = Frozen(x + 1)
+        b = dataclasses.replace(a, n=2)
+        return a, b, type(b).__name__, b.__class__ is Frozen, [x].__class__ is list
+    check(f, x3)
