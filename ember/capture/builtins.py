@@ -137,6 +137,8 @@ def iterate(tr, v: V) -> list:
         return [tr.call_graph(operator.getitem, [v, ObjV(i)], {}) for i in range(v.meta.shape[0])]
     if isinstance(v, ObjV):
         x = v.value
+        if type(x) is set and tr.set_members.get(id(x)):
+            raise tr.unsupported("iterating a set that holds tensors")
         if isinstance(x, (range, str, bytes, tuple, list, frozenset, set, dict)) and \
                 is_literal(tuple(x)) if isinstance(x, (set, frozenset, dict)) else \
                 isinstance(x, (range, str, bytes)):
@@ -180,6 +182,8 @@ def truth(tr, v: V) -> bool:
     if isinstance(v, ObjV):
         x = v.value
         t = type(x)
+        if t is set and tr.set_members.get(id(x)):
+            return True
         if is_literal(x) or t in (list, dict, set, range, types.FunctionType, type) or x is None \
                 or isinstance(x, SYM_TYPES):
             return bool(x)          # a SymBool: guarded by the shape env
@@ -226,7 +230,7 @@ def _len(tr, args, kwargs):
         f = getattr(type(x), "__len__", None)
         if isinstance(f, types.FunctionType):
             return tr.call(ObjV(f), [v], {})
-        return ObjV(len(x))
+        return ObjV(len(x) + len(tr.set_members.get(id(x), ())))
     if isinstance(v, NewObjV):
         if v.dataclass and _is_model_output(v.cls):
             return ObjV(sum(not _is_none(x) for x in v.attrs.values()))

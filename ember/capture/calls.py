@@ -16,9 +16,9 @@ import types
 
 import torch
 
-from .values import (NULL, BuiltinMethodV, CellV, ContextV, DictV, FuncV, IterV, ListV, NewModuleV,
-                     MethodV, NewObjV, ObjV, PartialV, SuperV, TensorV, TupleV, V, is_literal,
-                     peek)
+from .values import (NULL, BuiltinMethodV, CellV, ContextV, DictV, FuncV, GenV, IterV, ListV,
+                     NewModuleV, MethodV, NewObjV, ObjV, PartialV, SuperV, TensorV, TupleV, V,
+                     is_literal, peek)
 
 _TORCH_MODULES = ("torch", "torch.nn.functional", "torch.linalg", "torch.fft", "torch.special",
                   "torch._C._nn", "torch._C._VariableFunctions", "torch._C._linalg",
@@ -169,6 +169,23 @@ def call_obj(tr, fn: ObjV, args: list, kwargs: dict) -> V:
         if mutable and getattr(f, "__name__", "") not in _READ_ONLY_METHODS:
             raise tr.unsupported(f"{type(self_obj).__name__}.{f.__name__}() on a real container "
                                  "would mutate it at trace time")
+        if isinstance(self_obj, (dict, list, set)) and id(self_obj) in tr.owned and \
+                getattr(f, "__name__", "") not in _READ_ONLY_METHODS:
+            tr.wrote_owned(self_obj)
+            if type(self_obj) is set and f.__name__ == "add" and len(args) == 1 and \
+                    not isinstance(args[0], ObjV):
+                # a tensor (or other value) in a set the trace made: kept by identity
+                members = tr.set_members.setdefault(id(self_obj), [])
+                if not any(m is args[0] for m in members):
+                    members.append(args[0])
+                return ObjV(None)
+        if isinstance(self_obj, set) and tr.set_members.get(id(self_obj)):
+            raise tr.unsupported(f"set.{f.__name__}() on a set holding traced values")
+        if isinstance(self_obj, str) and f.__name__ == "join" and len(args) == 1 and \
+                isinstance(args[0], (IterV, GenV, ListV, TupleV)):
+            items = tr.iterate(args[0])          # ", ".join(f"{k}" for k in names)
+            if _all_const(items):
+                return fold(tr, f, [TupleV(items)], {})
         if _all_const(args) and _all_const(kwargs.values()) and (
                 mod in ("math", "operator", "_operator", "builtins", "_functools", "itertools")
                 or is_literal(self_obj) or isinstance(self_obj, (dict, list, str, tuple, set))

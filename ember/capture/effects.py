@@ -102,6 +102,13 @@ class _Rebuild:
                                  if not isinstance(x, list) else ListV([ObjV(i) for i in x]))
             if v.source is not None:
                 return v.source.expr()
+            if type(x) in (set, list, dict, bytearray) and id(x) in self.tr.owned:
+                # made by the trace: a new one per call, as eager makes it
+                if self.tr.set_members.get(id(x)):
+                    raise self.tr.unsupported("a set holding tensors outlives the graph")
+                if id(v) in self.memo:
+                    return self.memo[id(v)]
+                return self._temp(v, f"{self.bind(x)}.copy()")
             return self.bind(x)
         if id(v) in self.memo:
             return self.memo[id(v)]

@@ -140,6 +140,9 @@ class Tracer:
         # may finish a suspended generator early only if that writes nothing (breaks.py)
         self.writes = 0
         self.generators: list = []                      # GenV of every generator made
+        self.owned_in_generator: set[int] = set()
+        # a set the trace made, holding values without a constant (tensors: by identity)
+        self.set_members: dict[int, list] = {}
         self.owned: set[int] = set()                    # ids of real objects the trace created
         self.autocast: dict = {d: dt for d, on, dt in (self.state0[3] or ()) if on}
         self.stop_at: tuple | None = None                # (instruction index, visit) in the root
@@ -607,6 +610,14 @@ class Tracer:
         """`x` was created by the trace itself: mutating it at trace time is safe."""
         self.owned.add(id(x))
         self.keepalive.append(x)
+        if self.frames and self.frames[-1].generator:
+            self.owned_in_generator.add(id(x))
+
+    def wrote_owned(self, x) -> None:
+        """A write to `x`, a container the trace made: counted (see `writes`) unless a
+        generator made it, as its private state (named_modules' memo)."""
+        if id(x) not in self.owned_in_generator:
+            self.writes += 1
 
     # ---- frames -------------------------------------------------------------------------
     def run_frame(self, frame: Frame) -> V:

@@ -184,6 +184,11 @@ def contains(tr, item, container) -> bool:
                 if not (isinstance(x, ObjV) or isinstance(item, ObjV)):
                     raise tr.unsupported("`in` over tensors compares their data")
         return False
+    if isinstance(container, ObjV) and type(container.value) is set and \
+            id(container.value) in tr.owned:
+        if not isinstance(item, ObjV):        # kept by identity (set.add of a value)
+            return any(m is item for m in tr.set_members.get(id(container.value), ()))
+        return item.value in container.value
     if isinstance(container, ObjV) and isinstance(item, ObjV):
         c = container.value
         m = getattr(type(c), "__contains__", None)

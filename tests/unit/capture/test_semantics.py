@@ -562,3 +562,38 @@ def test_dataclass_replace_and_class_of_traced_values():
         b = dataclasses.replace(a, n=2)
         return a, b, type(b).__name__, b.__class__ is Frozen, [x].__class__ is list
     check(f, x3)
+
+
+def test_module_parameters_generators_in_forward():
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(3, 3)
+            self.bn = nn.BatchNorm1d(3)
+
+        def forward(self, x):
+            p = next(self.parameters())
+            n = sum(q.numel() for q in self.parameters())
+            names = [k for k, _ in self.named_parameters()] + [k for k, _ in self.named_buffers()]
+            kinds = ", ".join(type(c).__name__ for c in self.children())
+            return self.bn(self.lin(x)).to(p.dtype) * n, names, kinds
+
+    m = M().eval()
+    e = explain_same(m, torch.randn(2, 3), graphs=1)
+    assert e.result[1][-1] == "bn.num_batches_tracked" and e.result[2] == "Linear, BatchNorm1d"
+
+
+def test_set_made_in_the_trace_is_new_per_call_and_holds_tensors_by_identity():
+    def f(x):
+        s = set()
+        s.add("a")
+        seen = set()
+        seen.add(x)
+        y = x * 2
+        return x + 1, s, x in seen, y in seen, len(seen)
+
+    cf = ember.compile(f, backend="eager", fullgraph=True)
+    first = cf(x3)
+    first[1].add("mutated by the caller")
+    second = cf(x3)
+    assert second[1] == {"a"} and second[2:] == (True, False, 1)
