@@ -267,6 +267,10 @@ def call_class(tr, fn: ObjV, args, kwargs) -> V:
         return d
     if cls.__module__ == "contextlib" and cls.__name__ == "nullcontext":
         return ContextV("null", (args[0] if args else ObjV(None),))
+    if cls is torch.autograd.profiler.record_function:
+        # a profiler label, as Dynamo treats it: no effect on values; compiled code is not
+        # labelled (the frame's own profiler events still are)
+        return ContextV("null", (ObjV(None),))
     if issubclass(cls, torch.nn.Module):
         return _new_module(tr, cls, args, kwargs)
     if issubclass(cls, torch.Tensor):

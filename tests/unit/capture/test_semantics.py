@@ -12,6 +12,7 @@ import torch.nn as nn
 
 import ember
 from ember import capture
+from ember.logging import reset_warnings
 
 from .helpers import check, same
 
@@ -597,3 +598,26 @@ def test_set_made_in_the_trace_is_new_per_call_and_holds_tensors_by_identity():
     first[1].add("mutated by the caller")
     second = cf(x3)
     assert second[1] == {"a"} and second[2:] == (True, False, 1)
+
+
+def test_optimizer_step_runs_eagerly_loudly_and_updates_like_eager():
+    torch.manual_seed(0)
+    m = nn.Linear(4, 4)
+    m2 = copy.deepcopy(m)
+    opts = [torch.optim.SGD(mm.parameters(), lr=0.1, momentum=0.9) for mm in (m, m2)]
+    for mm in (m, m2):
+        mm(x44).sum().backward()
+    step = ember.compile(opts[1].step, backend="eager")
+    reset_warnings()                       # said once per process: say it here
+    with pytest.warns(UserWarning, match=r"ember: \S+optimizer.py:\d+ runs eagerly"):
+        step()
+    opts[0].step()
+    same(m.state_dict(), m2.state_dict())
+
+
+def test_record_function_is_a_label_only():
+    def f(x):
+        with torch.autograd.profiler.record_function("label"):
+            y = x * 2
+        return y + 1
+    check(f, x3)
