@@ -282,7 +282,6 @@ def _is_exit(v) -> bool:
 
 
 def _plan(tr, runner, frame, idx, ins, kind) -> Plan:
-    tr.check_abandoned_generators()
     code = runner.code
     stack = list(frame.stack)
     # close, innermost first, the contexts still open on the stack: the graph ends balanced
@@ -338,6 +337,7 @@ def _plan(tr, runner, frame, idx, ins, kind) -> Plan:
         tail += [f"if {neg}{cond}:", f"    return {taken}", f"return {fallthrough}"]
     else:
         tail.append(f"return {resume(starts[idx], stack, False)}")
+    tr.check_abandoned_generators()      # after the live ones were finished or made again
     effects = effect_lines(tr, rb)
     body = rb.pre + effects + tail
     gm, structural, dynamic, examples = _graph_module(tr, rb.outputs)

@@ -321,6 +321,7 @@ def _slice(tr, *parts):
 
 def setitem(tr, c, k, v):
     from ..builtins import _mutate, real
+    tr.writes += 1
     if isinstance(c, TensorV):
         tr.call_graph(operator.setitem, [c, k, v], {})
         return

@@ -621,3 +621,20 @@ def test_record_function_is_a_label_only():
             y = x * 2
         return y + 1
     check(f, x3)
+
+
+def test_break_in_loop_over_generator_with_cleanup_finishes_it():
+    def gen(x):
+        try:
+            for i in range(3):
+                yield x * i
+        finally:
+            pass                         # cleanup code that writes nothing
+
+    def f(x):
+        out = x
+        for y in gen(x):
+            print("y")
+            out = out + y
+        return out
+    explain_same(f, x3, graphs=1, breaks=1)
