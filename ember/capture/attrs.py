@@ -6,6 +6,7 @@ properties written in Python are inlined; tensors expose metadata as constants.
 """
 from __future__ import annotations
 
+import functools
 import types
 
 import torch
@@ -13,6 +14,9 @@ import torch
 from .sources import AttrSource, DictEntrySource
 from .values import (BuiltinMethodV, DictV, FuncV, ListV, MethodV, NewObjV, ObjV, PartialV, SuperV,
                      TensorV, TupleV, V, is_literal)
+
+
+_PARTIAL_PROBE = functools.partial(print)
 
 
 class TraceAttributeError(Exception):
@@ -76,8 +80,19 @@ def load_attr(tr, v: V, name: str) -> V:
         if name == "__qualname__":
             return ObjV(v.qualname)
         raise tr.unsupported(f"attribute {name!r} of a traced function")
-    if isinstance(v, PartialV) and name in ("func", "args", "keywords"):
-        return v.func if name == "func" else TupleV(v.args) if name == "args" else DictV(v.kwargs)
+    if isinstance(v, PartialV):
+        if name in ("func", "args", "keywords"):
+            return v.func if name == "func" else TupleV(v.args) if name == "args" else \
+                DictV(v.kwargs)
+        probe = _PARTIAL_PROBE          # what any partial object has (hasattr(p, "__call__"))
+        if not hasattr(probe, name):
+            raise TraceAttributeError(name)
+        value = getattr(probe, name)
+        if is_literal(value) or value is None:
+            return ObjV(value)
+        if callable(value) and not isinstance(value, type):
+            return BuiltinMethodV(v, name)
+        raise tr.unsupported(f"attribute {name!r} of a functools.partial made in the trace")
     if isinstance(v, MethodV):
         if name == "__self__":
             return v.self_v

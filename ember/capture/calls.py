@@ -200,10 +200,15 @@ def call_obj(tr, fn: ObjV, args: list, kwargs: dict) -> V:
     if isinstance(c, types.FunctionType):
         return call(tr, ObjV(c), [fn] + list(args), kwargs)
     if type(f).__name__ == "partial" and isinstance(f, __import__("functools").partial):
-        inner = tr.wrap(f.func, None)
-        pa = [tr.wrap(a, None) for a in f.args]
-        pk = {k: tr.wrap(a, None) for k, a in f.keywords.items()}
-        return call(tr, inner, pa + list(args), {**pk, **kwargs})
+        # read through the partial's own source: another partial object of the same type
+        # (a new one per call) must not reuse this one's function and arguments
+        from .sources import AttrSource
+        src = fn.source
+        inner = tr.wrap(f.func, AttrSource(src, "func") if src else None)
+        pa = tr.wrap(f.args, AttrSource(src, "args") if src else None)
+        pk = tr.wrap(f.keywords, AttrSource(src, "keywords") if src else None)
+        return call(tr, inner, tr.iterate(pa) + list(args),
+                    {**(pk.items if isinstance(pk, DictV) else {}), **kwargs})
     raise tr.unsupported(f"call to {type(f).__name__} {getattr(f, '__qualname__', f)!r:.80}")
 
 

@@ -638,3 +638,28 @@ def test_break_in_loop_over_generator_with_cleanup_finishes_it():
             out = out + y
         return out
     explain_same(f, x3, graphs=1, breaks=1)
+
+
+def test_partial_from_the_caller_is_read_through_its_source():
+    import functools
+
+    def mul(x, y):
+        return x * y
+
+    def f(p, x):
+        return p(x)
+
+    cf = ember.compile(f, backend="eager")
+    for y in (torch.ones(3), torch.full((3,), 3.0)):      # a new partial per call
+        p = functools.partial(mul, y=y)
+        torch.testing.assert_close(cf(p, x3), f(p, x3))
+    assert capture.stats().get("recompiles", 0) == 0
+
+
+def test_hasattr_on_partial_made_in_the_trace():
+    import functools
+
+    def f(x):
+        p = functools.partial(torch.add, other=x)
+        return p(x) if hasattr(p, "__call__") and not hasattr(p, "__name__") else x
+    check(f, x3)
