@@ -850,7 +850,7 @@ def _graph_constant(x) -> bool:
     """Whether the generated graph code can spell `x`: FX prints a constant argument with repr
     (a NumPy array printed as `array([...])` is a NameError at call time) and imports only
     callables and classes."""
-    if is_literal(x) or x is None or isinstance(x, SYM_TYPES) or type(x) is slice:
+    if is_literal(x) or x is None or isinstance(x, SYM_TYPES) or type(x) in (slice, range):
         return True
     if type(x) in (tuple, list):
         return all(_graph_constant(i) for i in x)

@@ -364,6 +364,10 @@ def test_numpy_arrays_break_cleanly():
     e = explain_same(f, x3, graphs=2, breaks=4)
     assert all("numpy" in str(b) or "builtin" in str(b) for b in e.breaks), str(e)
 
+    def g(x):                           # a range is spelled in graph code
+        return x + torch.tensor(range(3))
+    check(g, x3)
+
 
 def test_keyword_argument_named_self():
     def f(x, self):
