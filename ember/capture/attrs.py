@@ -259,6 +259,10 @@ def _module_attr(tr, v: ObjV, name: str) -> V:
     d = m.__dict__
     if name in d:
         return tr.wrap(d[name], AttrSource(src, name, structural=True) if src else None)
+    if owner is not None:
+        # Python finds a class attribute before Module.__getattr__ reads the tables: a
+        # method named like a submodule set by `self.name = Module()` wins, as eagerly
+        return _bind_class_attr(tr, cls_attr, v, name, owner)
     for table in ("_parameters", "_buffers", "_modules"):
         t = d.get(table)
         if t is not None and name in t:
@@ -269,8 +273,6 @@ def _module_attr(tr, v: ObjV, name: str) -> V:
                     tr.guard("NONE", s, None)
                 return ObjV(None, s)
             return tr.wrap(value, s)
-    if cls_attr is not None:
-        return _bind_class_attr(tr, cls_attr, v, name, owner)
     if "__getattr__" in cls.__dict__ and cls.__getattr__ is not torch.nn.Module.__getattr__:
         return tr.call(ObjV(cls.__dict__["__getattr__"]), [v, ObjV(name)], {})
     raise TraceAttributeError(name)

@@ -667,3 +667,20 @@ def test_hasattr_on_partial_made_in_the_trace():
         p = functools.partial(torch.add, other=x)
         return p(x) if hasattr(p, "__call__") and not hasattr(p, "__name__") else x
     check(f, x3)
+
+
+def test_module_class_attribute_wins_over_a_submodule_of_the_same_name():
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.activation = nn.ReLU()          # in _modules: the method below wins
+            self.lin = nn.Linear(3, 3)
+
+        def activation(self, x):
+            return x * 1.2
+
+        def forward(self, x):
+            return self.activation(self.lin(x))
+
+    torch.manual_seed(0)
+    explain_same(M(), torch.randn(2, 3), graphs=1)
