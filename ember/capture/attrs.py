@@ -52,7 +52,11 @@ def load_attr(tr, v: V, name: str) -> V:
             raise TraceAttributeError(name)
         return _bind_class_attr(tr, cls_attr, v, name, v.cls)
     if isinstance(v, SuperV):
-        mro = type(v.self_v.value).__mro__ if isinstance(v.self_v, ObjV) else v.self_v.cls.__mro__
+        if isinstance(v.self_v, ObjV):
+            s = v.self_v.value       # super() in a classmethod binds the class itself
+            mro = s.__mro__ if isinstance(s, type) and issubclass(s, v.cls) else type(s).__mro__
+        else:
+            mro = v.self_v.python_type().__mro__
         start = mro.index(v.cls) + 1
         for k in mro[start:]:
             if name in k.__dict__:

@@ -357,6 +357,11 @@ def _dict(tr, args, kwargs):
         a = args[0]
         if isinstance(a, DictV):
             items.update(a.items)
+        elif isinstance(a, (NewObjV, ObjV)) and hasattr(pytype(a), "keys"):
+            # a mapping: dict() reads its keys() and then each item, as CPython does
+            from .attrs import load_attr
+            for k in iterate(tr, tr.call(load_attr(tr, a, "keys"), [], {})):
+                items[real(tr, k)] = tr.getitem(a, k)
         else:
             for pair in iterate(tr, a):
                 k, x = iterate(tr, pair)

@@ -684,3 +684,46 @@ def test_module_class_attribute_wins_over_a_submodule_of_the_same_name():
 
     torch.manual_seed(0)
     explain_same(M(), torch.randn(2, 3), graphs=1)
+
+
+def test_super_in_a_classmethod_and_dict_of_a_mapping():
+    from collections.abc import MutableMapping
+
+    class Parent:
+        @classmethod
+        def double(cls, x):
+            return x + x
+
+    class Child(Parent):
+        @classmethod
+        def double(cls, x):
+            return super().double(x) * 2
+
+    class Store(MutableMapping):
+        def __init__(self):
+            self._d = {}
+
+        def __getitem__(self, k):
+            return self._d[k]
+
+        def __setitem__(self, k, v):
+            self._d[k] = v
+
+        def __delitem__(self, k):
+            del self._d[k]
+
+        def __iter__(self):
+            return iter(self._d)
+
+        def __len__(self):
+            return len(self._d)
+
+        def keys(self):
+            return self._d.keys()
+
+    def f(x):
+        s = Store()
+        s["a"] = x
+        s["b"] = x + 1
+        return Child.double(x), dict(s)
+    check(f, x3)
