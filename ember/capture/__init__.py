@@ -8,7 +8,7 @@ Entry points used by `ember.api`:
   compile_module(module, settings) -> callable (installed as module._compiled_call_impl)
   explain(fn, *args, **kwargs) -> Explanation; stats() -> counters; reset()
 Layout: bytecode.py (decode/assemble) → interpreter.py (+ handlers/, calls.py, attrs.py,
-builtins.py, values.py, sources.py) → guards.py, effects.py → entry.py.
+builtins.py, iters.py, values.py, sources.py) → guards.py, effects.py → entry.py.
 """
 from .entry import compile_function, compile_module, reset, stats
 from .explain import explain
