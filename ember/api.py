@@ -433,7 +433,7 @@ def stats() -> dict:
     return snap
 
 
-def explain(fn: Callable, *args, **kwargs):
+def explain(fn: Callable, /, *args, **kwargs):
     """Run `fn(*args, **kwargs)` under capture and report graphs, breaks, guards, recompiles."""
     if not callable(fn):
         raise TypeError(f"ember.explain expects a function or an nn.Module, got {type(fn).__name__}")

@@ -9,7 +9,7 @@ Entry points used by `ember.api`:
   explain(fn, *args, **kwargs) -> Explanation; stats() -> counters; reset()
   set_stance(name) -> previous; ERROR_ON_BREAK (ContextVar: scoped fullgraph)
 Layout: bytecode.py (decode/assemble) → interpreter.py (+ handlers/, calls.py, attrs.py,
-builtins.py, values.py, sources.py) → guards.py, effects.py → entry.py.
+builtins.py, iters.py, values.py, sources.py) → guards.py, effects.py → entry.py.
 """
 from .entry import (ERROR_ON_BREAK, STANCES, compile_function, compile_module, reset, set_stance,
                     stats)

@@ -6,13 +6,17 @@ properties written in Python are inlined; tensors expose metadata as constants.
 """
 from __future__ import annotations
 
+import functools
 import types
 
 import torch
 
 from .sources import MODULE_TABLES, AttrSource, DictEntrySource
-from .values import (BuiltinMethodV, DictV, FuncV, ListV, MethodV, NewObjV, ObjV, SuperV,
+from .values import (BuiltinMethodV, DictV, FuncV, ListV, MethodV, NewObjV, ObjV, PartialV, SuperV,
                      TensorV, TupleV, V, is_literal)
+
+
+_PARTIAL_PROBE = functools.partial(print)
 
 
 class TraceAttributeError(Exception):
@@ -34,6 +38,8 @@ _TENSOR_NODE_ATTRS = {"T": lambda x: torch.Tensor.permute(x, *reversed(range(x.d
 
 
 def load_attr(tr, v: V, name: str) -> V:
+    if name == "__class__" and not isinstance(v, ObjV):
+        return ObjV(v.python_type())
     if isinstance(v, TensorV):
         return _tensor_attr(tr, v, name)
     if isinstance(v, ObjV):
@@ -46,7 +52,11 @@ def load_attr(tr, v: V, name: str) -> V:
             raise TraceAttributeError(name)
         return _bind_class_attr(tr, cls_attr, v, name, v.cls)
     if isinstance(v, SuperV):
-        mro = type(v.self_v.value).__mro__ if isinstance(v.self_v, ObjV) else v.self_v.cls.__mro__
+        if isinstance(v.self_v, ObjV):
+            s = v.self_v.value       # super() in a classmethod binds the class itself
+            mro = s.__mro__ if isinstance(s, type) and issubclass(s, v.cls) else type(s).__mro__
+        else:
+            mro = v.self_v.python_type().__mro__
         start = mro.index(v.cls) + 1
         for k in mro[start:]:
             if name in k.__dict__:
@@ -63,8 +73,9 @@ def load_attr(tr, v: V, name: str) -> V:
         if hasattr(v.cls, name):
             if v.cls.__module__ not in ("builtins",):
                 cls_attr, owner = _type_lookup(v.cls, name)
-                if isinstance(cls_attr, types.FunctionType) or isinstance(cls_attr, property):
-                    return _bind_class_attr(tr, cls_attr, v, name, owner)
+                if isinstance(cls_attr, (types.FunctionType, property, classmethod,
+                                         staticmethod)) or not callable(cls_attr):
+                    return _bind_class_attr(tr, cls_attr, v, name, owner)   # also `_fields`
             return BuiltinMethodV(v, name)
         raise TraceAttributeError(name)
     if isinstance(v, FuncV):
@@ -73,6 +84,19 @@ def load_attr(tr, v: V, name: str) -> V:
         if name == "__qualname__":
             return ObjV(v.qualname)
         raise tr.unsupported(f"attribute {name!r} of a traced function")
+    if isinstance(v, PartialV):
+        if name in ("func", "args", "keywords"):
+            return v.func if name == "func" else TupleV(v.args) if name == "args" else \
+                DictV(v.kwargs)
+        probe = _PARTIAL_PROBE          # what any partial object has (hasattr(p, "__call__"))
+        if not hasattr(probe, name):
+            raise TraceAttributeError(name)
+        value = getattr(probe, name)
+        if is_literal(value) or value is None:
+            return ObjV(value)
+        if callable(value) and not isinstance(value, type):
+            return BuiltinMethodV(v, name)
+        raise tr.unsupported(f"attribute {name!r} of a functools.partial made in the trace")
     if isinstance(v, MethodV):
         if name == "__self__":
             return v.self_v
@@ -113,9 +137,17 @@ def _tensor_attr(tr, v: TensorV, name: str) -> V:
     raise tr.unsupported(f"Tensor attribute {name!r}")
 
 
+DELETED = ObjV(None)       # overlay mark: the trace ran `del obj.name`
+
+
 def _obj_attr(tr, v: ObjV, name: str) -> V:
     obj = v.value
     ov = tr.overlay.get((id(obj), name))
+    if ov is DELETED:
+        cls_attr, owner = _type_lookup(type(obj), name)
+        if cls_attr is None or isinstance(obj, type):
+            raise TraceAttributeError(name)
+        return _bind_class_attr(tr, cls_attr, v, name, owner)
     if ov is not None:
         return ov
     src = v.source
@@ -235,6 +267,10 @@ def _module_attr(tr, v: ObjV, name: str) -> V:
         # its guards run on every call (the module's own tables are snapshotted)
         structural = not isinstance(value, (list, dict, set)) or name in MODULE_TABLES
         return tr.wrap(value, AttrSource(src, name, structural=structural) if src else None)
+    if owner is not None:
+        # Python finds a class attribute before Module.__getattr__ reads the tables: a
+        # method named like a submodule set by `self.name = Module()` wins, as eagerly
+        return _bind_class_attr(tr, cls_attr, v, name, owner)
     for table in ("_parameters", "_buffers", "_modules"):
         t = d.get(table)
         if t is not None and name in t:
@@ -245,14 +281,13 @@ def _module_attr(tr, v: ObjV, name: str) -> V:
                     tr.guard("NONE", s, None)
                 return ObjV(None, s)
             return tr.wrap(value, s)
-    if cls_attr is not None:
-        return _bind_class_attr(tr, cls_attr, v, name, owner)
     if "__getattr__" in cls.__dict__ and cls.__getattr__ is not torch.nn.Module.__getattr__:
         return tr.call(ObjV(cls.__dict__["__getattr__"]), [v, ObjV(name)], {})
     raise TraceAttributeError(name)
 
 
 def store_attr(tr, obj_v: V, name: str, value: V) -> None:
+    tr.writes += 1
     if isinstance(obj_v, NewObjV):
         obj_v.attrs[name] = value
         return
@@ -266,3 +301,39 @@ def store_attr(tr, obj_v: V, name: str, value: V) -> None:
         tr.effects.append(("setattr", obj_v, name, value))
         return
     raise tr.unsupported(f"attribute write {name!r} on {type(obj_v).__name__}")
+
+
+def delete_attr(tr, obj_v: V, name: str) -> None:
+    """`del obj.name`: on an object made in the trace, applied to its value; on the caller's
+    object, replayed after the graph (reads in the trace then see the class attribute)."""
+    from .interpreter import TracedRaise
+    tr.writes += 1
+    if isinstance(obj_v, NewObjV):
+        if name not in obj_v.attrs:
+            raise TracedRaise(AttributeError(name))
+        del obj_v.attrs[name]
+        return
+    if not (isinstance(obj_v, ObjV) and obj_v.source is not None and
+            not isinstance(obj_v.value, (type, types.ModuleType))):
+        raise tr.unsupported(f"del of attribute {name!r} on {type(obj_v).__name__}")
+    obj = obj_v.value
+    cls = type(obj)
+    if isinstance(obj, torch.nn.Module):
+        if any(name in obj.__dict__.get(t, ()) for t in ("_parameters", "_buffers", "_modules")):
+            raise tr.unsupported(f"deleting module attribute {name!r} inside the graph")
+    elif cls.__delattr__ is not object.__delattr__:
+        raise tr.unsupported(f"del on a {cls.__qualname__}, which has its own __delattr__")
+    key = (id(obj), name)
+    if tr.overlay.get(key) is DELETED:
+        raise TracedRaise(AttributeError(name))
+    if key not in tr.overlay:
+        try:
+            d = object.__getattribute__(obj, "__dict__")
+        except AttributeError:
+            d = {}
+        if name not in d or _is_data_descriptor(_type_lookup(cls, name)[0]):
+            raise tr.unsupported(f"del of {name!r}, not an instance attribute of "
+                                 f"{cls.__qualname__}")
+        load_attr(tr, obj_v, name)          # guards the value, so that it exists
+    tr.overlay[key] = DELETED
+    tr.effects.append(("delattr", obj_v, name))

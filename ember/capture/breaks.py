@@ -26,19 +26,28 @@ import weakref
 import torch
 
 from ..errors import Unsupported
-from ..logging import enabled, get_logger
+from ..logging import enabled, get_logger, warn_once
 from .bytecode import decode
 from .calls import compiled_by_torch
 from .effects import Plan, _graph_module, _Rebuild, effect_lines
 from .handlers.contexts import context_method
-from .interpreter import StopTrace, Tracer
+from .interpreter import CO_VARARGS, CO_VARKEYWORDS, StopTrace, Tracer
 from .resume import (NULL as NULL_SLOT, UNBOUND, VALUE, call_trampoline, instruction_starts,
                      resume_function, with_closure)
-from .values import NULL, BuiltinMethodV, ContextV, IterV, MethodV, ObjV, TensorV
+from .values import NULL, BuiltinMethodV, ContextV, GenV, IterV, MethodV, ObjV, TensorV
 
 _JUMPS = {"POP_JUMP_IF_TRUE": True, "POP_JUMP_IF_FALSE": False}
 _LOGGED: set = set()
 RECORD: list = []          # BreakInfo of every break compiled (explain() reads a slice)
+EAGER: list = []           # "file:line runs eagerly: reason" per eager (part of a) frame, ditto
+
+
+def runs_eagerly(key: str, code, lineno: int, reason: str) -> None:
+    """A frame (or its rest after a graph break) was set to run eagerly: say so once per
+    `key`, as `ember: <file:line> runs eagerly: <reason>`, and record it for explain()."""
+    msg = f"{code.co_filename}:{lineno} runs eagerly: {code.co_qualname}: {reason}"
+    EAGER.append(msg)
+    warn_once(key, msg)
 
 
 @dataclasses.dataclass
@@ -149,7 +158,7 @@ def compile_break(runner, locals_, err: Unsupported):
             frame = s.frame
         else:
             return None            # the retrace took another path: do not guess
-        kind = _kind(instrs, table, idx, ins, frame)
+        kind, why = _kind(instrs, table, idx, ins, frame)
         if kind == "eager" and idx == 0:
             return None
         plan = _plan(tr, runner, frame, idx, ins, kind)
@@ -163,6 +172,9 @@ def compile_break(runner, locals_, err: Unsupported):
         for c in reversed(tr.real_contexts):
             c.__exit__(None, None, None)
     info = _record(err, code, ins, kind)
+    if kind == "eager":
+        runs_eagerly(f"eager-rest:{id(code)}:{idx}", code, info.lineno,
+                     f"from this line on ({why}), after a graph break: {err.reason}")
     from .entry import build_entry
     entry = build_entry(tr, plan, runner.argnames, settings=runner.settings)
     entry.breaks = [info]
@@ -181,12 +193,13 @@ def _kind(instrs, table, idx, ins, frame) -> str:
     simple_ctx = all(c.ctx_kind in ("grad", "grad_set", "null", "autocast") for c in contexts) and \
         not python_ctx
     if in_loop or not with_only or not simple_ctx:
-        return "eager"
+        return "eager", ("inside a loop" if in_loop else "inside a try block" if not with_only
+                         else "inside a with-block of an unknown context manager")
     if ins.opname in ("CALL", "CALL_FUNCTION_EX"):
-        return "call"
+        return "call", None
     if ins.opname in _JUMPS and frame.stack and isinstance(frame.stack[-1], TensorV):
-        return "jump"
-    return "eager"
+        return "jump", None
+    return "eager", f"{ins.opname} cannot resume"
 
 
 def _is_with_cleanup(instrs, e) -> bool:
@@ -223,6 +236,14 @@ class _BreakRebuild(_Rebuild):
             return "__res"
         if isinstance(v, IterV):
             return f"iter([{', '.join(self.expr(i) for i in v.items[v.pos:])}])"
+        if isinstance(v, GenV):
+            if id(v) in self.memo:
+                return self.memo[id(v)]
+            if v.frame is not None and not v.started and v.frame.fn_v is not None:
+                # not started: the same generator, made again by calling its function
+                return self._temp(v, f"{self.expr(v.frame.fn_v)}({', '.join(self._args(v.frame))})")
+            items = _finish(self.tr, v)
+            return self._temp(v, f"iter([{', '.join(self.expr(i) for i in items)}])")
         if isinstance(v, MethodV):
             return f"{self.bind(types.MethodType, 'c')}({self.expr(v.func)}, {self.expr(v.self_v)})"
         if isinstance(v, BuiltinMethodV):
@@ -230,6 +251,34 @@ class _BreakRebuild(_Rebuild):
                 raise self.tr.unsupported(f"graph break with {v.name} of a context on the stack")
             return f"{self.expr(v.recv)}.{v.name}"
         return super().expr(v)
+
+    def _args(self, frame) -> list[str]:
+        """Arguments that bind a function's parameters to an unstarted frame's locals."""
+        co, loc = frame.code, frame.locals
+        names = co.co_varnames
+        n, nk = co.co_argcount, co.co_kwonlyargcount
+        out = [self.expr(loc[x]) for x in names[:n]]
+        i = n + nk
+        if co.co_flags & CO_VARARGS:
+            out.append("*" + self.expr(loc[names[i]]))
+            i += 1
+        out += [f"{x}={self.expr(loc[x])}" for x in names[n:n + nk]]
+        if co.co_flags & CO_VARKEYWORDS:
+            out.append("**" + self.expr(loc[names[i]]))
+        return out
+
+
+def _finish(tr, g) -> list:
+    """The values a generator suspended at the break has left. Eager code would run it one
+    step at a time, between its own statements; running it to the end here, in the prefix,
+    is the same only when that writes nothing (no container, attribute, cell, global or
+    in-place tensor write): else the frame is not resumable here."""
+    from .effects import _mutates_first_arg
+    writes, nodes = tr.writes, set(tr.graph.nodes)
+    items = tr.iterate(g)
+    if tr.writes != writes or any(_mutates_first_arg(n) for n in tr.graph.nodes if n not in nodes):
+        raise tr.unsupported("graph break while a generator with side effects is suspended")
+    return items
 
 
 def _is_exit(v) -> bool:
@@ -292,6 +341,7 @@ def _plan(tr, runner, frame, idx, ins, kind) -> Plan:
         tail += [f"if {neg}{cond}:", f"    return {taken}", f"return {fallthrough}"]
     else:
         tail.append(f"return {resume(starts[idx], stack, False)}")
+    tr.check_abandoned_generators()      # after the live ones were finished or made again
     effects = effect_lines(tr, rb)
     body = rb.pre + effects + tail
     gm, structural, dynamic, examples = _graph_module(tr, rb.outputs)

@@ -14,8 +14,9 @@ import types
 
 import torch
 
-from .values import (BuiltinMethodV, ContextV, DictV, FuncV, IterV, LazyV, ListV, MethodV,
-                     NewObjV, ObjV, SYM_TYPES, SuperV, TensorV, TupleV, V, is_literal, peek, pending)
+from .values import (STOP, BuiltinMethodV, ContextV, DictV, DictViewV, FuncV, GenV, IterV,
+                     LazyV, ListV, MethodV, NewObjV, ObjV, SYM_TYPES, SuperV, TensorV, TupleV, V,
+                     is_literal, peek, pending)
 
 BUILTINS: dict = {}
 
@@ -40,6 +41,9 @@ def real(tr, v: V, use: bool = True):
         return v.cls(items) if v.cls in (tuple, torch.Size) else v.cls(*items)
     if isinstance(v, DictV):
         return {k: real(tr, x, use) for k, x in v.items.items()}
+    if isinstance(v, DictViewV):       # keys are constants: a keys view is one whatever the values
+        d = dict.fromkeys(v.d.items) if v.view == "keys" else real(tr, v.d, use)
+        return getattr(d, v.view)()
     raise tr.unsupported(f"{type(v).__name__} used where a constant is needed")
 
 
@@ -75,14 +79,57 @@ def pytype(v: V):
 
 
 # ---- iteration and truth --------------------------------------------------------------------
+MAX_ITEMS = 100_000         # a lazy iterator drained past this is taken to be endless
+
+
+def step(tr, it: V):
+    """The next value of an iterator value (IterV or GenV), or STOP."""
+    if isinstance(it, IterV):
+        if it.pos < len(it.items):
+            it.pos += 1
+            return it.items[it.pos - 1]
+        return STOP
+    if it.frame is not None:
+        return tr.resume_generator(it)
+    if it.done:
+        return STOP
+    v = it.step(tr)
+    it.done = v is STOP
+    return v
+
+
+def view_items(v: DictViewV) -> list:
+    """A dict view's values now."""
+    it = v.d.items
+    if v.view == "keys":
+        return [ObjV(k) for k in it]
+    if v.view == "values":
+        return list(it.values())
+    return [TupleV([ObjV(k), x]) for k, x in it.items()]
+
+
+def as_iter(tr, v: V) -> V:
+    """`iter(v)` as a value: iterators stay themselves (lazy ones lazy)."""
+    return v if isinstance(v, (IterV, GenV)) else IterV(iterate(tr, v))
+
+
 def iterate(tr, v: V) -> list:
     if isinstance(v, (ListV, TupleV)):
         return list(v.items)
     if isinstance(v, DictV):
         return [ObjV(k) for k in v.items]
+    if isinstance(v, DictViewV):
+        return view_items(v)
     if isinstance(v, IterV):
         out = v.items[v.pos:]
         v.pos = len(v.items)
+        return out
+    if isinstance(v, GenV):
+        out = []
+        while (x := step(tr, v)) is not STOP:
+            out.append(x)
+            if len(out) > MAX_ITEMS:
+                raise tr.unsupported(f"an iterator drained past {MAX_ITEMS} values (endless?)")
         return out
     if isinstance(v, TensorV):
         if v.meta.dim() == 0:
@@ -90,6 +137,8 @@ def iterate(tr, v: V) -> list:
         return [tr.call_graph(operator.getitem, [v, ObjV(i)], {}) for i in range(v.meta.shape[0])]
     if isinstance(v, ObjV):
         x = v.value
+        if type(x) is set and tr.set_members.get(id(x)):
+            raise tr.unsupported("iterating a set that holds tensors")
         if isinstance(x, (range, str, bytes, tuple, list, frozenset, set, dict)) and \
                 is_literal(tuple(x)) if isinstance(x, (set, frozenset, dict)) else \
                 isinstance(x, (range, str, bytes)):
@@ -133,6 +182,8 @@ def truth(tr, v: V) -> bool:
     if isinstance(v, ObjV):
         x = v.value
         t = type(x)
+        if t is set and tr.set_members.get(id(x)):
+            return True
         if is_literal(x) or t in (list, dict, set, range, types.FunctionType, type) or x is None \
                 or isinstance(x, SYM_TYPES):
             return bool(x)          # a SymBool: guarded by the shape env
@@ -147,6 +198,8 @@ def truth(tr, v: V) -> bool:
         return bool(x)
     if isinstance(v, (ListV, TupleV, DictV)):
         return bool(v.items)
+    if isinstance(v, DictViewV):
+        return bool(v.d.items)
     if isinstance(v, TensorV):
         raise tr.unsupported("branching on a tensor value (data-dependent control flow)",
                              hint="use torch.where, or compute the condition outside")
@@ -166,6 +219,8 @@ def _len(tr, args, kwargs):
     (v,) = args
     if isinstance(v, (ListV, TupleV, DictV)):
         return ObjV(len(v.items))
+    if isinstance(v, DictViewV):
+        return ObjV(len(v.d.items))
     if isinstance(v, TensorV):
         if v.meta.dim() == 0:
             raise tr.unsupported("len() of a 0-d tensor")
@@ -175,7 +230,7 @@ def _len(tr, args, kwargs):
         f = getattr(type(x), "__len__", None)
         if isinstance(f, types.FunctionType):
             return tr.call(ObjV(f), [v], {})
-        return ObjV(len(x))
+        return ObjV(len(x) + len(tr.set_members.get(id(x), ())))
     if isinstance(v, NewObjV):
         if v.dataclass and _is_model_output(v.cls):
             return ObjV(sum(not _is_none(x) for x in v.attrs.values()))
@@ -210,7 +265,8 @@ def _make_pure(f):
         if isinstance(f, type(abs)) and f in (abs, round, pow) and args and isinstance(args[0], TensorV):
             return tr.call_graph({abs: torch.abs, round: torch.round, pow: torch.pow}[f], args, kwargs)
         if f is callable and args and not isinstance(args[0], ObjV):
-            return ObjV(isinstance(args[0], (FuncV, MethodV, BuiltinMethodV)) or
+            from .values import PartialV
+            return ObjV(isinstance(args[0], (FuncV, MethodV, BuiltinMethodV, PartialV)) or
                         isinstance(args[0], NewObjV) and hasattr(args[0].cls, "__call__"))
         return fold(tr, f, args, kwargs)
     return h
@@ -301,6 +357,11 @@ def _dict(tr, args, kwargs):
         a = args[0]
         if isinstance(a, DictV):
             items.update(a.items)
+        elif isinstance(a, (NewObjV, ObjV)) and hasattr(pytype(a), "keys"):
+            # a mapping: dict() reads its keys() and then each item, as CPython does
+            from .attrs import load_attr
+            for k in iterate(tr, tr.call(load_attr(tr, a, "keys"), [], {})):
+                items[real(tr, k)] = tr.getitem(a, k)
         else:
             for pair in iterate(tr, a):
                 k, x = iterate(tr, pair)
@@ -316,10 +377,23 @@ def _agg(tr, args, kwargs):
 
 def _make_agg(f):
     def h(tr, args, kwargs):
+        if f in (any, all) and len(args) == 1 and isinstance(args[0], GenV):
+            # short-circuits: a lazy iterator is stepped only as far as Python would
+            while (x := step(tr, args[0])) is not STOP:
+                if truth(tr, x) is (f is any):
+                    return ObjV(f is any)
+            return ObjV(f is all)
+        if f is sum and "start" in kwargs:
+            kwargs = dict(kwargs)
+            args = [args[0], kwargs.pop("start")]
         if f in (min, max) and len(args) > 1:
             items = list(args)
         else:
             items = iterate(tr, args[0]) if args else []
+        key = kwargs.get("key")
+        if f in (sorted, min, max) and key is not None and not (isinstance(key, ObjV) and (
+                key.value is None or isinstance(key.value, (types.BuiltinFunctionType, type)))):
+            return _keyed(tr, f, items, key, kwargs)
         from .handlers.ops import _const_like
         if all(_const_like(i) for i in items) and _all_obj(kwargs):
             extra = [real(tr, a) for a in args[1:]] if f not in (min, max) or len(args) == 1 else []
@@ -339,12 +413,43 @@ def _make_agg(f):
     return h
 
 
+def _keyed(tr, f, items, key, kwargs):
+    """sorted/min/max with a key function the trace runs (its results must be constants)."""
+    keys = [real(tr, tr.call(key, [i], {})) for i in items]
+    idx = list(range(len(items)))
+    if f is sorted:
+        # list.sort on the positions: the same stable order, reverse=True included
+        idx.sort(key=keys.__getitem__, reverse=bool(real(tr, kwargs.get("reverse", ObjV(False)))))
+        return ListV([items[j] for j in idx])
+    if not idx:
+        if "default" in kwargs:
+            return kwargs["default"]
+        from .interpreter import TracedRaise
+        raise TracedRaise(ValueError(f"{f.__name__}() iterable argument is empty"))
+    return items[f(idx, key=keys.__getitem__)]
+
+
 def _all_obj(kw):
     return all(isinstance(x, ObjV) for x in kw.values())
 
 
 for _a in (set, frozenset, sorted, sum, any, all, min, max):
     BUILTINS[_a] = _make_agg(_a)
+
+
+def _tuple_new(tr, args, kwargs):
+    """`tuple.__new__(cls, iterable)`: a namedtuple's `_make` and `__new__`."""
+    cls = real(tr, args[0])
+    if not (isinstance(cls, type) and issubclass(cls, tuple)) or len(args) > 2 or kwargs:
+        raise tr.unsupported("tuple.__new__ with these arguments")
+    items = iterate(tr, args[1]) if len(args) > 1 else []
+    if hasattr(cls, "_fields") and len(items) != len(cls._fields):
+        from .interpreter import TracedRaise
+        raise TracedRaise(TypeError(f"Expected {len(cls._fields)} arguments, got {len(items)}"))
+    return TupleV(items, cls=cls)
+
+
+BUILTINS[tuple.__new__] = _tuple_new
 
 
 @builtin(range, slice)
@@ -363,33 +468,62 @@ def _bad(tr, msg):
 
 @builtin(iter)
 def _iter(tr, args, kwargs):
-    if isinstance(args[0], IterV):
-        return args[0]
-    return IterV(iterate(tr, args[0]))
+    if len(args) != 1:
+        raise tr.unsupported("iter() with a sentinel")
+    return as_iter(tr, args[0])
 
 
 @builtin(next)
 def _next(tr, args, kwargs):
     it = args[0]
-    if not isinstance(it, IterV):
-        it = IterV(iterate(tr, it))
-    if it.pos < len(it.items):
-        it.pos += 1
-        return it.items[it.pos - 1]
+    if not isinstance(it, (IterV, GenV)):
+        raise tr.unsupported(f"next() of {_describe(it)}", hint="fails eagerly unless it is an "
+                             "iterator")
+    x = step(tr, it)
+    if x is not STOP:
+        return x
     if len(args) > 1:
         return args[1]
     from .interpreter import TracedRaise
     raise TracedRaise(StopIteration())
 
 
+def _lazy(args) -> bool:
+    return any(isinstance(a, GenV) for a in args)
+
+
 @builtin(enumerate)
 def _enumerate(tr, args, kwargs):
     start = real(tr, args[1]) if len(args) > 1 else real(tr, kwargs.get("start", ObjV(0)))
+    if _lazy(args[:1]):
+        src, n = args[0], [start]
+
+        def next_pair(tr):
+            x = step(tr, src)
+            if x is STOP:
+                return STOP
+            n[0] += 1
+            return TupleV([ObjV(n[0] - 1), x])
+        return GenV(step=next_pair, cls=enumerate)
     return IterV([TupleV([ObjV(i + start), x]) for i, x in enumerate(iterate(tr, args[0]))])
 
 
 @builtin(zip)
 def _zip(tr, args, kwargs):
+    if kwargs.get("strict") is not None and real(tr, kwargs["strict"]):
+        raise tr.unsupported("zip(strict=True)")
+    if _lazy(args):
+        its = [as_iter(tr, a) for a in args]
+
+        def next_tuple(tr):
+            out = []
+            for it in its:          # as zip does: stops at the first exhausted one
+                x = step(tr, it)
+                if x is STOP:
+                    return STOP
+                out.append(x)
+            return TupleV(out)
+        return GenV(step=next_tuple, cls=zip)
     lists = [iterate(tr, a) for a in args]
     return IterV([TupleV(t) for t in zip(*lists)])
 
@@ -401,13 +535,36 @@ def _reversed(tr, args, kwargs):
 
 @builtin(map)
 def _map(tr, args, kwargs):
-    fn, lists = args[0], [iterate(tr, a) for a in args[1:]]
+    fn = args[0]
+    if _lazy(args[1:]):
+        pairs = _zip(tr, args[1:], {})
+
+        def next_value(tr):
+            t = step(tr, pairs)
+            return STOP if t is STOP else tr.call(fn, list(t.items), {})
+        return GenV(step=next_value, cls=map)
+    lists = [iterate(tr, a) for a in args[1:]]
     return IterV([tr.call(fn, list(t), {}) for t in zip(*lists)])
+
+
+def _keeps(tr, fn, x) -> bool:
+    return truth(tr, x) if isinstance(fn, ObjV) and fn.value is None else \
+        truth(tr, tr.call(fn, [x], {}))
 
 
 @builtin(filter)
 def _filter(tr, args, kwargs):
-    fn, items = args[0], iterate(tr, args[1])
+    fn = args[0]
+    if _lazy(args[1:]):
+        src = args[1]
+
+        def next_kept(tr):
+            while (x := step(tr, src)) is not STOP:
+                if _keeps(tr, fn, x):
+                    return x
+            return STOP
+        return GenV(step=next_kept, cls=filter)
+    items = iterate(tr, args[1])
     keep = []
     for i in items:
         ok = truth(tr, i) if isinstance(fn, ObjV) and fn.value is None else truth(tr, tr.call(fn, [i], {}))
@@ -468,6 +625,7 @@ def container_method(tr, recv: V, name: str, args, kwargs) -> V:
 
 
 def _mutate(tr, v: V):
+    tr.writes += 1
     if v.source is not None and id(v) not in tr.fresh and not any(m is v for m in tr.mutated):
         tr.mutated.append(v)
 
@@ -522,12 +680,8 @@ def _dict_method(tr, d: DictV, name, args, kwargs):
         if name == "get":
             return args[1] if len(args) > 1 else ObjV(None)
         raise tr.unsupported(f"KeyError {k!r}")
-    if name == "keys":
-        return ListV([ObjV(k) for k in it])
-    if name == "values":
-        return ListV(list(it.values()))
-    if name == "items":
-        return ListV([TupleV([ObjV(k), x]) for k, x in it.items()])
+    if name in ("keys", "values", "items"):
+        return DictViewV(d, name)
     if name == "__contains__":
         return ObjV(real(tr, args[0]) in it)
     if name in ("__setitem__",):

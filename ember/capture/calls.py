@@ -16,8 +16,9 @@ import types
 
 import torch
 
-from .values import (NULL, BuiltinMethodV, CellV, ContextV, DictV, FuncV, IterV, ListV, NewModuleV,
-                     MethodV, NewObjV, ObjV, SuperV, TensorV, TupleV, V, is_literal, peek)
+from .values import (NULL, BuiltinMethodV, CellV, ContextV, DictV, FuncV, GenV, IterV, ListV,
+                     NewModuleV, MethodV, NewObjV, ObjV, PartialV, SuperV, TensorV, TupleV, V,
+                     is_literal, peek)
 
 _TORCH_MODULES = ("torch", "torch.nn.functional", "torch.linalg", "torch.fft", "torch.special",
                   "torch._C._nn", "torch._C._VariableFunctions", "torch._C._linalg",
@@ -96,6 +97,8 @@ def call(tr, fn: V, args: list, kwargs: dict) -> V:
                          fn.kwdefaults, fn, fn.name)
     if isinstance(fn, BuiltinMethodV):
         return call_builtin_method(tr, fn.recv, fn.name, args, kwargs)
+    if isinstance(fn, PartialV):
+        return call(tr, fn.func, list(fn.args) + list(args), {**fn.kwargs, **kwargs})
     if isinstance(fn, ObjV):
         return call_obj(tr, fn, args, kwargs)
     if isinstance(fn, NewObjV):
@@ -181,6 +184,23 @@ def call_obj(tr, fn: ObjV, args: list, kwargs: dict) -> V:
         if mutable and getattr(f, "__name__", "") not in _READ_ONLY_METHODS:
             raise tr.unsupported(f"{type(self_obj).__name__}.{f.__name__}() on a real container "
                                  "would mutate it at trace time")
+        if isinstance(self_obj, (dict, list, set)) and id(self_obj) in tr.owned and \
+                getattr(f, "__name__", "") not in _READ_ONLY_METHODS:
+            tr.wrote_owned(self_obj)
+            if type(self_obj) is set and f.__name__ == "add" and len(args) == 1 and \
+                    not isinstance(args[0], ObjV):
+                # a tensor (or other value) in a set the trace made: kept by identity
+                members = tr.set_members.setdefault(id(self_obj), [])
+                if not any(m is args[0] for m in members):
+                    members.append(args[0])
+                return ObjV(None)
+        if isinstance(self_obj, set) and tr.set_members.get(id(self_obj)):
+            raise tr.unsupported(f"set.{f.__name__}() on a set holding traced values")
+        if isinstance(self_obj, str) and f.__name__ == "join" and len(args) == 1 and \
+                isinstance(args[0], (IterV, GenV, ListV, TupleV)):
+            items = tr.iterate(args[0])          # ", ".join(f"{k}" for k in names)
+            if _all_const(items):
+                return fold(tr, f, [TupleV(items)], {})
         if _all_const(args) and _all_const(kwargs.values()) and (
                 mod in ("math", "operator", "_operator", "builtins", "_functools", "itertools")
                 or is_literal(self_obj) or isinstance(self_obj, (dict, list, str, tuple, set))
@@ -195,10 +215,15 @@ def call_obj(tr, fn: ObjV, args: list, kwargs: dict) -> V:
     if isinstance(c, types.FunctionType):
         return call(tr, ObjV(c), [fn] + list(args), kwargs)
     if type(f).__name__ == "partial" and isinstance(f, __import__("functools").partial):
-        inner = tr.wrap(f.func, None)
-        pa = [tr.wrap(a, None) for a in f.args]
-        pk = {k: tr.wrap(a, None) for k, a in f.keywords.items()}
-        return call(tr, inner, pa + list(args), {**pk, **kwargs})
+        # read through the partial's own source: another partial object of the same type
+        # (a new one per call) must not reuse this one's function and arguments
+        from .sources import AttrSource
+        src = fn.source
+        inner = tr.wrap(f.func, AttrSource(src, "func") if src else None)
+        pa = tr.wrap(f.args, AttrSource(src, "args") if src else None)
+        pk = tr.wrap(f.keywords, AttrSource(src, "keywords") if src else None)
+        return call(tr, inner, tr.iterate(pa) + list(args),
+                    {**(pk.items if isinstance(pk, DictV) else {}), **kwargs})
     raise tr.unsupported(f"call to {type(f).__name__} {getattr(f, '__qualname__', f)!r:.80}")
 
 
@@ -265,13 +290,18 @@ def call_class(tr, fn: ObjV, args, kwargs) -> V:
             return ObjV(cls(*[a.value for a in args]))
         return ObjV(cls("<traced>"))
     if cls in (dict, collections.OrderedDict, collections.defaultdict) and not args \
-            or cls in (dict, collections.OrderedDict) and (not args or not isinstance(args[0], ObjV)):
+            or (cls in (dict, collections.OrderedDict) or _plain_dict_subclass(cls)) and \
+            (not args or not isinstance(args[0], ObjV)):
         from .builtins import BUILTINS as B
         d = B[dict](tr, args, kwargs)
         d.cls = cls
         return d
     if cls.__module__ == "contextlib" and cls.__name__ == "nullcontext":
         return ContextV("null", (args[0] if args else ObjV(None),))
+    if cls is torch.autograd.profiler.record_function:
+        # a profiler label, as Dynamo treats it: no effect on values; compiled code is not
+        # labelled (the frame's own profiler events still are)
+        return ContextV("null", (ObjV(None),))
     if issubclass(cls, torch.nn.Module):
         return _new_module(tr, cls, args, kwargs)
     if issubclass(cls, torch.Tensor):
@@ -316,6 +346,21 @@ def call_class(tr, fn: ObjV, args, kwargs) -> V:
             raise tr.unsupported(f"class {cls.__qualname__} with a builtin __init__")
         call(tr, ObjV(init), [obj] + list(args), kwargs)
     return obj
+
+
+_DICT_PROTOCOL = ("__new__", "__init__", "__getitem__", "__setitem__", "__delitem__", "__missing__",
+                  "__contains__", "__iter__", "__len__", "__eq__", "get", "keys", "values", "items",
+                  "update", "setdefault", "pop", "popitem", "clear", "copy", "__getattr__",
+                  "__setattr__", "__getattribute__", "__post_init__")
+
+
+def _plain_dict_subclass(cls) -> bool:
+    """A dict/OrderedDict subclass that adds methods but overrides none of the mapping's own
+    (an output container): made in the trace as a dict value of that class."""
+    from .attrs import _type_lookup
+    return isinstance(cls, type) and issubclass(cls, dict) and \
+        all(_type_lookup(cls, n)[1] in (dict, collections.OrderedDict, object, None)
+            for n in _DICT_PROTOCOL)
 
 
 def _new_module(tr, cls, args, kwargs) -> V:

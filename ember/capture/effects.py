@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import math
 import types
 
 import torch
 import torch.fx as fx
 
-from .values import (CellV, DictV, FuncV, LazyV, ListV, NewModuleV, NewObjV, ObjV, TensorV, TupleV,
-                     V)
+from .values import (CellV, DictV, DictViewV, FuncV, LazyV, ListV, NewModuleV, NewObjV, ObjV,
+                     PartialV, TensorV, TupleV, V)
 
 
 @dataclasses.dataclass
@@ -89,7 +90,7 @@ class _Rebuild:
                 return self._snap(v.source.expr())
             return self._call(v, v.fn)
         if isinstance(v, NewModuleV):
-            return self._call(v, type(v.value))
+            return self._call(v, v.fn)
         if isinstance(v, ObjV):
             x = v.value
             if x is None or type(x) in (bool, int, str) or type(x) is float and math.isfinite(x):
@@ -101,6 +102,13 @@ class _Rebuild:
                                  if not isinstance(x, list) else ListV([ObjV(i) for i in x]))
             if v.source is not None:
                 return v.source.expr()
+            if type(x) in (set, list, dict, bytearray) and id(x) in self.tr.owned:
+                # made by the trace: a new one per call, as eager makes it
+                if self.tr.set_members.get(id(x)):
+                    raise self.tr.unsupported("a set holding tensors outlives the graph")
+                if id(v) in self.memo:
+                    return self.memo[id(v)]
+                return self._temp(v, f"{self.bind(x)}.copy()")
             return self.bind(x)
         if id(v) in self.memo:
             return self.memo[id(v)]
@@ -126,6 +134,12 @@ class _Rebuild:
             if v.cls is dict:
                 return self._temp(v, "{" + inner + "}")
             return self._temp(v, f"{self.bind(v.cls, 'c')}({{{inner}}})")
+        if isinstance(v, PartialV):
+            args = [self.expr(v.func)] + [self.expr(a) for a in v.args] + \
+                [f"**{{{self._key(k)}: {self.expr(x)}}}" for k, x in v.kwargs.items()]
+            return self._temp(v, f"{self.bind(functools.partial, 'f')}({', '.join(args)})")
+        if isinstance(v, DictViewV):      # a view of the dict as rebuilt: live there too
+            return f"{self.expr(v.d)}.{v.view}()"
         if isinstance(v, FuncV):          # a closure or lambda made in the trace, made again
             defaults = "".join(self.expr(d) + ", " for d in v.defaults)
             kwdefaults = ", ".join(f"{k!r}: {self.expr(d)}" for k, d in v.kwdefaults.items())
@@ -187,6 +201,7 @@ class _Rebuild:
 
 
 def finalize(tr, ret: V) -> Plan:
+    tr.check_abandoned_generators()
     rb = _Rebuild(tr)
     ret_expr = rb.expr(ret)
     body = list(rb.pre)
@@ -218,6 +233,9 @@ def effect_lines(tr, rb: _Rebuild) -> list[str]:
         if eff[0] == "setattr":
             _, obj_v, name, value = eff
             effects.append(f"setattr({obj_v.source.expr()}, {name!r}, {rb.expr(value)})")
+        elif eff[0] == "delattr":
+            _, obj_v, name = eff
+            effects.append(f"delattr({obj_v.source.expr()}, {name!r})")
         elif eff[0] == "cell":
             _, cell, value = eff
             effects.append(f"{rb.cell(cell)}.cell_contents = {rb.expr(value)}")

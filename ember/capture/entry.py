@@ -31,6 +31,7 @@ from .values import ObjV
 
 MISS = object()
 EAGER = object()
+_RAISES = "raises: "        # reason prefix of an eager entry whose trace raised
 STATS: collections.Counter = collections.Counter()
 CACHES: dict = {}
 
@@ -170,7 +171,7 @@ class Runner:
             raise TypeError(f"{fn.__qualname__}() got unexpected keyword arguments {sorted(kwargs)}")
         return tuple(out)
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, /, *args, **kwargs):      # a keyword argument may be named `self`
         if FORCE_EAGER:                 # ember.set_stance("force_eager"): no guard, no compile
             return self.run_eager(self.bind(args, kwargs))
         # fast path: positional call, MRU entry hits
@@ -243,7 +244,22 @@ class Runner:
             raise InternalError(f"guards of a fresh entry for {_where(cache.code)} fail on the "
                                 f"inputs they were built from: {_first_failed_guard([entry], self.fn, locals_)}")
         if r is EAGER:
+            if entry.reason is not None and entry.reason.startswith(_RAISES):
+                return self._eager_expecting_raise(locals_, entry)
             return self.run_eager(locals_)
+        return r
+
+    def _eager_expecting_raise(self, locals_, entry):
+        """The trace raised, so eager should too. When it does not, the trace was wrong (a
+        capture bug): the frame keeps running eagerly for these guards, loudly."""
+        r = self.run_eager(locals_)
+        reason = f"the trace raised where the eager call did not ({entry.reason[len(_RAISES):]})"
+        if config.strict():
+            raise InternalError(f"{_where(self.code)}: {reason}")
+        STATS["fallbacks"] += 1
+        from .breaks import runs_eagerly
+        runs_eagerly(f"raises:{id(self.code)}", self.code, self.code.co_firstlineno, reason)
+        entry.reason = reason
         return r
 
     def compile(self, locals_) -> Entry:
@@ -266,19 +282,22 @@ class Runner:
                 return entry
             if getattr(e, "raises", False):
                 # the frame raises on these inputs: eager raises the same exception from the
-                # user's own frames, and a function that raises has no speed to lose (no warning)
-                return build_entry(tr, None, self.argnames, eager=True, reason=str(e))
+                # user's own frames, and a function that raises has no speed to lose (no
+                # warning, unless the eager call then does not raise: see miss)
+                return build_entry(tr, None, self.argnames, eager=True, reason=_RAISES + str(e))
             STATS["fallbacks"] += 1
             why = f"\n(no graph break here: {e.no_break})" if getattr(e, "no_break", None) else ""
-            warn_once(f"unsupported:{id(self.code)}:{e.reason}",
-                      f"{_where(self.code)} runs eagerly: {e}{why}")
+            from .breaks import runs_eagerly
+            runs_eagerly(f"unsupported:{id(self.code)}:{e.reason}", self.code,
+                         self.code.co_firstlineno, f"{e}{why}")
             return build_entry(tr, None, self.argnames, eager=True, reason=str(e))
         except Exception as e:  # noqa: BLE001 - internal errors fall back unless strict
             if config.strict():
                 raise
             STATS["fallbacks"] += 1
-            warn_once(f"internal:{id(self.code)}", f"internal error while capturing "
-                      f"{_where(self.code)}; running eagerly: {type(e).__name__}: {e}")
+            from .breaks import runs_eagerly
+            runs_eagerly(f"internal:{id(self.code)}", self.code, self.code.co_firstlineno,
+                         f"internal error while capturing: {type(e).__name__}: {e}")
             return build_entry(tr, None, self.argnames, eager=True, reason=repr(e))
         return build_entry(tr, plan, self.argnames, settings=self.settings)
 

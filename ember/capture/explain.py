@@ -1,8 +1,9 @@
 """Capture, explain: run a function once under capture and report what happened.
 
 `explain(fn, *args, **kwargs)` → `Explanation` with graphs (fx.GraphModule), ops per graph,
-guards (readable), recompiles, graph breaks (breaks.BreakInfo: reason, user file:line, kind)
-and the reasons of frames that ran eagerly.
+guards (readable), recompiles, graph breaks (breaks.BreakInfo: reason, user file:line, kind),
+the reasons of the root frame's eager entries (`unsupported`) and every frame, or rest of a
+frame after a break, set to run eagerly during the call (`eager`, the warnings' text).
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ class Explanation:
     breaks: list
     unsupported: list
     result: object = None
+    eager: list = dataclasses.field(default_factory=list)   # every frame (or rest) run eagerly
 
     @property
     def graph_count(self) -> int:
@@ -42,8 +44,8 @@ class Explanation:
                  f"fallbacks: {self.fallbacks}"]
         for i, b in enumerate(self.breaks):
             lines.append(f"break {i}: {b}")
-        for r in self.unsupported:
-            lines.append(f"runs eagerly: {r}")
+        for r in self.eager:
+            lines.append(f"eager: {r}")
         for i, gm in enumerate(self.graphs):
             lines.append(f"--- graph {i} ---")
             lines.append(gm.print_readable(print_output=False))
@@ -52,11 +54,11 @@ class Explanation:
         return "\n".join(lines)
 
 
-def explain(fn, *args, **kwargs) -> Explanation:
-    from .breaks import RECORD
+def explain(fn, /, *args, **kwargs) -> Explanation:
+    from .breaks import EAGER, RECORD
     from .entry import STATS, compile_function, compile_module
     graphs = []
-    n_breaks = len(RECORD)
+    n_breaks, n_eager = len(RECORD), len(EAGER)
 
     def recording_backend(gm, example_inputs):
         graphs.append(gm)
@@ -79,9 +81,11 @@ def explain(fn, *args, **kwargs) -> Explanation:
         guards = [g.describe() for e in cache.entries for g in e.guards]
         unsupported = [e.reason for e in cache.entries if e.eager]
         breaks = RECORD[n_breaks:]
+        eager = EAGER[n_eager:]
     finally:
         del RECORD[n_breaks:]
+        del EAGER[n_eager:]
         STATS.clear()
         STATS.update(before)
     ops = [sum(1 for n in g.graph.nodes if n.op == "call_function") for g in graphs]
-    return Explanation(graphs, ops, guards, recompiles, breaks, unsupported, result)
+    return Explanation(graphs, ops, guards, recompiles, breaks, unsupported, result, eager)

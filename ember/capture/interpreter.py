@@ -25,7 +25,8 @@ from .bytecode import decode
 from .guards import Guard, global_state
 from .sources import (AttrSource, ClosureSource, ConstSource, DictEntrySource, GlobalSource,
                       ItemSource, LocalSource, SizeSource, Source)
-from .values import (NULL, CellV, DictV, LazyV, ListV, ObjV, TensorV, TupleV, V, is_literal)
+from .values import (NULL, SYM_TYPES, CellV, DictV, LazyV, ListV, ObjV, TensorV, TupleV, V,
+                     is_literal)
 
 MAX_INLINE_DEPTH = 64
 CO_VARARGS, CO_VARKEYWORDS, CO_GENERATOR = 0x04, 0x08, 0x20
@@ -60,14 +61,19 @@ class Return:
         self.value = value
 
 
+class Yield(Return):
+    """A generator frame paused at `yield value` (resumed by Tracer.resume_generator)."""
+    __slots__ = ()
+
+
 class Frame:
     __slots__ = ("code", "instrs", "pc", "stack", "locals", "cells", "globals", "gid", "fn_v",
-                 "yields", "lineno", "self_v")
+                 "generator", "lineno", "self_v")
 
     def __init__(self, code, locals_, cells, globals_, gid, fn_v=None):
         self.code, self.instrs = code, decode(code)[0]
         self.pc, self.stack, self.locals, self.cells = 0, [], locals_, cells
-        self.globals, self.gid, self.fn_v, self.yields = globals_, gid, fn_v, None
+        self.globals, self.gid, self.fn_v, self.generator = globals_, gid, fn_v, False
         self.lineno = code.co_firstlineno
 
     def push(self, v):
@@ -130,6 +136,13 @@ class Tracer:
         self._const_names: dict = {}
         self.real_contexts: list = []
         self.fresh: set[int] = set()
+        # writes to values (containers, attributes, cells, globals) made so far: a graph break
+        # may finish a suspended generator early only if that writes nothing (breaks.py)
+        self.writes = 0
+        self.generators: list = []                      # GenV of every generator made
+        self.owned_in_generator: set[int] = set()
+        # a set the trace made, holding values without a constant (tensors: by identity)
+        self.set_members: dict[int, list] = {}
         self.owned: set[int] = set()                    # ids of real objects the trace created
         self.autocast: dict = {d: dt for d, on, dt in (self.state0[3] or ()) if on}
         self.stop_at: tuple | None = None                # (instruction index, visit) in the root
@@ -212,6 +225,13 @@ class Tracer:
         self.keepalive.append(obj)
         return name
 
+    def item_source(self, base: Source, key, frozen: bool = False) -> ItemSource:
+        """`base[key]`, the key bound in the generated namespace when repr cannot spell it
+        (`frozen`: the container is immutable, see ItemSource)."""
+        from .sources import plain_repr
+        return ItemSource(base, key, None if plain_repr(key) is not None else
+                          self.bind_const(key, "key"), frozen=frozen)
+
     def gid_for(self, gdict: dict) -> str:
         gid = self.global_ids.get(id(gdict))
         if gid is None:
@@ -269,7 +289,7 @@ class Tracer:
             self.guard("KEYS", source, list(value.keys()))
             if not all(is_literal(k) for k in value):
                 raise self.unsupported("dict with non-constant keys")
-            d = DictV({k: self.wrap(x, ItemSource(source, k) if source else None)
+            d = DictV({k: self.wrap(x, self.item_source(source, k) if source else None)
                        for k, x in value.items()}, source, cls=t)
             return self._remember(value, d) if t is dict else d
         if isinstance(value, torch.nn.Module):
@@ -470,6 +490,10 @@ class Tracer:
             if isinstance(x, (tuple, list)) and any(isinstance(i, torch.SymInt) for i in x):
                 items = [self.size_node(i) if isinstance(i, torch.SymInt) else i for i in x]
                 return tuple(items) if type(x) is tuple else items
+            if not _graph_constant(x):
+                raise self.unsupported(f"a {type(x).__module__}.{type(x).__qualname__} object "
+                                       "as an argument in the graph",
+                                       hint="NumPy is not traced: the call runs eagerly")
             return x
         if isinstance(v, (ListV, TupleV)):
             items = [self.to_node(i) for i in v.items]
@@ -589,9 +613,52 @@ class Tracer:
         """`x` was created by the trace itself: mutating it at trace time is safe."""
         self.owned.add(id(x))
         self.keepalive.append(x)
+        if self.frames and self.frames[-1].generator:
+            self.owned_in_generator.add(id(x))
+
+    def wrote_owned(self, x) -> None:
+        """A write to `x`, a container the trace made: counted (see `writes`) unless a
+        generator made it, as its private state (named_modules' memo)."""
+        if id(x) not in self.owned_in_generator:
+            self.writes += 1
 
     # ---- frames -------------------------------------------------------------------------
     def run_frame(self, frame: Frame) -> V:
+        return self._run(frame).value
+
+    def resume_generator(self, g) -> V:
+        """Run generator `g` to its next `yield`: the yielded value, or STOP once it returns."""
+        from .values import STOP
+        if g.done:
+            return STOP
+        if any(f is g.frame for f in self.frames):
+            raise self.unsupported("generator already executing", hint="fails eagerly")
+        if g.started:
+            g.frame.push(ObjV(None))        # what the paused `yield` evaluates to (next, not send)
+        g.started = True
+        try:
+            r = self._run(g.frame)
+        except BaseException:
+            g.done = True
+            raise
+        if isinstance(r, Yield):
+            return r.value
+        g.done, g.ret = True, r.value
+        return STOP
+
+    def check_abandoned_generators(self) -> None:
+        """A generator left paused inside a try/finally or with-block: eager closes it when
+        it is dropped, running that cleanup code, which the trace would skip."""
+        for g in self.generators:
+            if g.started and not g.done:
+                instrs, table = decode(g.frame.code)
+                i = g.frame.pc - 1
+                if any(e.start <= i <= e.end and instrs[e.target].opname not in
+                       ("CALL_INTRINSIC_1", "CLEANUP_THROW") for e in table):
+                    raise self.unsupported(f"generator {g.frame.code.co_qualname} left paused "
+                                           "inside a try or with block (its cleanup would not run)")
+
+    def _run(self, frame: Frame) -> Return:
         from .handlers import HANDLERS
         if len(self.frames) >= MAX_INLINE_DEPTH:
             raise self.unsupported(f"inlining deeper than {MAX_INLINE_DEPTH} frames")
@@ -624,7 +691,7 @@ class Tracer:
                         e.break_location = self.location()
                     raise
                 if r is not None:
-                    return r.value
+                    return r
         finally:
             self.frames.pop()
 
@@ -652,10 +719,12 @@ class Tracer:
             cells[name_] = closure[i]
         frame = Frame(code, locals_, cells, globals_, self.gid_for(globals_), fn_v)
         if code.co_flags & CO_GENERATOR:
-            frame.yields = []
-            self.run_frame(frame)
-            from .values import IterV
-            return IterV(frame.yields)
+            # its body runs only as it is iterated, interleaved with the consumer's code
+            from .values import GenV
+            frame.generator = True
+            g = GenV(frame)
+            self.generators.append(g)
+            return g
         return self.run_frame(frame)
 
     def bind_args(self, code, args, kwargs, defaults, kwdefaults) -> dict:
@@ -778,6 +847,19 @@ def _result_device(args, kwargs) -> torch.device:
                 if isinstance(i, TensorV):
                     return i.device
     return torch.get_default_device()
+
+
+def _graph_constant(x) -> bool:
+    """Whether the generated graph code can spell `x`: FX prints a constant argument with repr
+    (a NumPy array printed as `array([...])` is a NameError at call time) and imports only
+    callables and classes."""
+    if is_literal(x) or x is None or isinstance(x, SYM_TYPES) or type(x) in (slice, range):
+        return True
+    if type(x) in (tuple, list):
+        return all(_graph_constant(i) for i in x)
+    if type(x).__module__ == "numpy" or type(x).__module__.startswith("numpy."):
+        return False
+    return callable(x) or type(x).__module__.split(".")[0] == "torch"
 
 
 def _has_tensor(x) -> bool:

@@ -154,16 +154,20 @@ class DictEntrySource(Source):
 class ItemSource(Source):
     """`base[key]`. Structural only where the container cannot change under a snapshot: a tuple
     (`frozen`), or one of a module's own tables (`_modules`, ...), whose version a snapshot
-    records."""
-    __slots__ = ("base", "key")
+    records. A key whose repr is not Python source over builtins (a torch.dtype, an enum) is
+    spelled by `key_expr`, a name the tracer bound in the generated namespace."""
+    __slots__ = ("base", "key", "key_expr")
 
-    def __init__(self, base: Source, key, frozen: bool = False):
+    def __init__(self, base: Source, key, key_expr: str | None = None, frozen: bool = False):
         self.base, self.key = base, key
         self.structural = base.structural and (frozen or isinstance(base, AttrSource) and
                                                base.attr in MODULE_TABLES)
+        self.key_expr = key_expr if key_expr is not None else plain_repr(key)
+        if self.key_expr is None:
+            raise ValueError(f"no expression for the key {key!r}")
 
     def expr(self):
-        return f"{self.base.expr()}[{self.key!r}]"
+        return f"{self.base.expr()}[{self.key_expr}]"
 
     def name(self):
         return f"{self.base.name()}[{self.key!r}]"
@@ -196,3 +200,18 @@ class DefaultSource(Source):
         if self.kw:
             return f"{self.base.expr()}.__kwdefaults__[{self.idx!r}]"
         return f"{self.base.expr()}.__defaults__[{self.idx}]"
+
+
+def plain_repr(key) -> str | None:
+    """Python source for `key` that evaluates to an equal, equally hashed value with builtins
+    only, or None. A torch.Size is spelled as the tuple it equals (same hash)."""
+    t = type(key)
+    if key is None or t in (bool, int, str, bytes) or t is float and key == key and \
+            key not in (float("inf"), float("-inf")):
+        return repr(key)
+    if isinstance(key, tuple) and t in (tuple, __import__("torch").Size):
+        parts = [plain_repr(k) for k in key]
+        if None in parts:
+            return None
+        return f"({', '.join(parts)}{',' if len(parts) == 1 else ''})"
+    return None

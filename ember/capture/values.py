@@ -2,16 +2,19 @@
 
   ObjV      a real Python object known at trace time (constants, classes, functions, modules,
             user objects); guarded through its `source` when it came from the caller
-  NewModuleV  a stateless torch.nn module made in the trace (a loss module)
+  NewModuleV  a torch.nn module made in the trace (a loss module, a Sequential slice)
   LazyV     a float or str from the caller, or a pure function of such values, guarded by value
             only when the trace uses it (see the class); also a nested function, whose
             identity is guarded only when used
   TensorV   a tensor: an FX node + a meta-device example value (+ the real device)
   ListV / TupleV / DictV   containers whose items are values (tensors inside stay symbolic)
+  DictViewV a live keys/values/items view of a DictV
   FuncV     a function created during the trace (MAKE_FUNCTION: lambdas, comprehensions, closures)
   MethodV   a bound method (function value + self value)
+  PartialV  a functools.partial made in the trace
   CellV     a closure cell created during the trace
   IterV     an iterator over a materialized list of values
+  GenV      a lazy iterator: a generator's suspended frame, or map/zip/... over one
   NewObjV   an object created during the trace (dataclass, ModelOutput, plain class instance)
   ContextV  a context manager the tracer understands (grad mode, autocast, nullcontext)
   SuperV    the result of super()
@@ -84,13 +87,16 @@ class LazyV(ObjV):
 
 
 class NewModuleV(ObjV):
-    """A stateless torch.nn module built during the trace from constant arguments; residual
-    code rebuilds it as `type(value)(*args, **kwargs)`."""
-    __slots__ = ("args", "kwargs")
+    """A torch.nn module built during the trace: a stateless one from constant arguments, or a
+    slice of a Sequential/ModuleList (whose submodules the trace reads through their own
+    sources); residual code makes it again as `fn(*args, **kwargs)` (fn: `type(value)`, or
+    `operator.getitem` for a slice)."""
+    __slots__ = ("args", "kwargs", "fn")
 
-    def __init__(self, value, args, kwargs):
+    def __init__(self, value, args, kwargs, fn=None):
         super().__init__(value)
         self.args, self.kwargs = tuple(args), dict(kwargs)
+        self.fn = fn or type(value)
 
 
 def peek(v: ObjV):
@@ -163,6 +169,22 @@ class DictV(V):
         return self.cls
 
 
+class DictViewV(V):
+    """`d.keys()` / `.values()` / `.items()` of a dict value: live, so it reads the dict's
+    items when used, after any later change (as Python's views do)."""
+    __slots__ = ("d", "view")
+    kind = "dict_view"
+
+    def __init__(self, d: DictV, view: str):
+        self.d, self.view, self.source = d, view, None
+
+    def python_type(self):
+        return type(getattr({}, self.view)())
+
+    def __repr__(self):
+        return f"DictViewV({self.view})"
+
+
 class FuncV(V):
     __slots__ = ("code", "globals", "name", "qualname", "defaults", "kwdefaults", "closure", "fn_obj")
     kind = "function"
@@ -175,6 +197,19 @@ class FuncV(V):
     def python_type(self):
         import types
         return types.FunctionType
+
+
+class PartialV(V):
+    """`functools.partial(func, *args, **kwargs)` made in the trace."""
+    __slots__ = ("func", "args", "kwargs")
+    kind = "partial"
+
+    def __init__(self, func: V, args, kwargs):
+        self.func, self.args, self.kwargs, self.source = func, tuple(args), dict(kwargs), None
+
+    def python_type(self):
+        import functools
+        return functools.partial
 
 
 class MethodV(V):
@@ -206,6 +241,36 @@ class IterV(V):
 
     def python_type(self):
         return type(iter([]))
+
+
+class _Stop:
+    def __repr__(self):
+        return "STOP"
+
+
+STOP = _Stop()       # what stepping an exhausted iterator value gives
+
+
+class GenV(V):
+    """A lazy iterator made in the trace, stepped one value at a time (`for`, `next`, `yield
+    from`) so that its code and its consumer's interleave as they do in Python: a generator
+    (`frame` is its suspended frame, `ret` its return value once done) or a lazy builtin over
+    one (`step(tracer) -> value | STOP`: map, filter, zip, enumerate)."""
+    __slots__ = ("frame", "step", "started", "done", "ret", "cls")
+    kind = "generator"
+
+    def __init__(self, frame=None, step=None, cls=None):
+        self.frame, self.step, self.started, self.done = frame, step, False, False
+        self.ret, self.source = ObjV(None), None
+        import types
+        self.cls = cls or types.GeneratorType
+
+    def python_type(self):
+        return self.cls
+
+    def __repr__(self):
+        what = self.frame.code.co_qualname if self.frame is not None else self.cls.__name__
+        return f"GenV({what}{', done' if self.done else ''})"
 
 
 class NewObjV(V):

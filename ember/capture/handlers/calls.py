@@ -1,7 +1,8 @@
-"""Handlers: CALL, CALL_FUNCTION_EX, MAKE_FUNCTION, LOAD_ATTR/LOAD_METHOD/STORE_ATTR, super."""
+"""Handlers: CALL, CALL_FUNCTION_EX, MAKE_FUNCTION, LOAD_ATTR/LOAD_METHOD/STORE_ATTR/DELETE_ATTR,
+super."""
 from __future__ import annotations
 
-from ..attrs import TraceAttributeError, load_attr, store_attr
+from ..attrs import TraceAttributeError, delete_attr, load_attr, store_attr
 from ..values import NULL, DictV, FuncV, ObjV, SuperV, TupleV
 from . import handler
 
@@ -91,6 +92,11 @@ def store_attr_h(tr, f, ins):
     obj = f.pop()
     value = f.pop()
     store_attr(tr, obj, ins.argval, value)
+
+
+@handler("DELETE_ATTR")
+def delete_attr_h(tr, f, ins):
+    delete_attr(tr, f.pop(), ins.argval)
 
 
 @handler("LOAD_SUPER_ATTR", since=(3, 12))

@@ -1,7 +1,7 @@
 """Handlers: BUILD_* containers, list/set/dict updates, unpacking, iteration, f-strings."""
 from __future__ import annotations
 
-from ..values import DictV, IterV, ListV, ObjV, TensorV, TupleV
+from ..values import STOP, DictV, GenV, IterV, ListV, ObjV, TensorV, TupleV
 from . import handler
 
 
@@ -112,6 +112,11 @@ def call_intrinsic_1(tr, f, ins):
         f.push(TupleV(f.pop().items))
     elif kind == 5:   # INTRINSIC_UNARY_POSITIVE
         f.push(tr.unary(operator.pos, f.pop()))
+    elif kind == 3:   # INTRINSIC_STOPITERATION_ERROR: an exception leaving a generator
+        e = f.pop().value
+        if isinstance(e, StopIteration):
+            e = RuntimeError("generator raised StopIteration")
+        f.push(ObjV(e))
     else:
         raise tr.unsupported(f"CALL_INTRINSIC_1 {ins.argval}")
 
@@ -138,19 +143,20 @@ def unpack_ex(tr, f, ins):
 
 @handler("GET_ITER")
 def get_iter(tr, f, ins):
-    v = f.pop()
-    f.push(v if isinstance(v, IterV) else IterV(tr.iterate(v)))
+    from ..builtins import as_iter
+    f.push(as_iter(tr, f.pop()))
 
 
 @handler("FOR_ITER")
 def for_iter(tr, f, ins):
+    from ..builtins import step
     it = f.stack[-1]
-    if not isinstance(it, IterV):       # a real iterator passed in (a comprehension's `.0`)
+    if not isinstance(it, (IterV, GenV)):   # a real iterator passed in (a comprehension's `.0`)
         raise tr.unsupported(f"iterating a {type(it.value).__name__ if isinstance(it, ObjV) else type(it).__name__} "
                              "passed in from the caller")
-    if it.pos < len(it.items):
-        it.pos += 1
-        f.push(it.items[it.pos - 1])
+    x = step(tr, it)
+    if x is not STOP:
+        f.push(x)
     else:
         f.pop()
         f.pc = ins.target

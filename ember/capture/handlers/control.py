@@ -1,12 +1,14 @@
-"""Handlers: jumps, return, generators (run to completion), raise/assert, match statements.
+"""Handlers: jumps, return, generators (paused at each yield, see Tracer.resume_generator),
+`yield from`, raise/assert, match statements.
 
 Exception-handling blocks (3.11+ zero-cost exception table) are never entered: a traced raise is
 Unsupported, so only the normal path of try/with is interpreted.
 """
 from __future__ import annotations
 
-from ..interpreter import Return, TracedRaise
-from ..values import DictV, ListV, NewObjV, ObjV, TupleV
+from ..bytecode import PY
+from ..interpreter import Return, TracedRaise, Yield
+from ..values import STOP, DictV, GenV, IterV, ListV, NewObjV, ObjV, TupleV
 from . import handler
 
 
@@ -71,17 +73,49 @@ def return_const(tr, f, ins):
 
 @handler("RETURN_GENERATOR")
 def return_generator(tr, f, ins):
-    if f.yields is None:
+    if not f.generator:
         raise tr.unsupported("generator outside an inlined call")
-    f.push(ObjV(None))
+    f.push(ObjV(None))          # the first resume's sent value, popped by the next POP_TOP
 
 
 @handler("YIELD_VALUE")
 def yield_value(tr, f, ins):
-    if f.yields is None:
+    if not f.generator:
         raise tr.unsupported("yield in the compiled frame")
-    f.yields.append(f.pop())
-    f.push(ObjV(None))
+    return Yield(f.pop())       # paused here; Tracer.resume_generator pushes the sent None
+
+
+@handler("GET_YIELD_FROM_ITER")
+def get_yield_from_iter(tr, f, ins):
+    from ..builtins import as_iter
+    f.push(as_iter(tr, f.pop()))
+
+
+@handler("SEND")
+def send(tr, f, ins):
+    """`yield from` / `await` step: [receiver, sent] → [receiver, next value], or at the end the
+    receiver's return value (3.11: instead of the receiver; 3.12: above it, END_SEND drops it)."""
+    from ..builtins import step
+    sent, recv = f.pop(), f.stack[-1]
+    if not (isinstance(sent, ObjV) and sent.value is None) or \
+            not isinstance(recv, (IterV, GenV)):
+        raise tr.unsupported("send() into a delegated iterator")
+    x = step(tr, recv)
+    if x is not STOP:
+        f.push(x)
+        return
+    ret = recv.ret if isinstance(recv, GenV) else ObjV(None)
+    if PY < (3, 12):
+        f.pop()
+    f.push(ret)
+    f.pc = ins.target
+
+
+@handler("END_SEND", since=(3, 12))
+def end_send(tr, f, ins):
+    v = f.pop()
+    f.pop()
+    f.push(v)
 
 
 @handler("RAISE_VARARGS")

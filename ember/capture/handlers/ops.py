@@ -8,7 +8,7 @@ from __future__ import annotations
 import operator
 import types
 
-from ..values import NULL, SYM_TYPES, DictV, ListV, NewObjV, ObjV, TensorV, TupleV, peek
+from ..values import NULL, SYM_TYPES, DictV, DictViewV, ListV, NewObjV, ObjV, TensorV, TupleV, peek
 from . import handler
 
 BINARY_OPS = [operator.add, operator.and_, operator.floordiv, operator.lshift, operator.matmul,
@@ -49,6 +49,10 @@ def binary(tr, op, a, b):
             return tr.call(ObjV(fa), [a, b], {})
         from ..builtins import fold
         return fold(tr, op, [a, b], {})
+    if isinstance(a, DictViewV) or isinstance(b, DictViewV):
+        # set operations and comparisons of views: on their values now (keys are constants)
+        a, b = (ObjV(real(tr, x)) if isinstance(x, DictViewV) else x for x in (a, b))
+        return binary(tr, op, a, b)
     plain = _INPLACE_TO_PLAIN.get(op, op)
     a, b = _as_seq(a, b), _as_seq(b, a)
     if isinstance(a, ListV) and op is operator.iadd:
@@ -163,9 +167,13 @@ def is_op(tr, f, ins):
 
 
 def contains(tr, item, container) -> bool:
-    from ..builtins import real
+    from ..builtins import real, view_items
     if isinstance(container, DictV):
         return real(tr, item) in container.items
+    if isinstance(container, DictViewV):
+        if container.view == "keys":
+            return real(tr, item) in container.d.items
+        container = ListV(view_items(container))
     if isinstance(container, (ListV, TupleV)):
         for x in container.items:
             if x is item or is_same(x, item):
@@ -176,6 +184,11 @@ def contains(tr, item, container) -> bool:
                 if not (isinstance(x, ObjV) or isinstance(item, ObjV)):
                     raise tr.unsupported("`in` over tensors compares their data")
         return False
+    if isinstance(container, ObjV) and type(container.value) is set and \
+            id(container.value) in tr.owned:
+        if not isinstance(item, ObjV):        # kept by identity (set.add of a value)
+            return any(m is item for m in tr.set_members.get(id(container.value), ()))
+        return item.value in container.value
     if isinstance(container, ObjV) and isinstance(item, ObjV):
         c = container.value
         m = getattr(type(c), "__contains__", None)
@@ -244,32 +257,47 @@ def getitem(tr, c, k):
             except Exception as e:  # noqa: BLE001
                 from ..interpreter import TracedRaise
                 raise TracedRaise(e) from None
-            from ..sources import ItemSource
             if c.source is not None and not isinstance(key, slice):
-                return tr.wrap(r, ItemSource(c.source, key, frozen=type(x) is tuple))
+                return tr.wrap(r, tr.item_source(c.source, key, frozen=type(x) is tuple))
             return tr.wrap(r, None) if not isinstance(r, (tuple, list, str)) else tr.const_value(r)
     raise tr.unsupported(f"subscript of {type(c).__name__}")
 
 
 def _module_getitem(tr, c, k):
-    """Sequential/ModuleList with an int or slice: the submodule(s), sources kept."""
+    """Sequential/ModuleList with an int or a slice: the submodule, sources kept; a slice is
+    the container eager makes (same class, same submodules), whose submodules the trace reads
+    through their own sources and residual code makes again as `container[slice]`."""
     import torch
+    from ..interpreter import TracedRaise
+    from ..values import NewModuleV
     x = c.value
     if not isinstance(x, (torch.nn.Sequential, torch.nn.ModuleList)) or not isinstance(k, ObjV):
         return None
-    from ..sources import AttrSource, DictEntrySource
-    keys = list(x._modules.keys())
-    if c.source is not None:
+    ov = tr.overlay.get((id(x), "_modules"))
+    if ov is not None:                       # itself a slice made in the trace
+        keys = list(ov.items)
+        get = ov.items.__getitem__
+    elif c.source is None:
+        raise tr.unsupported(f"indexing a {type(x).__name__} made in the traced code")
+    else:
+        from ..sources import AttrSource, DictEntrySource
+        keys = list(x._modules.keys())
         tr.guard("KEYS", AttrSource(c.source, "_modules", structural=True), keys)
+
+        def get(key):
+            return tr.wrap(x._modules[key], DictEntrySource(c.source, "_modules", key))
     idx = k.value
     if isinstance(idx, slice):
-        sel = keys[idx]
-        return ListV([tr.wrap(x._modules[s], DictEntrySource(c.source, "_modules", s)
-                              if c.source else None) for s in sel])
+        new = x[idx]
+        sub = DictV({nk: get(ok) for nk, ok in zip(new._modules, keys[idx])})
+        tr.keepalive.append(new)
+        tr.overlay[(id(new), "_modules")] = sub
+        return NewModuleV(new, [c, k], {}, fn=operator.getitem)
     if isinstance(idx, int):
-        key = keys[idx]
-        return tr.wrap(x._modules[key], DictEntrySource(c.source, "_modules", key)
-                       if c.source else None)
+        try:
+            return get(keys[idx])
+        except IndexError:
+            raise TracedRaise(IndexError(f"index {idx} is out of range")) from None
     return None
 
 
@@ -293,6 +321,7 @@ def _slice(tr, *parts):
 
 def setitem(tr, c, k, v):
     from ..builtins import _mutate, real
+    tr.writes += 1
     if isinstance(c, TensorV):
         tr.call_graph(operator.setitem, [c, k, v], {})
         return
@@ -339,8 +368,22 @@ def delete_subscr(tr, f, ins):
     from ..builtins import _mutate, real
     k, c = f.pop(), f.pop()
     if isinstance(c, (ListV, DictV)):
-        _mutate(tr, c)
-        del c.items[real(tr, k)]
+        key = real(tr, k)
+        try:
+            del c.items[key]
+        except (IndexError, KeyError, TypeError) as e:
+            from ..interpreter import TracedRaise
+            raise TracedRaise(e) from None
+        _mutate(tr, c)          # replayed on the caller's container, applied to a fresh one
+        return
+    if isinstance(c, TensorV) or isinstance(c, TupleV):
+        from ..interpreter import TracedRaise
+        raise TracedRaise(TypeError(f"'{c.python_type().__name__}' object doesn't support item "
+                                    "deletion"))
+    di = getattr(c.cls if isinstance(c, NewObjV) else type(c.value) if isinstance(c, ObjV)
+                 else None, "__delitem__", None)
+    if isinstance(di, types.FunctionType):
+        tr.call(ObjV(di), [c, k], {})
         return
     raise tr.unsupported(f"del on {type(c).__name__}")
 

@@ -90,6 +90,7 @@ def load_deref(tr, f, ins):
 def store_deref(tr, f, ins):
     cell = f.cells[ins.argval]
     cell.contents = f.pop()
+    tr.writes += 1
     if cell.real is not None:       # the caller's cell: written back after the graph
         tr.effects.append(("cell", cell, cell.contents))
 
@@ -104,6 +105,7 @@ def load_global(tr, f, ins):
 @handler("STORE_GLOBAL")
 def store_global(tr, f, ins):
     v = f.pop()
+    tr.writes += 1
     tr.overlay[(id(f.globals), ins.argval)] = v
     tr.effects.append(("global", f.gid, ins.argval, v))
 
