@@ -15,14 +15,14 @@ CPython bumps a dict's `ma_version_tag` from one process-wide counter on every c
 submodule assignment, hook (un)registration or `.train()`/`.eval()` moves a tag.
 `module.to()/.half()/.cuda()` swap a parameter's storage in place (`param.data = ...`), which
 moves the StorageImpl pointer; `torch.utils.swap_tensors` moves the TensorImpl; freezing
-(`requires_grad_`) flips `requires_grad`, which matters (and is read) only with grad enabled.
+(`requires_grad_`) flips `requires_grad`.
 A module's `__dict__` replaced wholesale is seen too (its identity is checked first). Not seen: a
 parameter resized in place. A snapshot holds modules weakly and their dicts not at all, so it
 never keeps a deleted model alive (entry.py keeps one state per root, dropped with the root).
 
 The per-call check is a small C extension (built with the C compiler once, 0.2 s, cached on disk
-like the kernels): ~1.5 µs for a resnet18. The two pointer offsets are found by probing real
-tensors when it loads, and checked to follow a storage swap. Without a compiler, or if the probe
+like the kernels): ~1.5 µs for a resnet18. The pointer and flag offsets are found by probing
+real tensors when it loads, and checked to follow a storage swap and requires_grad_ both ways. Without a compiler, or if the probe
 does not match, the check always answers "changed", so the structural guards run on every call:
 correct, only slower (logged once under EMBER_LOGS=perf).
 
@@ -60,13 +60,13 @@ _SOURCE = r"""
 #endif
 static inline uint64_t tag_of(PyObject *d) { return ((PyDictObject *)d)->ma_version_tag; }
 
-static getter rg_get;          /* TensorBase.requires_grad's C getter */
+static getter rg_get;          /* TensorBase.requires_grad's C getter (when rg_off < 0) */
 static void *rg_closure;
-static PyCFunction grad_enabled;  /* torch._C.is_grad_enabled */
 static PyTypeObject *tensor_type;
-/* Where a tensor's TensorImpl* sits in its Python object, and its Storage in the TensorImpl:
-   found and checked by probing real tensors at setup (statecheck._layout). */
-static Py_ssize_t impl_off, storage_off;
+/* Where a tensor's TensorImpl* sits in its Python object, its Storage and AutogradMeta* in the
+   TensorImpl, and the requires_grad flag in the AutogradMeta: found and checked by probing real
+   tensors at setup (statecheck._layout); rg_off < 0: the flag is read through the getter. */
+static Py_ssize_t impl_off, storage_off, meta_off, rg_off;
 
 typedef struct {
     PyObject_HEAD
@@ -77,19 +77,22 @@ typedef struct {
 
 #define TENSOR_WORDS 4
 /* type, TensorImpl (swap_tensors moves it), StorageImpl (param.data = ..., what .to()/.half()
-   do, moves it), requires_grad (read only when `rg`: it matters only with grad enabled) */
-static int tensor_state(PyObject *t, uint64_t *out, int rg) {
+   do, moves it), the requires_grad flag (a leaf's; a non-leaf's grad_fn cannot change) */
+static int tensor_state(PyObject *t, uint64_t *out) {
     if (!PyObject_TypeCheck(t, tensor_type)) return -1;
     char *impl = *(char **)((char *)t + impl_off);
     out[0] = (uint64_t)(uintptr_t)Py_TYPE(t);
     out[1] = (uint64_t)(uintptr_t)impl;
     out[2] = (uint64_t)(uintptr_t)*(void **)(impl + storage_off);
-    if (rg) {
-        PyObject *r = rg_get(t, rg_closure);
-        if (r == NULL) { PyErr_Clear(); return -1; }
-        out[3] = (uint64_t)(r == Py_True);
-        Py_DECREF(r);
+    if (rg_off >= 0) {
+        char *meta = *(char **)(impl + meta_off);
+        out[3] = meta == NULL ? 0 : *(uint8_t *)(meta + rg_off);
+        return 0;
     }
+    PyObject *r = rg_get(t, rg_closure);
+    if (r == NULL) { PyErr_Clear(); return -1; }
+    out[3] = (uint64_t)(r == Py_True);
+    Py_DECREF(r);
     return 0;
 }
 
@@ -116,15 +119,9 @@ static PyObject *snap_call(Snap *s, PyObject *args, PyObject *kw) {
         for (uint64_t j = 0; j < n; ++j, v += 2)
             if (tag_of((PyObject *)(uintptr_t)v[0]) != v[1]) Py_RETURN_FALSE;
     }
-    if (s->n_ten == 0) Py_RETURN_TRUE;
-    PyObject *ge = grad_enabled(NULL, NULL);
-    if (ge == NULL) return NULL;
-    int rg = ge == Py_True;
-    Py_DECREF(ge);
     for (i = 0; i < s->n_ten; ++i, ++o, v += TENSOR_WORDS) {
         uint64_t now[TENSOR_WORDS];
-        now[3] = v[3];
-        if (tensor_state(*o, now, rg) < 0 || memcmp(now, v, sizeof now) != 0) Py_RETURN_FALSE;
+        if (tensor_state(*o, now) < 0 || memcmp(now, v, sizeof now) != 0) Py_RETURN_FALSE;
     }
     Py_RETURN_TRUE;
 }
@@ -185,7 +182,7 @@ static PyObject *snapshot(PyObject *self, PyObject *args) {
         PyObject *t = PyTuple_GET_ITEM(tens, i);
         Py_INCREF(t);
         PyTuple_SET_ITEM(s->objs, nm + i, t);
-        if (tensor_state(t, v, 1) < 0) {
+        if (tensor_state(t, v) < 0) {
             Py_DECREF(s);
             PyErr_SetString(PyExc_TypeError, "a tensor whose requires_grad cannot be read");
             return NULL;
@@ -194,20 +191,18 @@ static PyObject *snapshot(PyObject *self, PyObject *args) {
     return (PyObject *)s;
 }
 
-/* setup(TensorBase, requires_grad getset descriptor, torch._C.is_grad_enabled, impl_off,
-         storage_off) */
+/* setup(TensorBase, requires_grad getset descriptor, impl_off, storage_off, meta_off, rg_off) */
 static PyObject *setup(PyObject *self, PyObject *args) {
-    PyObject *cls, *rg, *ge;
-    if (!PyArg_ParseTuple(args, "O!OOnn", &PyType_Type, &cls, &rg, &ge, &impl_off, &storage_off))
+    PyObject *cls, *rg;
+    if (!PyArg_ParseTuple(args, "O!Onnnn", &PyType_Type, &cls, &rg, &impl_off, &storage_off,
+                          &meta_off, &rg_off))
         return NULL;
-    if (!PyObject_TypeCheck(rg, &PyGetSetDescr_Type) || !PyCFunction_Check(ge)
-        || (PyCFunction_GET_FLAGS(ge) & METH_NOARGS) == 0) {
-        PyErr_SetString(PyExc_TypeError, "unexpected descriptor kinds");
+    if (!PyObject_TypeCheck(rg, &PyGetSetDescr_Type)) {
+        PyErr_SetString(PyExc_TypeError, "unexpected descriptor kind");
         return NULL;
     }
     rg_get = ((PyGetSetDescrObject *)rg)->d_getset->get;
     rg_closure = ((PyGetSetDescrObject *)rg)->d_getset->closure;
-    grad_enabled = PyCFunction_GET_FUNCTION(ge);
     Py_INCREF(cls);
     tensor_type = (PyTypeObject *)cls;
     Py_RETURN_NONE;
@@ -261,7 +256,7 @@ def _native():
         native = importlib.util.module_from_spec(spec)
         loader.exec_module(native)
         tb = torch._C.TensorBase
-        native.setup(tb, tb.__dict__["requires_grad"], torch._C.is_grad_enabled, *_layout())
+        native.setup(tb, tb.__dict__["requires_grad"], *_layout())
         return native
     except Exception as e:  # noqa: BLE001 - fall back to checking guards on every call
         if enabled("perf"):
@@ -270,12 +265,17 @@ def _native():
         return None
 
 
-def _layout() -> tuple[int, int]:
-    """(offset of the TensorImpl* in a tensor's Python object, offset of its StorageImpl* in the
-    TensorImpl), found on probe tensors of several kinds and checked to follow a storage swap
-    (`p.data = ...`); raises when no offset fits them all (then: no snapshots)."""
+def _layout() -> tuple[int, int, int, int]:
+    """(offset of the TensorImpl* in a tensor's Python object, of its StorageImpl* and its
+    AutogradMeta* in the TensorImpl, of the requires_grad flag in the AutogradMeta), found on
+    probe tensors of several kinds and checked to follow a storage swap (`p.data = ...`) and
+    requires_grad_ both ways. Raises when the first two fit no offset (then: no snapshots); the
+    last two are -1 when they do not fit (then the flag is read through torch's getter)."""
     def word(addr):
-        return ctypes.c_void_p.from_address(addr).value
+        return ctypes.c_void_p.from_address(addr).value or 0
+
+    def byte(addr):
+        return ctypes.c_uint8.from_address(addr).value
 
     def storage(t):
         return t.untyped_storage()._cdata
@@ -292,7 +292,36 @@ def _layout() -> tuple[int, int]:
     if word(id(p) + impl[0]) != p._cdata or word(p._cdata + stor[0]) != storage(p) or \
             word(p._cdata + stor[0]) == before:
         raise RuntimeError("tensor layout does not follow a storage swap")
-    return impl[0], stor[0]
+    return impl[0], stor[0], *_requires_grad_layout(word, byte)
+
+
+def _requires_grad_layout(word, byte) -> tuple[int, int]:
+    leaves = [torch.randn(3), torch.zeros(4, 4, dtype=torch.half), torch.ones(5, dtype=torch.float64)]
+    before = [[word(t._cdata + o) for o in range(8, 128, 8)] for t in leaves]
+    for t in leaves:
+        t.requires_grad_(True)
+    after = [[word(t._cdata + o) for o in range(8, 128, 8)] for t in leaves]
+    meta = [8 + 8 * i for i in range(len(before[0]))
+            if all(b[i] == 0 and a[i] != 0 for b, a in zip(before, after))]
+    if len(meta) != 1:
+        return -1, -1
+    metas = [word(t._cdata + meta[0]) for t in leaves]
+    states = []
+    for flag in (True, False, True, False):
+        for t in leaves:
+            t.requires_grad_(flag)
+        states.append([[byte(m + k) for k in range(160)] for m in metas])
+    if [word(t._cdata + meta[0]) for t in leaves] != metas:
+        return -1, -1          # the meta object moved: not a stable place to read
+    flag = [k for k in range(160) if all(s[i][k] == (1 - j % 2) for j, s in enumerate(states)
+                                         for i in range(len(leaves)))]
+    if len(flag) != 1:
+        return -1, -1
+    p = torch.nn.Parameter(torch.randn(2))
+    m = word(p._cdata + meta[0])
+    if not m or byte(m + flag[0]) != 1 or (p.requires_grad_(False), byte(m + flag[0]))[1] != 0:
+        return -1, -1
+    return meta[0], flag[0]
 
 
 def snapshot(modules, tensors):
