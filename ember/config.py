@@ -72,3 +72,5 @@ class CompileSettings:
     dynamic: bool | None = None
     options: dict = dataclasses.field(default_factory=dict)
     recompile_limit: int = 8
+    # the compile() arguments these settings came from: what a pickled compiled module carries
+    request: dict | None = dataclasses.field(default=None, compare=False)

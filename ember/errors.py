@@ -36,6 +36,11 @@ class Unsupported(EmberError):
         super().__init__("\n".join(parts))
 
 
+class RecompileError(EmberError, RuntimeError):
+    """A compiled frame would recompile under `ember.set_stance("fail_on_recompile")`; the
+    message names the frame and the guard that failed."""
+
+
 class InternalError(EmberError):
     """A bug in ember itself (a stage produced something the next stage cannot take)."""
 

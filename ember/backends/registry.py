@@ -24,6 +24,13 @@ _BUILTIN: dict[str, str] = {
     "aot_eager": "ember.backends.aot_eager:aot_eager",
     "ember": "ember.backends.ember:ember_backend",
 }
+# the options each built-in backend reads (ember.compile(options=...) is checked against them)
+BUILTIN_OPTIONS: dict[str, tuple[str, ...]] = {
+    "eager": ("ddp_split",),
+    "aot_eager": ("partitioner", "ddp_split"),
+    "ember": ("fusion", "cpu_codegen", "mode", "triton.autotune", "triton.welford",
+              "triton.max_persistent", "triton.rblock", "ddp_split"),
+}
 _USER: dict[str, Callable] = {}
 _RESOLVED: dict[str, Callable] = {}
 _lock = threading.Lock()
@@ -31,7 +38,9 @@ _lock = threading.Lock()
 
 def register_backend(name: str, fn: Callable | None = None):
     """Register `fn` under `name`; usable as a decorator `@register_backend("mine")`."""
-    if not isinstance(name, str) or not name:
+    if not isinstance(name, str):
+        raise TypeError(f"backend name must be a str, got {type(name).__name__}")
+    if not name:
         raise ValueError("backend name must be a non-empty string")
 
     def deco(f: Callable) -> Callable:
@@ -43,6 +52,14 @@ def register_backend(name: str, fn: Callable | None = None):
         return f
 
     return deco(fn) if fn is not None else deco
+
+
+def builtin_options(fn: Callable) -> tuple[str, ...] | None:
+    """The options a built-in backend (as handed out by get_backend) reads; None for others."""
+    name = getattr(fn, "ember_backend_name", None)
+    if name in BUILTIN_OPTIONS and name not in _USER:
+        return BUILTIN_OPTIONS[name]
+    return None
 
 
 def list_backends() -> list[str]:
@@ -63,6 +80,9 @@ def get_backend(name: str) -> Callable:
 
     `torch.compile(model, backend=ember.get_backend("aot_eager"))` runs Dynamo's capture with ours.
     """
+    if not isinstance(name, str):
+        raise TypeError(f"backend name must be a str, one of {', '.join(list_backends())}; "
+                        f"got {type(name).__name__}")
     with _lock:
         cached = _RESOLVED.get(name)
     if cached is not None:
@@ -79,7 +99,8 @@ def lookup_backend(backend: str | Callable) -> tuple[str, Callable]:
         return backend, get_backend(backend)
     if callable(backend):
         return getattr(backend, "__name__", type(backend).__name__), backend
-    raise ValueError(f"backend must be a name or a callable; valid names: {', '.join(list_backends())}")
+    raise TypeError(f"backend must be a name or a callable (gm, example_inputs) -> callable; "
+                    f"valid names: {', '.join(list_backends())}; got {type(backend).__name__}")
 
 
 def accepts_options(fn: Callable) -> bool:

@@ -10,7 +10,7 @@ import types
 
 import torch
 
-from .sources import AttrSource, DictEntrySource
+from .sources import MODULE_TABLES, AttrSource, DictEntrySource
 from .values import (BuiltinMethodV, DictV, FuncV, ListV, MethodV, NewObjV, ObjV, SuperV,
                      TensorV, TupleV, V, is_literal)
 
@@ -230,7 +230,11 @@ def _module_attr(tr, v: ObjV, name: str) -> V:
         return _bind_class_attr(tr, cls_attr, v, name, owner)
     d = m.__dict__
     if name in d:
-        return tr.wrap(d[name], AttrSource(src, name, structural=True) if src else None)
+        value = d[name]
+        # a list/dict/set attribute can change in place, which no module-state snapshot sees:
+        # its guards run on every call (the module's own tables are snapshotted)
+        structural = not isinstance(value, (list, dict, set)) or name in MODULE_TABLES
+        return tr.wrap(value, AttrSource(src, name, structural=structural) if src else None)
     for table in ("_parameters", "_buffers", "_modules"):
         t = d.get(table)
         if t is not None and name in t:

@@ -28,6 +28,7 @@ import torch
 from ..errors import Unsupported
 from ..logging import enabled, get_logger
 from .bytecode import decode
+from .calls import compiled_by_torch
 from .effects import Plan, _graph_module, _Rebuild, effect_lines
 from .handlers.contexts import context_method
 from .interpreter import StopTrace, Tracer
@@ -105,18 +106,21 @@ _GENERATOR_FLAGS = 0x20 | 0x80 | 0x100 | 0x200     # generator, coroutine, async
 def dispatch(settings, fn):
     """What a residual call should call: Python functions and modules of user code and model
     libraries (transformers, torchvision, ...) compiled as their own roots (cached per object);
-    torch, the standard library, builtins and generator functions as they are."""
+    torch, the standard library, builtins, generator functions and torch.compile'd callables
+    as they are."""
     from .entry import compile_function, compile_module
     func = fn.__func__ if isinstance(fn, types.MethodType) else fn
-    if isinstance(func, types.FunctionType) and func.__code__.co_flags & _GENERATOR_FLAGS:
+    if isinstance(func, types.FunctionType) and func.__code__.co_flags & _GENERATOR_FLAGS or \
+            compiled_by_torch(fn):
         return fn
+    region = getattr(fn, "_ember_region", False) is True   # nested_compile_region: compiled
     if isinstance(fn, types.MethodType) and isinstance(func, types.FunctionType):
-        if _runs_as_is(func.__module__):
+        if _runs_as_is(func.__module__) and not region:
             return fn
         return compile_function(fn, settings)      # a Runner over the code's shared cache
     if isinstance(fn, (types.FunctionType, torch.nn.Module)):
-        if _runs_as_is(getattr(type(fn) if isinstance(fn, torch.nn.Module) else fn,
-                               "__module__", None)):
+        if not region and _runs_as_is(getattr(type(fn) if isinstance(fn, torch.nn.Module)
+                                              else fn, "__module__", None)):
             return fn
         per = _DISPATCH.setdefault(fn, {})
         key = (settings.backend, settings.mode, settings.dynamic)

@@ -120,11 +120,26 @@ def _all_const(vals) -> bool:
     return all(isinstance(v, ObjV) for v in vals)
 
 
+def compiled_by_torch(f) -> bool:
+    """A torch.compile'd function (Dynamo's wrapper) or module (OptimizedModule)."""
+    return getattr(f, "_torchdynamo_orig_callable", None) is not None or \
+        isinstance(f, torch.nn.Module) and type(f).__module__.startswith("torch._dynamo")
+
+
 def call_obj(tr, fn: ObjV, args: list, kwargs: dict) -> V:
     from .builtins import BUILTINS, fold
     f = peek(fn)        # a call uses what a nested function runs, not which object it is
     if getattr(f, "_ember_disabled", False):
         raise tr.unsupported(f"call to {f.__qualname__}, marked ember.disable")
+    if compiled_by_torch(f):
+        # its frames are Dynamo's to capture: tracing into Dynamo's wrapper would compile the
+        # function with ember and trace Dynamo's own machinery
+        raise tr.unsupported(f"call to {_name(f)}, compiled by torch.compile",
+                             hint="it runs under torch.compile, outside the graph")
+    if getattr(f, "_ember_region", False) is True and not _inline_regions(tr):
+        raise tr.unsupported(f"call to {_name(f)}, an ember.nested_compile_region: it runs as "
+                             "its own compiled unit, shared by every call and instance",
+                             hint="intended: the region is compiled once, not inlined")
     if _is_collective(f):
         raise tr.unsupported(f"call to collective torch.distributed {getattr(f, '__name__', f)}",
                              hint="collectives are not captured; the function runs eagerly")
@@ -185,6 +200,17 @@ def call_obj(tr, fn: ObjV, args: list, kwargs: dict) -> V:
         pk = {k: tr.wrap(a, None) for k, a in f.keywords.items()}
         return call(tr, inner, pa + list(args), {**pk, **kwargs})
     raise tr.unsupported(f"call to {type(f).__name__} {getattr(f, '__qualname__', f)!r:.80}")
+
+
+def _inline_regions(tr) -> bool:
+    """Where a graph may not split (fullgraph), a nested_compile_region is inlined."""
+    from .entry import fullgraph
+    return tr.settings is None or fullgraph(tr.settings)
+
+
+def _name(f) -> str:
+    return type(f).__name__ if isinstance(f, torch.nn.Module) else \
+        getattr(f, "__qualname__", repr(f))
 
 
 def call_torch(tr, f, args, kwargs) -> V:

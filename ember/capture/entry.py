@@ -10,20 +10,23 @@ raises under fullgraph=True, else the frame runs eagerly with one warning (file:
 from __future__ import annotations
 
 import collections
+import contextvars
 import threading
 import types
+import weakref
 
 import torch
 
 from .. import config
 from ..config import CompileSettings
-from ..errors import InternalError, Unsupported
+from ..errors import InternalError, RecompileError, Unsupported
 from ..logging import enabled, get_logger, warn_once
 from ..shapes import LOWER_BOUND
 from .effects import finalize
-from .guards import EPOCH, RANKS, global_state, install_epoch_hooks
+from .guards import RANKS, global_state
 from .interpreter import CO_VARARGS, CO_VARKEYWORDS, Frame, Tracer
-from .sources import ClosureSource, ConstSource, LocalSource
+from . import statecheck
+from .sources import AttrSource, ClosureSource, ConstSource, DictEntrySource, LocalSource
 from .values import ObjV
 
 MISS = object()
@@ -32,8 +35,32 @@ STATS: collections.Counter = collections.Counter()
 CACHES: dict = {}
 
 
+# ---- user controls (ember.set_stance, ember.error_on_graph_break) ------------------------------
+STANCES = ("default", "force_eager", "eager_on_recompile", "fail_on_recompile")
+STANCE = "default"          # read on the miss path only
+FORCE_EAGER = False         # the fast path's one extra check: a global load
+# scoped fullgraph: a graph break in a frame compiled inside `with ember.error_on_graph_break(True)`
+ERROR_ON_BREAK: contextvars.ContextVar = contextvars.ContextVar("ember_error_on_graph_break",
+                                                                 default=False)
+
+
+def set_stance(stance: str) -> str:
+    """Switch the process-wide stance; returns the previous one."""
+    global STANCE, FORCE_EAGER
+    if stance not in STANCES:
+        raise ValueError(f"unknown stance {stance!r}; valid stances: {', '.join(STANCES)}")
+    prev, STANCE, FORCE_EAGER = STANCE, stance, stance == "force_eager"
+    return prev
+
+
+def fullgraph(settings: CompileSettings) -> bool:
+    """Is a graph break an error here: fullgraph=True, or inside error_on_graph_break(True)."""
+    return settings.fullgraph or ERROR_ON_BREAK.get()
+
+
 def stats() -> dict:
-    """Counters: graphs (compiled), recompiles, fallbacks, unsupported, calls_compiled."""
+    """Counters: graphs (compiled), recompiles, fallbacks, unsupported, calls_compiled, refreshes
+    (structural guards re-checked because a module-state snapshot changed)."""
     return dict(STATS)
 
 
@@ -91,7 +118,6 @@ class Runner:
 
     def __init__(self, fn: types.FunctionType, settings: CompileSettings, bound_self=None,
                  eager=None):
-        install_epoch_hooks()
         self.fn, self.settings, self.code = fn, settings, fn.__code__
         self.bound_self = bound_self
         self.eager = eager
@@ -145,6 +171,8 @@ class Runner:
         return tuple(out)
 
     def __call__(self, *args, **kwargs):
+        if FORCE_EAGER:                 # ember.set_stance("force_eager"): no guard, no compile
+            return self.run_eager(self.bind(args, kwargs))
         # fast path: positional call, MRU entry hits
         if kwargs or len(args) != self.fast_n:
             locals_ = self.bind(args, kwargs)
@@ -195,6 +223,12 @@ class Runner:
                       f"({settings.recompile_limit}); running eagerly from now on. "
                       f"Last failed guard: {failed}")
             return self.run_eager(locals_)
+        if cache.entries and STANCE != "default":
+            if STANCE == "eager_on_recompile":
+                return self.run_eager(locals_)
+            if STANCE == "fail_on_recompile":
+                raise RecompileError(f"{_where(cache.code)} would recompile under stance "
+                                     f"'fail_on_recompile'; failed guard: {failed}")
         if cache.entries:
             STATS["recompiles"] += 1
             changed = _mark_dynamic_dims(cache, self.fn, locals_, settings)
@@ -224,7 +258,7 @@ class Runner:
                     c.__exit__(None, None, None)
         except Unsupported as e:
             STATS["unsupported"] += 1
-            if self.settings.fullgraph:
+            if fullgraph(self.settings):
                 raise
             from .breaks import compile_break
             entry = compile_break(self, locals_, e)
@@ -322,9 +356,10 @@ def _mark_dynamic_dims(cache: FrameCache, fn, locals_, settings) -> str:
             _, dtype, _, shape, _, _ = g.expected
             if not isinstance(v, torch.Tensor) or v.dtype != dtype or v.dim() != len(shape):
                 continue
+            static = getattr(v, "_ember_static_dims", ())      # ember.mark_static
             for d, n in enumerate(shape):
                 if n is not None and n != v.shape[d] and v.shape[d] >= LOWER_BOUND and \
-                        d not in marks:
+                        d not in marks and d not in static:
                     marks.add(d)
                     notes.append(f"{g.source.name()} dim {d}: {n} → {v.shape[d]}, now dynamic")
     return "".join(f"; {n}" for n in dict.fromkeys(notes))
@@ -377,7 +412,8 @@ def build_entry(tr: Tracer, plan, argnames, eager=False, reason=None, settings=N
     """Generate the guard+run function of one cache entry."""
     ns = tr.ns
     from .sources import instance_dict
-    ns.update({"__MISS": MISS, "__EAGER": EAGER, "__EP": EPOCH, "__odict": instance_dict})
+    ns.update({"__MISS": MISS, "__EAGER": EAGER, "__odict": instance_dict,
+               "__snapshot": statecheck.snapshot})
     binder = _Binder(ns)
     if not eager and plan.gm is not None and plan.n_ops:
         # the backend first: its tracing adds the shape guards it assumed (dynamic shapes)
@@ -398,17 +434,21 @@ def build_entry(tr: Tracer, plan, argnames, eager=False, reason=None, settings=N
     structural_inputs = plan.structural_inputs if plan is not None else []
     roots = [r for r in tr.roots]
     if struct or structural_inputs:
-        cond = "__EP[0] != __st[0]" + "".join(f" or {r.expr()} is not __st[{i + 2}]"
-                                             for i, r in enumerate(roots))
-        lines.append(f"        if {cond}:")
-        lines.append(f"            if not __refresh({sig}):")
+        # one state per root module (a class's forward serves every instance): its snapshot,
+        # its structural inputs, weak refs to the roots (a state never keeps a model alive)
+        key = _state_key(roots)
+        lines.append(f"        __s = __states.get({key})")
+        lines.append("        if __s is None or not __s[0]()" + "".join(
+            f" or __s[{i + 2}]() is not {r.expr()}" for i, r in enumerate(roots)) + ":")
+        lines.append(f"            __s = __refresh({sig})")
+        lines.append("            if __s is None:")
         lines.append("                return __MISS")
     lines.append("    except Exception:")
     lines.append("        return __MISS")
     if eager:
         lines.append("    return __EAGER")
     else:
-        call_args = (["*__st[1]"] if structural_inputs else []) + \
+        call_args = (["*__s[1]"] if structural_inputs else []) + \
             [s.expr() for s in plan.dynamic_inputs]
         if plan.gm is not None and plan.n_ops:
             lines.append(f"    __o = __compiled({', '.join(call_args)})")
@@ -416,16 +456,19 @@ def build_entry(tr: Tracer, plan, argnames, eager=False, reason=None, settings=N
             lines.append("    __o = ()")
         lines.extend("    " + s for s in plan.body)
     if struct or structural_inputs:
-        ns["__st"] = [None, None] + [None] * len(roots)
+        ns.update({"__states": {}, "__STATS": STATS, "__keep": _keep_state})
         lines.append(f"def __refresh({sig}):")
+        lines.append("    __STATS['refreshes'] += 1")
         lines.append("    if not (" + "\n            and ".join(
             [g.expr(binder) for g in struct] or ["True"]) + "):")
-        lines.append("        return False")
-        lines.append("    __st[1] = [" + ", ".join(s.expr() for s in structural_inputs) + "]")
-        for i, r in enumerate(roots):
-            lines.append(f"    __st[{i + 2}] = {r.expr()}")
-        lines.append("    __st[0] = __EP[0]")
-        lines.append("    return True")
+        lines.append("        return None")
+        mods = _module_exprs(struct, structural_inputs, roots)
+        tensors = dict.fromkeys([s.expr() for s in structural_inputs] +
+                                [g.source.expr() for g in struct if g.kind == "TENSOR"])
+        lines.append(f"    return __keep(__states, {key}, (__snapshot(({''.join(m + ', ' for m in mods)}), "
+                     f"({''.join(t + ', ' for t in tensors)})), "
+                     f"[{', '.join(s.expr() for s in structural_inputs)}]), "
+                     f"({''.join(r.expr() + ', ' for r in roots)}))")
     source = "\n".join(lines) + "\n"
     if enabled("guards"):
         get_logger("guards").info("guards for %s:\n%s", tr.frames and "" or "",
@@ -440,6 +483,39 @@ def build_entry(tr: Tracer, plan, argnames, eager=False, reason=None, settings=N
     run = ns["__entry"]
     return Entry(run, guards, plan.gm if plan is not None else None, source,
                  plan.n_ops if plan is not None else 0, eager=eager, reason=reason)
+
+
+def _state_key(roots) -> str:
+    """The expression keying an entry's per-root states: the roots' ids (None without roots)."""
+    if not roots:
+        return "None"
+    if len(roots) == 1:
+        return f"id({roots[0].expr()})"
+    return "(" + "".join(f"id({r.expr()}), " for r in roots) + ")"
+
+
+def _keep_state(states: dict, key, state: tuple, roots: tuple) -> tuple:
+    """Store (snapshot, inputs) for `roots` as (snapshot, inputs, *weakrefs); the state goes
+    when a root is collected (its id may then be reused by another object)."""
+    def drop(_ref, states=states, key=key):
+        states.pop(key, None)
+    refs = tuple(weakref.ref(r, drop) for r in roots)
+    state = state + refs
+    states[key] = state
+    return state
+
+
+def _module_exprs(struct, structural_inputs, roots) -> list[str]:
+    """Expressions of the modules that structural sources read attributes of (the modules whose
+    state a snapshot records): each structural attribute/table read's base, and the roots."""
+    out = {r.expr(): None for r in roots}
+    for s in [g.source for g in struct] + list(structural_inputs):
+        while s is not None:
+            base = getattr(s, "base", None)
+            if base is not None and s.structural and isinstance(s, (AttrSource, DictEntrySource)):
+                out[base.expr()] = None
+            s = base
+    return list(out)
 
 
 def _dump(ddir, tr, plan, source, guards):

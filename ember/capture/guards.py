@@ -1,15 +1,15 @@
-"""Capture, guards: `Guard(kind, source, expected)` records and the module-mutation epoch.
+"""Capture, guards: `Guard(kind, source, expected)` records and the global-state tuple.
 
 The tracer appends guards as it reads the caller's state; entry.py turns a cache entry's guard
 list into one generated straight-line Python function (cheap checks first). Guards whose source
-goes through an nn.Module attribute are *structural*: they are re-checked only when the global
-module epoch moved (any nn.Module __setattr__/__delattr__/_apply/register_*), or when the frame's
-root module object changed; the rest run on every call.
+goes through an nn.Module attribute are *structural*: they are re-checked only when a snapshot of
+the module tree they read (statecheck.py: its dicts' version tags, its tensors' storage and
+requires_grad) says it changed, or when the frame's root module object changed; the rest run on
+every call. Nothing in torch is patched.
 """
 from __future__ import annotations
 
 import dataclasses
-import functools
 import re
 import zlib
 from typing import Any
@@ -133,33 +133,3 @@ def global_state():
                    for d in ("cpu", "cuda"))
     return (torch.is_grad_enabled(), torch.is_inference_mode_enabled(),
             torch.get_default_dtype(), ac)
-
-
-# ---- module mutation epoch -------------------------------------------------------------------
-EPOCH = [0]
-_installed = False
-
-
-def _bumping(fn):
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        EPOCH[0] += 1
-        return fn(*args, **kwargs)
-    wrapper._ember_bumps = True
-    return wrapper
-
-
-def install_epoch_hooks() -> None:
-    """Wrap the nn.Module methods that change a module's structure so they bump EPOCH."""
-    global _installed
-    if _installed:
-        return
-    M = torch.nn.Module
-    for name in ("__setattr__", "__delattr__", "_apply", "register_parameter", "register_buffer",
-                 "add_module", "register_module", "register_forward_hook",
-                 "register_forward_pre_hook", "register_full_backward_hook",
-                 "register_backward_hook", "register_full_backward_pre_hook", "load_state_dict"):
-        fn = getattr(M, name, None)
-        if fn is not None and not getattr(fn, "_ember_bumps", False):
-            setattr(M, name, _bumping(fn))
-    _installed = True

@@ -259,7 +259,7 @@ class Tracer:
                 or t is torch.Size:
             self.guard("TYPE", source, t)
             self.guard("LEN", source, len(value))
-            items = [self.wrap(x, ItemSource(source, i) if source else None)
+            items = [self.wrap(x, ItemSource(source, i, frozen=t is not list) if source else None)
                      for i, x in enumerate(value)]
             if t is list:
                 return self._remember(value, ListV(items, source))
@@ -359,14 +359,16 @@ class Tracer:
     # ---- dynamic shapes -------------------------------------------------------------------
     def _dynamic_dims_of(self, value: torch.Tensor, source: Source) -> list[int]:
         """Dims of an input tensor to trace symbolically: asked for (dynamic=True, automatic
-        dynamic, ember.mark_dynamic), size >= 2, and a dense layout (strides follow sizes)."""
+        dynamic, ember.mark_dynamic) and not ember.mark_static, size >= 2, and a dense layout
+        (strides follow sizes)."""
         if self.settings is None or self.settings.dynamic is False or source.structural \
                 or isinstance(value, torch.nn.Parameter):
             return []
         want = self.dynamic_dims.get(source.expr(), set())
         if self.settings.dynamic is True:
             want = range(value.dim())
-        want = set(want) | set(getattr(value, "_ember_dynamic_dims", ()))
+        want = (set(want) | set(getattr(value, "_ember_dynamic_dims", ()))) - \
+            set(getattr(value, "_ember_static_dims", ()))           # ember.mark_static wins
         dims = [d for d in sorted(d for d in want if isinstance(d, int))   # not the "value" mark
                 if d < value.dim() and value.shape[d] >= shapes.LOWER_BOUND]
         if dims and shapes.row_major_strides(list(value.shape), _stride_order(value)) != \

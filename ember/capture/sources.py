@@ -2,12 +2,18 @@
 
 A source turns into a Python expression over the frame's locals (`expr()`), which the generated
 guard/run function evaluates at call time to check guards and to fetch graph inputs. `structural`
-marks sources reached through an nn.Module attribute: those are re-read only when the module
-mutation epoch moves (see guards.py), not on every call.
+marks sources reached through an nn.Module attribute whose value a module-state snapshot covers
+(statecheck.py): those are re-read only when the snapshot says the module tree changed, not on
+every call. What a snapshot cannot see stays non-structural: items of a list or dict held in a
+module attribute, closure cells, function defaults.
 """
 from __future__ import annotations
 
 import keyword
+
+#: an nn.Module's own dicts, whose version tags a module-state snapshot records (statecheck.py)
+MODULE_TABLES = ("_parameters", "_buffers", "_modules", "_forward_hooks", "_forward_pre_hooks",
+                 "_backward_hooks", "_backward_pre_hooks")
 
 
 class Source:
@@ -146,10 +152,15 @@ class DictEntrySource(Source):
 
 
 class ItemSource(Source):
+    """`base[key]`. Structural only where the container cannot change under a snapshot: a tuple
+    (`frozen`), or one of a module's own tables (`_modules`, ...), whose version a snapshot
+    records."""
     __slots__ = ("base", "key")
 
-    def __init__(self, base: Source, key):
-        self.base, self.key, self.structural = base, key, base.structural
+    def __init__(self, base: Source, key, frozen: bool = False):
+        self.base, self.key = base, key
+        self.structural = base.structural and (frozen or isinstance(base, AttrSource) and
+                                               base.attr in MODULE_TABLES)
 
     def expr(self):
         return f"{self.base.expr()}[{self.key!r}]"
@@ -162,7 +173,7 @@ class ClosureSource(Source):
     __slots__ = ("base", "idx")
 
     def __init__(self, base: Source, idx: int):
-        self.base, self.idx, self.structural = base, idx, base.structural
+        self.base, self.idx, self.structural = base, idx, False   # a cell can be rebound
 
     def expr(self):
         return f"{self.base.expr()}.__closure__[{self.idx}].cell_contents"
@@ -178,7 +189,8 @@ class DefaultSource(Source):
     __slots__ = ("base", "idx", "kw")
 
     def __init__(self, base: Source, idx, kw: bool = False):
-        self.base, self.idx, self.kw, self.structural = base, idx, kw, base.structural
+        # `fn.__defaults__ = ...` changes no dict a snapshot records
+        self.base, self.idx, self.kw, self.structural = base, idx, kw, False
 
     def expr(self):
         if self.kw:

@@ -21,6 +21,7 @@ import torch
 
 from .common import (BINARY, COMPARE, CTYPE, UNARY, FloorDiv, IndentedBuffer, ModularIndexing,
                      SIZE_PARAM, compute_dtype, hint, index_printer, is_symbolic, numel,
+                     simplify_index,
                      set_handler, sym)
 from .cpp_prelude import PRELUDE
 
@@ -132,9 +133,13 @@ class CppHandler:
         self.load_mask: str | None = None   # inside a branch-free masked body (see masked)
         self.ors: dict = {}       # logical_or result -> its operands (see where)
         self.need_if = False      # the masked body wants the `if` form (see masked)
+        self.ranges: dict = {}    # loop var -> its size, for simplify_index
+
+    def simple(self, index):
+        return simplify_index(sympy.expand(index), self.ranges)
 
     def idx(self, index) -> str:
-        index = sympy.expand(index)
+        index = self.simple(index)
         if self.subs:
             index = index.xreplace(self.subs)
         return cexpr(index)
@@ -170,10 +175,10 @@ class CppHandler:
         if name in self.row_local:
             if self.load_mask:          # row-local arrays are small: no clamped form for them
                 self.need_if = True
-            return self.emit(f"{name}_row[{self.idx(sympy.expand(index).xreplace(self.row_subs))}]",
+            return self.emit(f"{name}_row[{self.idx(self.simple(index).xreplace(self.row_subs))}]",
                              compute_dtype(self.buffers[name].dtype))
         if self.load_mask:
-            idx = self._clamped(name, sympy.expand(index), idx)
+            idx = self._clamped(name, self.simple(index), idx)
         if name in self.local:
             raise AssertionError(f"local buffer {name} read before it is written")
         dt = self.buffers[name].dtype
@@ -189,7 +194,7 @@ class CppHandler:
         value = self._as(value, compute_dtype(dt))
         self.stored[(name, idx)] = value
         if name in self.row_local:
-            ridx = self.idx(sympy.expand(index).xreplace(self.row_subs))
+            ridx = self.idx(self.simple(index).xreplace(self.row_subs))
             self.code.writeline(f"{name}_row[{ridx}] = {value};")
             return None
         if name in self.local:
@@ -371,20 +376,22 @@ def _red_clause(rtypes_accs) -> str:
 class IndexCollector:
     """Records every index expression a body uses (loads, stores, index_expr)."""
 
-    def __init__(self):
+    def __init__(self, ranges: dict):
         self.exprs: list = []
         self.stores: list = []
         self.n = 0
+        self.ranges = ranges
 
     def load(self, name, index):
-        self.exprs.append(sympy.expand(index))
+        self.exprs.append(simplify_index(sympy.expand(index), self.ranges))
 
     def store(self, name, index, value):
-        self.exprs.append(sympy.expand(index))
-        self.stores.append(sympy.expand(index))
+        index = simplify_index(sympy.expand(index), self.ranges)
+        self.exprs.append(index)
+        self.stores.append(index)
 
     def index_expr(self, expr, dtype):
-        self.exprs.append(sympy.expand(expr))
+        self.exprs.append(simplify_index(sympy.expand(expr), self.ranges))
 
     def masked(self, mask, body, other):
         return body()
@@ -397,8 +404,9 @@ class IndexCollector:
         return lambda *a, **k: None
 
 
-def collect(fn) -> IndexCollector:
-    c = IndexCollector()
+def collect(fn, ranges: dict) -> IndexCollector:
+    """The index expressions `fn`'s body uses, simplified for loop vars in `ranges`."""
+    c = IndexCollector(ranges)
     with set_handler(c):
         fn()
     return c
@@ -449,6 +457,13 @@ class KernelCodegen:
         self.buffers = buffers
         self.h = CppHandler(buffers, kernel.local, kernel.row_local,
                             [loop_var(i) for i in range(len(kernel.outer))])
+        self.outer_ranges = {loop_var(i): n for i, n in enumerate(kernel.outer)}
+        self.h.ranges = self.outer_ranges
+
+    def ranges_with(self, rv, inner) -> dict:
+        """Loop var sizes for a stage: the outer vars and this stage's inner vars (stages reuse
+        the inner var names with their own sizes)."""
+        return {**self.outer_ranges, **dict(zip(rv, inner))}
 
     def work(self):
         """Elements computed: an int, or a sympy expression of the size parameters."""
@@ -480,7 +495,7 @@ class KernelCodegen:
             self.par_if = f" if({cexpr(sympy.expand(work))} >= {PARALLEL_MIN_WORK})"
         if k.pure_pointwise and m > 0:
             nodes = k.stages[0].nodes
-            c = collect(lambda: [n.store_pointwise(xv) for n in nodes])
+            c = collect(lambda: [n.store_pointwise(xv) for n in nodes], self.outer_ranges)
             first = c.stores[0] if c.stores else sympy.Integer(0)
             order = sorted(range(m), key=lambda d: -hint(_coeff(first, xv[d])))
             sizes, lvars, subs = plan_loops(outer, xv, c.exprs, order)
@@ -528,7 +543,8 @@ class KernelCodegen:
         if hint(k.outer[-1]) < 16:
             return False
         rv = [loop_var(len(xv) + i) for i in range(len(st.inner))]
-        c = collect(lambda: [n.reduction_value(xv, rv) for n in st.nodes])
+        c = collect(lambda: [n.reduction_value(xv, rv) for n in st.nodes],
+                    self.ranges_with(rv, st.inner))
         if not c.exprs or not rv:
             return False
         last, rlast = xv[-1], rv[-1]
@@ -541,6 +557,7 @@ class KernelCodegen:
         st = k.stages[0]
         m = len(xv)
         rv = [loop_var(m + i) for i in range(len(st.inner))]
+        h.ranges = self.ranges_with(rv, st.inner)
         B = self.COLUMN_BLOCK
         L = k.outer[-1]
         nblk = _blocks(L, B)
@@ -652,13 +669,14 @@ class KernelCodegen:
         h = self.h
         code = h.code
         rv = [loop_var(m + i) for i in range(len(stage.inner))]
+        h.ranges = ranges = self.ranges_with(rv, stage.inner)
         if stage.kind == "pointwise":
             if not stage.inner:
                 for n in stage.nodes:
                     n.store_pointwise(xv)
                 return
             par = parallel_inner and hint(numel(stage.inner)) >= PARALLEL_MIN_WORK
-            c = collect(lambda: [n.store_pointwise(xv + rv) for n in stage.nodes])
+            c = collect(lambda: [n.store_pointwise(xv + rv) for n in stage.nodes], ranges)
             sizes, lvars, subs = plan_loops(stage.inner, rv, c.exprs)
             h.subs = {**h.subs, **subs}
             self._loops(sizes, lvars, par, simd_last=True,
@@ -736,7 +754,7 @@ class KernelCodegen:
             simd = clause is not None
             sizes, lvars, subs = list(stage.inner), rv, {}
             if simd:
-                c = collect(lambda: [n.reduction_value(xv, rv) for n in stage.nodes])
+                c = collect(lambda: [n.reduction_value(xv, rv) for n in stage.nodes], ranges)
                 sizes, lvars, subs = plan_loops(stage.inner, rv, c.exprs)
             h.subs = {**h.subs, **subs}
             self._loops(sizes, lvars, False, simd_last=simd, reduction=clause,

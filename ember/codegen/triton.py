@@ -446,7 +446,8 @@ def reduction_hint(kernel, xv) -> str:
         if stage.kind != "reduction" or not stage.inner or not m:
             continue
         rv = [_loop_var(m + i) for i in range(len(stage.inner))]
-        c = collect(lambda: [n.reduction_value(xv, rv) for n in stage.nodes])
+        c = collect(lambda: [n.reduction_value(xv, rv) for n in stage.nodes],
+                    {**dict(zip(xv, kernel.outer)), **dict(zip(rv, stage.inner))})
         for e in c.exprs:
             rs, xs = _coeff(e, rv[-1]), _coeff(e, xv[-1])
             if rs != 0 and xs != 0:
@@ -526,7 +527,8 @@ class TritonKernelCodegen:
             # fastest-varying xindex digit = the dim the first store walks with the smallest
             # stride, so a transposed output is written coalesced (reads may then be strided)
             from .cpp import _coeff, collect
-            c = collect(lambda: [n.store_pointwise(xv) for n in k.stages[0].nodes])
+            c = collect(lambda: [n.store_pointwise(xv) for n in k.stages[0].nodes],
+                        dict(zip(xv, outer)))
             if c.stores:
                 order = sorted(order, key=lambda d: -hint(_coeff(c.stores[0], xv[d])))
         _decode(code, "xindex", [outer[d] for d in order], [xv[d] for d in order], h, 1)

@@ -15,7 +15,11 @@ import os
 import tempfile
 from pathlib import Path
 
-from .. import config
+from .. import config, counters
+
+# (kind, key) of every entry this process built or used: what save_cache_artifacts packs
+# ("kernels": <key>.so/.cpp/.json here; "graphs": graph_cache's entries)
+USED: set = set()
 
 
 def key_of(*parts: str) -> str:
@@ -40,6 +44,8 @@ def lookup(key: str) -> Path | None:
     try:
         meta = json.loads(marker.read_text())
         if so.exists() and meta.get("sha256") == _digest(so):
+            USED.add(("kernels", key))
+            counters.bump("kernel_cache_hits")
             return so
     except (OSError, ValueError):
         pass
@@ -56,4 +62,5 @@ def commit(key: str, built: Path, source: str) -> Path:
     with os.fdopen(fd, "w") as f:
         json.dump({"sha256": _digest(so)}, f)
     os.replace(tmp, d / f"{key}.json")
+    USED.add(("kernels", key))
     return so

@@ -71,7 +71,9 @@ def load(key: str):
     try:
         doc = json.loads(text)
         if doc["sha256"] == _payload_hash(doc["payload"]):
-            return json.loads(doc["payload"])
+            entry = json.loads(doc["payload"])
+            cache.USED.add(("graphs", key))
+            return entry
     except (ValueError, KeyError, TypeError):
         pass
     warn_once(f"graph-cache:{key}", f"graph cache entry {path} is corrupt (hash mismatch or "
@@ -86,6 +88,7 @@ def store(key: str, entry: dict) -> None:
     with os.fdopen(fd, "w") as f:
         json.dump({"sha256": _payload_hash(payload), "payload": payload}, f)
     os.replace(tmp, path)
+    cache.USED.add(("graphs", key))
 
 
 def resolve_op(qualname: str):

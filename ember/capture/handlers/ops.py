@@ -246,7 +246,7 @@ def getitem(tr, c, k):
                 raise TracedRaise(e) from None
             from ..sources import ItemSource
             if c.source is not None and not isinstance(key, slice):
-                return tr.wrap(r, ItemSource(c.source, key))
+                return tr.wrap(r, ItemSource(c.source, key, frozen=type(x) is tuple))
             return tr.wrap(r, None) if not isinstance(r, (tuple, list, str)) else tr.const_value(r)
     raise tr.unsupported(f"subscript of {type(c).__name__}")
 
