@@ -24,7 +24,7 @@ def test_command_help_is_the_commands_own(capsys):
         cli.main(["bench", "seed-resnet18", "-h"])
     assert exit_.value.code == 0
     out = capsys.readouterr().out
-    assert out.startswith("usage: ember bench seed-resnet18") and "--steps" in out
+    assert out.startswith("usage: ember bench seed-resnet18") and "--no-torch" in out
 
 
 def test_bad_command_lists_the_valid_ones(capsys):
