@@ -89,6 +89,15 @@ def test_three_columns_table_and_one_summary_line():
         "cold compile (first calls): ember 4.0 s; steady-step speedup vs eager: resnet18 0.80x")
 
 
+def test_speedup_is_the_median_of_paired_ratios():
+    # a burst of load slows both sides of each pair: the pairs say 2x, the plain medians 0.5x
+    r = LoopResult("x", ["eager", "ember"], {"eager": [9, 1, 1, 1, 4, 4], "ember": [9, .5, .5, 2, 2, 2]},
+                   {"eager": [1.0] * 6, "ember": [1.0] * 6},
+                   {"eager": compilers.Path("eager", "eager"),
+                    "ember": compilers.Path("ember.compile", "ember")})
+    assert r.speedup("ember") == 2.0 and r.steady("eager") / r.steady("ember") == 0.5
+
+
 def test_a_wrong_step2_loss_is_flagged():
     r = _result({"eager": 0.2, "ember": 4.0, "torch": 30.0}, {"eager": 1, "ember": 1, "torch": 1},
                 {"eager": 2.47, "ember": 2.60, "torch": 2.47})
