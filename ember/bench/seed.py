@@ -321,8 +321,8 @@ def seed_resnet18(args: argparse.Namespace) -> int:
               f"{args.gpt2_layers} layers, d={args.gpt2_embd}, {args.gpt2_heads} heads, "
               f"vocab {args.gpt2_vocab}, batch {args.gpt2_batch}x{args.gpt2_seq} tokens, SGD, "
               f"{args.gpt2_steps} steps")
-        print("   LayerNorm, GELU, softmax and the residual adds are most of the time at this "
-              "width: the ops fusion merges")
+        print("   at this width LayerNorm, GELU, softmax and the residual adds weigh next to the "
+              "matmuls: the ops fusion merges")
         print(f"   running {', '.join(names)}{slow} ...", flush=True)
         r = _gpt2_loop(args, names)
         results.append(r), labels.append("gpt2")
