@@ -133,8 +133,9 @@ def test_seed_resnet18_prints_both_tables_and_the_summary():
                "--gpt2-seq", "32", "--gpt2-embd", "64")
     assert "allocator" in out and "threads" in out
     assert "torch column: torch.compile(inductor)" in out and "GPT-2 training loop" in out
-    for row in ("first call (compile)", "steady step (median", "speedup vs eager", "loss at step 2"):
-        assert out.count(row) == 2, row
+    for row in ("first call (compile)", "steady step (median", "speedup vs eager (paired)",
+                "loss at step 2   "):          # the rows, not the drift note's words
+        assert out.count("   " + row) == 2, row
     assert "loss diff" not in out
     assert out.count("[compiled; graphs=1]") == 2          # ember: one graph each, no recompile
     last = out.strip().splitlines()[-2]
