@@ -1,4 +1,4 @@
-"""The seed's experiments: `ember bench seed-resnet18` (= `make demo`) and `ember bench seed-cifar10`.
+"""The seed's experiments: `ember bench seed-resnet18` (`make demo`) and `ember bench seed-cifar10`.
 
 seed-resnet18: the one-line-compile training loop, side by side in three columns: eager,
 `ember.compile(model)` and `torch.compile(model)` (Inductor, the peer; `--no-torch` drops it).
@@ -177,10 +177,12 @@ def format_loop(r: LoopResult, show_steps: int = 3) -> list[str]:
     count = len(r.times["eager"][r.skip:])
     lines.append("")
     lines.append(f"   {'':<26}" + "".join(f"{n:>13}" for n in names))
-    lines.append(f"   {'first call (compile)':<26}" + "".join(f" {_fmt_ms(r.first(n))}" for n in names))
+    lines.append(f"   {'first call (compile)':<26}"
+                 + "".join(f" {_fmt_ms(r.first(n))}" for n in names))
     lines.append(f"   {f'steady step (median {count})':<26}"
                  + "".join(f" {_fmt_ms(r.steady(n))}" for n in names))
-    lines.append(f"   {'speedup vs eager (paired)':<26}" + "".join(f"{r.speedup(n):>12.2f}x" for n in names))
+    lines.append(f"   {'speedup vs eager (paired)':<26}"
+                 + "".join(f"{r.speedup(n):>12.2f}x" for n in names))
     lines.append(f"   {'loss at step 2':<26}" + "".join(
         f"{r.loss_at(n):>13.5f}" if r.loss_ok(n) else f"{r.loss_at(n):>12.5f}!" for n in names))
     off = [n for n in names if not r.loss_ok(n)]
@@ -303,29 +305,31 @@ def seed_resnet18(args: argparse.Namespace) -> int:
     names = ["eager", "ember"] + ([] if args.no_torch else ["torch"])
     if not args.warm_cache:
         _cold_caches()
-    _header(f"seed-resnet18: ResNet18 training loop, batch {args.batch}, 3x{args.size}x{args.size}, "
-            f"SGD, {args.steps} steps; columns: {', '.join(names)}")
+    _header(f"seed-resnet18: ResNet18 training loop, batch {args.batch}, "
+            f"3x{args.size}x{args.size}, SGD, {args.steps} steps; columns: {', '.join(names)}")
     print("   first calls are cold: " + ("disk caches as they are (--warm-cache)" if args.warm_cache
                                          else "ember's and Inductor's disk caches start empty"))
     slow = "" if args.no_torch else " (Inductor's cold compile takes a minute or more on 2 cores)"
     print(f"   running {', '.join(names)}{slow} ...", flush=True)
     results, labels = [], []
     r = _resnet18_loop(args, names)
-    results.append(r), labels.append("resnet18")
+    results.append(r)
+    labels.append("resnet18")
     for line in format_loop(r):
         print(line)
     print(DRIFT_NOTE)
     if args.gpt2_steps > 0:
         print()
-        print(f"== GPT-2 training loop (transformers GPT2LMHeadModel from a config, random weights): "
-              f"{args.gpt2_layers} layers, d={args.gpt2_embd}, {args.gpt2_heads} heads, "
+        print("== GPT-2 training loop (transformers GPT2LMHeadModel from a config, random "
+              f"weights): {args.gpt2_layers} layers, d={args.gpt2_embd}, {args.gpt2_heads} heads, "
               f"vocab {args.gpt2_vocab}, batch {args.gpt2_batch}x{args.gpt2_seq} tokens, SGD, "
               f"{args.gpt2_steps} steps")
         print("   at this width LayerNorm, GELU, softmax and the residual adds weigh next to the "
               "matmuls: the ops fusion merges")
         print(f"   running {', '.join(names)}{slow} ...", flush=True)
         r = _gpt2_loop(args, names)
-        results.append(r), labels.append("gpt2")
+        results.append(r)
+        labels.append("gpt2")
         for line in format_loop(r):
             print(line)
     print()
@@ -339,8 +343,9 @@ def seed_resnet18(args: argparse.Namespace) -> int:
 
 
 def add_resnet18_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--steps", type=int, default=15, help="ResNet18 training steps per column (>= 12 "
-                   "leaves the first two out of the median)")
+    p.add_argument("--steps", type=int, default=15,
+                   help="ResNet18 training steps per column (>= 12 leaves the first two out of "
+                        "the median)")
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--size", type=int, default=64, help="image side")
     p.add_argument("--no-torch", action="store_true",

@@ -91,7 +91,8 @@ def test_three_columns_table_and_one_summary_line():
 
 def test_speedup_is_the_median_of_paired_ratios():
     # a burst of load slows both sides of each pair: the pairs say 2x, the plain medians 0.5x
-    r = LoopResult("x", ["eager", "ember"], {"eager": [9, 1, 1, 1, 4, 4], "ember": [9, .5, .5, 2, 2, 2]},
+    r = LoopResult("x", ["eager", "ember"],
+                   {"eager": [9, 1, 1, 1, 4, 4], "ember": [9, .5, .5, 2, 2, 2]},
                    {"eager": [1.0] * 6, "ember": [1.0] * 6},
                    {"eager": compilers.Path("eager", "eager"),
                     "ember": compilers.Path("ember.compile", "ember")})
