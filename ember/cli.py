@@ -67,17 +67,28 @@ def cache(argv: list[str]) -> int:
     return 0
 
 
+COMMANDS = ("info", "bench", "cache")
+
+
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(prog="ember", description="ember: a compiler for PyTorch")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(
+        prog="ember", description="ember: a compiler for PyTorch",
+        epilog="`python -m ember ...` is the same command. Help for a command: ember bench -h")
     parser.add_argument("--version", action="store_true", help="print the version and exit")
-    parser.add_argument("command", nargs="?", choices=["info", "bench", "cache"])
-    args, rest = parser.parse_known_args(argv)
+    parser.add_argument("command", nargs="?", choices=COMMANDS)
+    # everything after the command is the command's own (so `ember bench seed-resnet18 -h` is
+    # bench's help, not this parser's)
+    at = next((i for i, a in enumerate(argv) if a in COMMANDS), len(argv))
+    args = parser.parse_args(argv[:at + 1])
+    rest = argv[at + 1:]
     if args.version:
         from ember import __version__
         print(f"ember {__version__}")
         return 0
     if args.command == "info":
+        if rest:
+            parser.error(f"ember info takes no arguments (got {' '.join(rest)})")
         return info()
     if args.command == "cache":
         return cache(rest)

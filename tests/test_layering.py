@@ -14,7 +14,7 @@ STAGES = ["capture", "backends", "aot", "decomp", "lower", "schedule", "codegen"
 SHARED = {"config", "errors", "logging", "counters", "progress", "debug"}
 # Tooling that may use anything (benchmarks measure against torch.compile); nothing imports it.
 TOOLING = {"bench"}
-TOP = {"__init__", "api", "cli"}
+TOP = {"__init__", "api", "cli", "__main__"}   # the public surface and its entry points
 FORBIDDEN = ("torch._dynamo", "torch._inductor", "torch._functorch", "torch._decomp", "torch._refs",
              "torch._prims", "torch._subclasses", "torch.fx.experimental.proxy_tensor",
              "torch.export", "torch.compiler", "torch.func.functionalize")

@@ -1,7 +1,7 @@
 """`ember bench` command line: model suites (default) and the seed experiments.
 
     ember bench [--suite ...] [--mode ...] [--compilers eager,ember,torch] [--models REGEX] ...
-    ember bench seed-resnet18 [--steps N]
+    ember bench seed-resnet18 [--steps N] [--no-torch] [--gpt2-steps N]
     ember bench seed-cifar10 [--model resnet50] [--epochs 5] [--samples N]
 
 `main(argv)` is what `ember.cli` calls for `ember bench ...`. Every command first re-runs itself
@@ -36,7 +36,8 @@ def parser(command: str | None = None) -> argparse.ArgumentParser:
     if command == "seed-resnet18":
         from .seed import add_resnet18_args
         p = argparse.ArgumentParser(prog="ember bench seed-resnet18",
-                                    description="ResNet18 training loop: eager vs ember.compile")
+                                    description="ResNet18 and GPT-2 training loops: eager vs "
+                                                "ember.compile vs torch.compile")
         add_resnet18_args(p)
     elif command == "seed-cifar10":
         from .seed import add_cifar10_args
