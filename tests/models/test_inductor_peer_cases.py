@@ -1,0 +1,36 @@
+"""Programs from PyTorch's Inductor tests (shared/peer-tests, issue #27) that ember got wrong,
+end to end through both captures: ember.compile and torch.compile(backend=ember.backend).
+Exact dtypes, values against eager, and at least one ember graph compiled."""
+import functools
+
+import pytest
+import torch
+from torch.testing import make_tensor
+
+import ember
+from ember.lower import STATS
+
+
+def _both(fn, *args, atol=0.0, rtol=0.0):
+    ref = fn(*args)
+    for name in ("ember", "dynamo"):
+        ember.reset()
+        torch._dynamo.reset()
+        STATS.clear()
+        compiled = ember.compile(fn) if name == "ember" else torch.compile(
+            fn, backend=ember.backend)
+        got = compiled(*args)
+        assert STATS, f"{name}: no ember graph compiled"
+        refs, gots = (ref, got) if isinstance(ref, tuple) else ((ref,), (got,))
+        for g, r in zip(gots, refs):
+            assert g.dtype == r.dtype and g.shape == r.shape and g.stride() == r.stride(), name
+            torch.testing.assert_close(g, r, atol=atol, rtol=rtol, msg=lambda m: f"{name}: {m}")
+
+
+@pytest.mark.parametrize("dtype", (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64))
+def test_pow_int(dtype):
+    # test_pow_int: eager wraps around in the integer type
+    make_arg = functools.partial(make_tensor, dtype=dtype, device="cpu", requires_grad=False)
+    torch.manual_seed(0)
+    x, y = make_arg(16, 16), make_arg(16, 16, high=torch.iinfo(dtype).max)
+    _both(lambda x, y: (torch.pow(x, 0x57), torch.pow(x, y)), x, y)
