@@ -34,3 +34,12 @@ def test_pow_int(dtype):
     torch.manual_seed(0)
     x, y = make_arg(16, 16), make_arg(16, 16, high=torch.iinfo(dtype).max)
     _both(lambda x, y: (torch.pow(x, 0x57), torch.pow(x, y)), x, y)
+
+
+def test_as_strided_channels_last():
+    aten = torch.ops.aten
+
+    def fn(x):
+        return (aten.as_strided(x, (8, 384, 2, 20, 12), (153600, 1, 61440, 384, 7680), 0),
+                aten.as_strided(x + 1, (8, 384, 2, 20, 12), (153600, 1, 61440, 384, 7680), 0) + 2)
+    _both(fn, torch.randn(8, 384, 20, 20).to(memory_format=torch.channels_last))
