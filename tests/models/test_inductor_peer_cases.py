@@ -43,3 +43,17 @@ def test_as_strided_channels_last():
         return (aten.as_strided(x, (8, 384, 2, 20, 12), (153600, 1, 61440, 384, 7680), 0),
                 aten.as_strided(x + 1, (8, 384, 2, 20, 12), (153600, 1, 61440, 384, 7680), 0) + 2)
     _both(fn, torch.randn(8, 384, 20, 20).to(memory_format=torch.channels_last))
+
+
+def test_cat_of_loops_and_extern_kernel():
+    # the output layout is part of the result: the test asserts eager's strides
+    torch.manual_seed(0)
+    conv, pool = torch.nn.Conv2d(64, 5, 1), torch.nn.MaxPool2d(2)
+
+    def fn(x, y):
+        return torch.cat([conv(x), pool(y)], 1)
+    inputs = (torch.randn([1, 64, 16, 16]).to(memory_format=torch.channels_last),
+              torch.randn([1, 64, 32, 32]).to(memory_format=torch.channels_last))
+    with torch.no_grad():
+        _both(fn, *inputs, atol=1e-5, rtol=1e-5)
+    _both(fn, *inputs, atol=1e-5, rtol=1e-5)

@@ -223,3 +223,19 @@ def test_ops_without_meta_kernels_are_unsupported_with_the_reason():
         trace_aten(lambda t: t[t > 0], (x,))
     with pytest.raises(Unsupported, match="no meta kernel"):
         trace_aten(lambda t: torch.geqrf(t.reshape(2, 3)), (x,))
+
+
+def test_cpu_conv_on_channels_last_input_is_traced_channels_last():
+    # the meta kernel says contiguous, the CPU kernel returns channels-last; a cat after it
+    # took the wrong layout (Inductor's test_cat_of_loops_and_extern_kernel)
+    x = torch.randn(1, 8, 6, 6).to(memory_format=torch.channels_last)
+    w, y = torch.randn(5, 8, 1, 1), torch.randn(1, 8, 12, 12).to(memory_format=torch.channels_last)
+
+    def fn(x, w, y):
+        return torch.cat([F.conv2d(x, w), F.max_pool2d(y, 2)], 1)
+    gm = trace_aten(fn, (x, w, y))
+    ref = fn(x, w, y)
+    conv = next(n for n in gm.graph.nodes if n.target is torch.ops.aten.convolution.default)
+    assert conv.meta["val"].stride() == F.conv2d(x, w).stride()
+    out = next(n for n in gm.graph.nodes if n.op == "output").args[0][0]
+    assert out.meta["val"].stride() == ref.stride()
