@@ -239,3 +239,17 @@ def test_cpu_conv_on_channels_last_input_is_traced_channels_last():
     assert conv.meta["val"].stride() == F.conv2d(x, w).stride()
     out = next(n for n in gm.graph.nodes if n.op == "output").args[0][0]
     assert out.meta["val"].stride() == ref.stride()
+
+
+def test_mutating_a_view_of_an_input_that_requires_grad_is_refused():
+    # Inductor's test_input_mutation2 (the input is a non-leaf; the traced one a leaf): was a
+    # RuntimeError out of the backend; a non-leaf trace gave wrong leaf gradients. Refused.
+    def fn(a):
+        b = a + 1
+        a.view(64).copy_(torch.tensor([66.0]))
+        return b, a + 2
+    with pytest.raises(Unsupported, match="requires grad"):
+        aot_compile_fn = ember.aot.aot_compile
+        gm = torch.fx.symbolic_trace(fn)
+        x = torch.randn(1, 64).requires_grad_(True).add(1)
+        aot_compile_fn(gm, [x], fw_compiler=lambda g, ex: g, bw_compiler=lambda g, ex: g)
