@@ -205,6 +205,12 @@ def as_strided(ctx, node, x, size, stride, storage_offset=None):
     traced layout of the argument (a channels-last x + 1 is channels-last storage). A value
     realized in another layout is copied into that one; a layout ember cannot own (a view with
     an offset into a computed base, overlapping strides) is refused loudly, never guessed."""
+    if isinstance(x, View) and getattr(x, "exact_storage", False):
+        # as_strided of as_strided: the first one checked that x.buffer is eager's storage
+        off = x.offset if storage_offset is None else as_size(storage_offset)
+        out = View(x.buffer, as_sizes(size), as_sizes(stride), off)
+        out.exact_storage = True
+        return out
     if isinstance(x, Reindex) or (isinstance(x, View) and not isinstance(x.buffer, InputBuffer)
                                   and not x.arg().is_whole):
         # the traced metas do not carry a view's storage offset into a computed base
@@ -222,7 +228,9 @@ def as_strided(ctx, node, x, size, stride, storage_offset=None):
                               f"as {want}+{want_off}")
         v = ctx.realize(Pending(Pointwise(v.size, v.dtype, v.loader())), stride=want)
     off = want_off if storage_offset is None else as_size(storage_offset)
-    return View(v.buffer, as_sizes(size), as_sizes(stride), off)
+    out = View(v.buffer, as_sizes(size), as_sizes(stride), off)
+    out.exact_storage = True
+    return out
 
 
 def _dense(m) -> bool:

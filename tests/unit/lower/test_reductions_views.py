@@ -150,3 +150,13 @@ def test_as_strided_of_a_slice_of_a_computed_value_is_refused():
     with pytest.raises(Unsupported):
         check(lambda x: torch.ops.aten.as_strided((x + 1)[2:], (4, 4), (1, 8), 3),
               torch.randn(6, 8))
+
+
+def test_as_strided_of_as_strided_of_computed_value():
+    # Inductor's test_conv_with_as_strided: the second as_strided reads the same storage
+    aten = torch.ops.aten
+
+    def fn(x):
+        a = aten.as_strided(x * 2, (2, 4, 5, 5), (100, 25, 5, 1), 0)
+        return aten.as_strided(a, (2, 4, 2, 3, 3), (100, 25, 10, 5, 1), 1) + 1
+    check(fn, torch.randn(2, 4, 5, 5), atol=0, rtol=0)
