@@ -21,6 +21,7 @@ import torch.fx as fx
 from torch.utils._pytree import tree_flatten
 
 from .. import shapes
+from ..errors import Unsupported
 from .tracer import (LiftTensorLiterals, OutputSpec, TensorSpec, Tracer, order_placeholders,
                      remove_identity_views)
 
@@ -95,7 +96,15 @@ def trace_program(fn: Callable, specs: list, *, decompositions: dict | None, dev
     inputs = [tr.add_input(f"arg{i}", s) for i, s in enumerate(specs)]
     grad_mode = torch.enable_grad() if joint else torch.no_grad()
     with grad_mode, tr, LiftTensorLiterals(tr):
-        out = fn(*inputs)
+        try:
+            out = fn(*inputs)
+        except RuntimeError as e:
+            if "leaf Variable that requires grad" not in str(e):
+                raise
+            # the traced inputs are leaves; the real one may be a non-leaf that eager lets
+            # a view of be mutated (autograd records it). Not modelled: refuse, never guess
+            raise Unsupported("ember.aot: in-place mutation of (a view of) a graph input that "
+                              "requires grad (Inductor's test_input_mutation2)") from e
         flat, treespec = tree_flatten(out)
         if plan_aliases:
             out_specs, slot_tensors = _plan_outputs(tr, flat)

@@ -306,7 +306,10 @@ class Tracer(TorchDispatchMode):
         margs = tree_map(self._meta_arg, args)
         mkwargs = tree_map(self._meta_arg, kwargs)
         try:
-            return func(*margs, **mkwargs), margs, mkwargs
+            out = func(*margs, **mkwargs)
+            if func is torch.ops.aten.convolution.default and self.device.type == "cpu":
+                out = _cpu_conv_layout(margs[0], out)
+            return out, margs, mkwargs
         except NotImplementedError as e:
             # no meta kernel: the output's shape cannot be known without running the op
             if torch.Tag.dynamic_output_shape in func.tags:
@@ -452,6 +455,22 @@ class Tracer(TorchDispatchMode):
     def input_index_of(self, t: torch.Tensor) -> int | None:
         st = self._storage.get(_skey(t))
         return None if st is None else st.input_index
+
+
+def _cpu_conv_layout(x, out):
+    """The CPU convolution returns channels-last for a channels-last input, where the meta
+    kernel says contiguous; what follows (a cat, an add) takes its layout from it, so the traced
+    layouts would differ from eager's (Inductor's test_cat_of_loops_and_extern_kernel)."""
+    if not (isinstance(out, torch.Tensor) and out.dim() == 4 and x.dim() == 4) or any(
+            isinstance(v, torch.SymInt) for v in (*x.shape, *x.stride(), *out.shape)):
+        return out
+    n, c, h, w = x.shape
+    if c == 1 or h * w == 1 or tuple(x.stride()) != (h * w * c, 1, w * c, c):
+        return out
+    n, c, h, w = out.shape
+    if c == 1 or h * w == 1:
+        return out
+    return torch.empty_strided(out.shape, (h * w * c, 1, w * c, c), dtype=out.dtype, device="meta")
 
 
 def _out_of_place_view(func):

@@ -1,7 +1,10 @@
 """Backend "ember" (the default): capture → aot → decomps → loop IR, fusion, generated kernels."""
 from __future__ import annotations
 
+import torch
+
 from .. import counters
+from ..errors import Unsupported
 from ..aot import aot_compile
 from ..fallback import fall_back, stage
 from ..decomp import get_decompositions
@@ -11,6 +14,7 @@ from .speed import speed_checked
 
 def ember_backend(gm, example_inputs, **kwargs):
     options = kwargs.get("options") or {}
+    _refuse_implicit_autocast(gm)
 
     def compiler(g, ex):            # forward now, backward lazily at the first backward
         with counters.timed("codegen"):
@@ -28,3 +32,18 @@ def ember_backend(gm, example_inputs, **kwargs):
         compiled = aot_compile(gm, example_inputs, fw_compiler=compiler, bw_compiler=bw_compiler,
                                decompositions=get_decompositions())
     return speed_checked(gm, compiled, example_inputs, options)    # never slower than eager
+
+
+def _refuse_implicit_autocast(gm) -> None:
+    """aot traces on meta tensors, which have no autocast dispatch key: an autocast region is
+    compiled right only when its casts are explicit in the graph (ember's capture writes them,
+    marking the graph with meta["ember_device"]). Another capture's graph (Dynamo's) relies on
+    the dispatcher: refuse it loudly rather than compute the region in the wrong dtype."""
+    if "ember_device" in gm.meta:
+        return
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and n.target is torch.amp.autocast_mode._enter_autocast \
+                and (len(n.args) < 3 or n.args[2] is not False):
+            raise Unsupported("an autocast region in a graph from another capture (its casts "
+                              "are implicit; ember traces on meta tensors, which autocast "
+                              "does not see)", hint="use ember.compile, or autocast outside")

@@ -81,6 +81,14 @@ CPP = {
     "lshift": "({0} << {1})", "rshift": "({0} >> {1})",
 }
 assert set(CPP) >= set(UNARY) | set(BINARY)
+# Integer (not bool) operands: eager wraps around in the type, C++ signed overflow is UB and
+# std::pow/std::fmod would compute in double. Integer-only, so float kernels are unchanged.
+CPP_INT = {
+    "add": "ember::wadd({0}, {1})", "sub": "ember::wsub({0}, {1})",
+    "mul": "ember::wmul({0}, {1})", "square": "ember::wmul({0}, {0})",
+    "neg": "ember::wneg({0})", "abs": "ember::wabs({0})", "pow": "ember::ipow({0}, {1})",
+    "fmod": "({0} % {1})", "lshift": "ember::ishl({0}, {1})", "rshift": "ember::ishr({0}, {1})",
+}
 
 
 class CppVal:
@@ -91,6 +99,10 @@ class CppVal:
 
     def __str__(self):
         return self.code
+
+
+def _is_int(dtype) -> bool:
+    return not dtype.is_floating_point and dtype != torch.bool
 
 
 def ctype(dtype) -> str:
@@ -309,7 +321,8 @@ class CppHandler:
                 self.need_if = True
             vals = [self._as(a, dt) for a in args]
             out = torch.bool if name in COMPARE else dt
-            val = self.emit(fmt.format(*vals), out)
+            f = CPP_INT.get(name, fmt) if _is_int(dt) else fmt
+            val = self.emit(f.format(*vals), out)
             if name == "logical_or":
                 self.ors[str(val)] = tuple(vals)
             return val

@@ -13,6 +13,7 @@ PRELUDE = r"""
 #include <cstring>
 #include <limits>
 #include <algorithm>
+#include <type_traits>
 #include <omp.h>
 
 typedef uint16_t ember_bf16;
@@ -60,8 +61,33 @@ static inline double remainder(double a, double b) {
     double r = std::fmod(a, b); return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
 }
 template <typename T> static inline T pow_(T a, T b) { return std::pow(a, b); }
-static inline int64_t pow_(int64_t a, int64_t b) {
-    int64_t r = 1; while (b > 0) { if (b & 1) r *= a; a *= a; b >>= 1; } return r;
+
+// ---- integer arithmetic that wraps like eager (signed overflow is UB in C++) ----
+// computed in an unsigned type at least as wide as int (uint16 * uint16 promotes to signed
+// int and can overflow it), then narrowed, which is modular
+template <typename T> using uwide = std::conditional_t<(sizeof(T) < 4), uint32_t, std::make_unsigned_t<T>>;
+template <typename T> static inline T wadd(T a, T b) { return static_cast<T>(static_cast<uwide<T>>(a) + static_cast<uwide<T>>(b)); }
+template <typename T> static inline T wsub(T a, T b) { return static_cast<T>(static_cast<uwide<T>>(a) - static_cast<uwide<T>>(b)); }
+template <typename T> static inline T wmul(T a, T b) { return static_cast<T>(static_cast<uwide<T>>(a) * static_cast<uwide<T>>(b)); }
+template <typename T> static inline T wneg(T a) { return static_cast<T>(uwide<T>(0) - static_cast<uwide<T>>(a)); }
+template <typename T> static inline T wabs(T a) { return a < 0 ? wneg(a) : a; }
+// eager's powi: square-and-multiply in the type; a negative exponent gives 1, +-1 or 0
+template <typename T> static inline T ipow(T a, T b) {
+    if (std::is_signed_v<T> && b < 0) return a == 1 ? T(1) : (a == T(-1) ? ((b & 1) ? T(-1) : T(1)) : T(0));
+    uwide<T> r = 1, x = static_cast<uwide<T>>(a);
+    for (uwide<T> e = static_cast<uwide<T>>(b); e != 0; e >>= 1) { if (e & 1) r *= x; x *= x; }
+    return static_cast<T>(r);
+}
+// eager's shifts: a shift by the width or more (or negative) gives 0 / the sign fill
+template <typename T> static inline T ishl(T a, T b) {
+    if (b < 0 || static_cast<int64_t>(b) >= static_cast<int64_t>(sizeof(T) * 8)) return T(0);
+    return static_cast<T>(static_cast<uwide<T>>(a) << b);
+}
+template <typename T> static inline T ishr(T a, T b) {
+    constexpr int64_t w = sizeof(T) * 8;
+    if (b < 0 || static_cast<int64_t>(b) >= w - (std::is_signed_v<T> ? 1 : 0))
+        return std::is_signed_v<T> ? static_cast<T>(a < 0 ? -1 : 0) : T(0);
+    return static_cast<T>(a >> b);
 }
 
 // ---- vectorizable float math ----

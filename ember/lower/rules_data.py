@@ -13,9 +13,10 @@ import torch
 
 from ..codegen.common import (FloorDiv, ModularIndexing, compute_dtype, contiguous_strides, hint,
                              numel, ops)
-from .ir import (Pending, Pointwise, Reindex, TensorValue, View, as_size, as_sizes, meta_sizes,
+from .ir import (InputBuffer, Pending, Pointwise, Reindex, TensorValue, View, as_size, as_sizes, meta_sizes,
                  meta_strided)
 from .rules import RULES, broadcast_loader, out_meta, rule
+from ..errors import Unsupported
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -200,11 +201,50 @@ def select(ctx, node, x, dim, idx):
 
 @rule(aten.as_strided.default)
 def as_strided(ctx, node, x, size, stride, storage_offset=None):
-    v = ctx.realize(x)
-    if not (isinstance(x, View) and x.buffer is v.buffer) and not v.arg().is_whole:
-        return NotImplemented
-    off = v.offset if storage_offset is None else storage_offset
-    return View(v.buffer, tuple(size), tuple(stride), off)
+    """as_strided indexes x's *storage*, so x must be stored exactly as eager stores it: the
+    traced layout of the argument (a channels-last x + 1 is channels-last storage). A value
+    realized in another layout is copied into that one; a layout ember cannot own (a view with
+    an offset into a computed base, overlapping strides) is refused loudly, never guessed."""
+    if isinstance(x, View) and getattr(x, "exact_storage", False):
+        # as_strided of as_strided: the first one checked that x.buffer is eager's storage
+        off = x.offset if storage_offset is None else as_size(storage_offset)
+        out = View(x.buffer, as_sizes(size), as_sizes(stride), off)
+        out.exact_storage = True
+        return out
+    if isinstance(x, Reindex) or (isinstance(x, View) and not isinstance(x.buffer, InputBuffer)
+                                  and not x.arg().is_whole):
+        # the traced metas do not carry a view's storage offset into a computed base
+        raise Unsupported("as_strided of a view of a computed value (its storage is not known)")
+    if isinstance(x, View) and isinstance(x.buffer, InputBuffer):
+        off = x.offset if storage_offset is None else as_size(storage_offset)
+        return View(x.buffer, as_sizes(size), as_sizes(stride), off)
+    m = out_meta(node.args[0])
+    want, want_off = as_sizes(m.stride()), as_size(m.storage_offset())
+    fresh = want_off == 0 and _dense(m)
+    v = ctx.realize(x, stride=want if fresh else None)
+    if not _same_layout(v, want, want_off):
+        if not fresh:
+            raise Unsupported(f"as_strided of a value stored as {v.stride}+{v.offset}, traced "
+                              f"as {want}+{want_off}")
+        v = ctx.realize(Pending(Pointwise(v.size, v.dtype, v.loader())), stride=want)
+    off = want_off if storage_offset is None else as_size(storage_offset)
+    out = View(v.buffer, as_sizes(size), as_sizes(stride), off)
+    out.exact_storage = True
+    return out
+
+
+def _dense(m) -> bool:
+    dims = sorted((as_size(st), as_size(s)) for s, st in zip(m.shape, m.stride()) if s != 1)
+    expect = 1
+    for st, s in dims:
+        if st != expect:
+            return False
+        expect = expect * s
+    return True
+
+
+def _same_layout(v, stride, offset) -> bool:
+    return v.offset == offset and all(a == b for s, a, b in zip(v.size, v.stride, stride) if s != 1)
 
 
 @rule(aten.split.Tensor, aten.split_with_sizes.default)

@@ -48,6 +48,10 @@ def graph_key(gm, options) -> str | None:
                     specs.append(repr(v))
             elif n.op == "get_attr":
                 return None
+            elif isinstance(n.meta.get("val"), torch.Tensor):
+                # the traced layouts are part of the program (an aot change to them, e.g. a
+                # channels-last conv, must not be served a wrapper built for the old ones)
+                specs.append((n.name, tuple(n.meta["val"].stride())))
         return cache.key_of(gm.code, repr(specs), repr(sorted(options.items())), torch.__version__,
                             _compiler_hash())
     except Exception:  # noqa: BLE001 - an uncachable graph just compiles

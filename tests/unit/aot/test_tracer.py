@@ -223,3 +223,33 @@ def test_ops_without_meta_kernels_are_unsupported_with_the_reason():
         trace_aten(lambda t: t[t > 0], (x,))
     with pytest.raises(Unsupported, match="no meta kernel"):
         trace_aten(lambda t: torch.geqrf(t.reshape(2, 3)), (x,))
+
+
+def test_cpu_conv_on_channels_last_input_is_traced_channels_last():
+    # the meta kernel says contiguous, the CPU kernel returns channels-last; a cat after it
+    # took the wrong layout (Inductor's test_cat_of_loops_and_extern_kernel)
+    x = torch.randn(1, 8, 6, 6).to(memory_format=torch.channels_last)
+    w, y = torch.randn(5, 8, 1, 1), torch.randn(1, 8, 12, 12).to(memory_format=torch.channels_last)
+
+    def fn(x, w, y):
+        return torch.cat([F.conv2d(x, w), F.max_pool2d(y, 2)], 1)
+    gm = trace_aten(fn, (x, w, y))
+    ref = fn(x, w, y)
+    conv = next(n for n in gm.graph.nodes if n.target is torch.ops.aten.convolution.default)
+    assert conv.meta["val"].stride() == F.conv2d(x, w).stride()
+    out = next(n for n in gm.graph.nodes if n.op == "output").args[0][0]
+    assert out.meta["val"].stride() == ref.stride()
+
+
+def test_mutating_a_view_of_an_input_that_requires_grad_is_refused():
+    # Inductor's test_input_mutation2 (the input is a non-leaf; the traced one a leaf): was a
+    # RuntimeError out of the backend; a non-leaf trace gave wrong leaf gradients. Refused.
+    def fn(a):
+        b = a + 1
+        a.view(64).copy_(torch.tensor([66.0]))
+        return b, a + 2
+    with pytest.raises(Unsupported, match="requires grad"):
+        aot_compile_fn = ember.aot.aot_compile
+        gm = torch.fx.symbolic_trace(fn)
+        x = torch.randn(1, 64).requires_grad_(True).add(1)
+        aot_compile_fn(gm, [x], fw_compiler=lambda g, ex: g, bw_compiler=lambda g, ex: g)

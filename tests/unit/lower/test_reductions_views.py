@@ -131,3 +131,32 @@ def test_max_pool2d_lowered(k, s, p):
     stats = check(lambda t: F.max_pool2d_with_indices(t, k, s, p), x)
     assert stats["externs"] == 0
     check(lambda t: F.max_pool2d(t, k, s, p).relu(), x, kernels=1)
+
+
+def test_as_strided_of_computed_value_uses_its_traced_layout():
+    # Inductor's test_as_strided (channels-last): x + 1 is channels-last storage in eager, and
+    # as_strided indexes that storage; ember stored it contiguous, every element was wrong
+    aten = torch.ops.aten
+    x = torch.randn(2, 16, 6, 6).to(memory_format=torch.channels_last)
+    check(lambda x: aten.as_strided(x + 1, (2, 16, 2, 6, 3), (576, 1, 192, 16, 96), 0) + 2,
+          x, atol=0, rtol=0)
+    check(lambda x: aten.as_strided(x * 2, (4, 9), (9, 1), 0), torch.randn(6, 6).t(),
+          atol=0, rtol=0)
+
+
+def test_as_strided_of_a_slice_of_a_computed_value_is_refused():
+    import pytest
+    from ember.errors import Unsupported
+    with pytest.raises(Unsupported):
+        check(lambda x: torch.ops.aten.as_strided((x + 1)[2:], (4, 4), (1, 8), 3),
+              torch.randn(6, 8))
+
+
+def test_as_strided_of_as_strided_of_computed_value():
+    # Inductor's test_conv_with_as_strided: the second as_strided reads the same storage
+    aten = torch.ops.aten
+
+    def fn(x):
+        a = aten.as_strided(x * 2, (2, 4, 5, 5), (100, 25, 5, 1), 0)
+        return aten.as_strided(a, (2, 4, 2, 3, 3), (100, 25, 10, 5, 1), 1) + 1
+    check(fn, torch.randn(2, 4, 5, 5), atol=0, rtol=0)
