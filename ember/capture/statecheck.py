@@ -280,7 +280,9 @@ def _layout() -> tuple[int, int, int, int]:
     def storage(t):
         return t.untyped_storage()._cdata
 
-    probes = [torch.randn(3), torch.nn.Parameter(torch.randn(4, 4)),
+    # no random constructor here: loading must not move the caller's RNG (a dropout mask after
+    # torch.manual_seed would differ from eager's)
+    probes = [torch.zeros(3), torch.nn.Parameter(torch.ones(4, 4)),
               torch.zeros(2, dtype=torch.half).requires_grad_(), torch.ones(5)[1:]]
     impl = [o for o in range(8, 64, 8) if all(word(id(t) + o) == t._cdata for t in probes)]
     stor = [o for o in range(8, 128, 8) if all(word(t._cdata + o) == storage(t) for t in probes)]
@@ -288,7 +290,7 @@ def _layout() -> tuple[int, int, int, int]:
         raise RuntimeError("tensor layout not recognized")
     p = probes[1]
     before = word(p._cdata + stor[0])
-    p.data = torch.randn(2, dtype=torch.float64)
+    p.data = torch.zeros(2, dtype=torch.float64)
     if word(id(p) + impl[0]) != p._cdata or word(p._cdata + stor[0]) != storage(p) or \
             word(p._cdata + stor[0]) == before:
         raise RuntimeError("tensor layout does not follow a storage swap")
@@ -296,7 +298,7 @@ def _layout() -> tuple[int, int, int, int]:
 
 
 def _requires_grad_layout(word, byte) -> tuple[int, int]:
-    leaves = [torch.randn(3), torch.zeros(4, 4, dtype=torch.half), torch.ones(5, dtype=torch.float64)]
+    leaves = [torch.zeros(3), torch.zeros(4, 4, dtype=torch.half), torch.ones(5, dtype=torch.float64)]
     before = [[word(t._cdata + o) for o in range(8, 128, 8)] for t in leaves]
     for t in leaves:
         t.requires_grad_(True)
@@ -317,7 +319,7 @@ def _requires_grad_layout(word, byte) -> tuple[int, int]:
                                          for i in range(len(leaves)))]
     if len(flag) != 1:
         return -1, -1
-    p = torch.nn.Parameter(torch.randn(2))
+    p = torch.nn.Parameter(torch.zeros(2))
     m = word(p._cdata + meta[0])
     if not m or byte(m + flag[0]) != 1 or (p.requires_grad_(False), byte(m + flag[0]))[1] != 0:
         return -1, -1

@@ -195,5 +195,7 @@ def test_a_deleted_compiled_model_is_freed():
 def test_tensor_layout_is_recognized():
     """With the pinned torch, every offset is found by the probe (else snapshots fall back to
     slower getters, or to checking every guard on every call)."""
+    state = torch.get_rng_state()
     impl, storage, meta, flag = statecheck._layout()
     assert min(impl, storage, meta, flag) >= 0
+    assert torch.equal(torch.get_rng_state(), state)     # probing draws no random numbers
