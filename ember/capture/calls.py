@@ -17,6 +17,7 @@ import types
 import torch
 
 from ..errors import Unsupported
+from .checkpoint import call_checkpoint, is_checkpoint
 from .values import (NULL, BuiltinMethodV, CellV, ContextV, DictV, FuncV, GenV, IterV, ListV,
                      NewModuleV, MethodV, NewObjV, ObjV, PartialV, SuperV, TensorV, TupleV, V,
                      is_literal, peek)
@@ -160,6 +161,8 @@ def call_obj(tr, fn: ObjV, args: list, kwargs: dict) -> V:
         return h(tr, args, kwargs)
     if getattr(f, "_ember_allow_in_graph", False):
         return tr.call_graph(f, args, kwargs)
+    if is_checkpoint(f):
+        return call_checkpoint(tr, args, kwargs)
     if _is_function_apply(f):
         from .autograd_fn import call_function_apply
         return call_function_apply(tr, f, args, kwargs)
