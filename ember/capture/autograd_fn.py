@@ -9,7 +9,8 @@ calls the user's backward, whose ops are recorded too (docs/design/001-stage-con
 Python side effects: `_check_pure` reads its bytecode (forward, backward, setup_context and the
 plain functions they call) and refuses, as a graph break naming the culprit, anything that could
 write outside `ctx` or the frame (print, a global, a closure cell, an attribute of another object,
-a call to a function it cannot read). Data-dependent code (`.item()` on a meta tensor) fails in
+a call to a function it cannot read), and guards the globals they read (a rebound constant or
+helper recompiles; class attributes read through a global class are not guarded). Data-dependent code (`.item()` on a meta tensor) fails in
 the trace: in forward as a break here, in backward as aot's loud fallback to the captured graph.
 """
 from __future__ import annotations
@@ -38,16 +39,37 @@ _MAX_DEPTH = 4
 
 def call_function_apply(tr, f, args, kwargs):
     cls = f.__self__
+    reads: list = []
     for name in ("forward", "backward", "setup_context", "vjp"):
         meth = _own_method(cls, name)
         if meth is not None:
-            why = _check_pure(meth, is_ctx_method=True, depth=0)
+            why = _check_pure(meth, is_ctx_method=True, depth=0, reads=reads)
             if why is not None:
                 raise tr.unsupported(
                     f"autograd.Function {cls.__qualname__}.{name} {why}",
                     hint="its forward and backward are traced once into the graph, so Python "
                          "side effects there would not run per call; it runs eagerly")
+    _guard_globals(tr, reads)
     return tr.call_graph(apply_node_target(cls), args, kwargs)
+
+
+def _guard_globals(tr, reads):
+    """The traced forward/backward bake in the globals they read: guard each (a rebound
+    constant or helper recompiles), as if the user's code had read it in the frame."""
+    from .sources import GlobalSource
+    seen = set()
+    for globs, name in reads:
+        if (id(globs), name) in seen or name not in globs or \
+                str(globs.get("__name__", "")).startswith("torch"):
+            continue
+        seen.add((id(globs), name))
+        value = globs[name]
+        if isinstance(value, types.ModuleType):
+            continue
+        src = GlobalSource(tr.gid_for(globs), name)
+        tr.wrap(value, src)
+        if type(value) in (float, str):          # wrap guards these lazily, on use
+            tr.guard("EQ", src, value)
 
 
 _TARGETS: "weakref.WeakKeyDictionary[type, types.FunctionType]" = weakref.WeakKeyDictionary()
@@ -84,15 +106,16 @@ def _own_method(cls, name):
     return None
 
 
-def _check_pure(fn: types.FunctionType, *, is_ctx_method: bool, depth: int) -> str | None:
+def _check_pure(fn: types.FunctionType, *, is_ctx_method: bool, depth: int,
+                reads: list) -> str | None:
     """None when `fn` cannot have a Python side effect outside its ctx; else the reason."""
     if depth > _MAX_DEPTH:
         return f"calls {fn.__qualname__} too deeply to check"
     cells = dict(zip(fn.__code__.co_freevars, fn.__closure__ or ()))
-    return _check_code(fn.__code__, fn.__globals__, cells, is_ctx_method, depth)
+    return _check_code(fn.__code__, fn.__globals__, cells, is_ctx_method, depth, reads)
 
 
-def _check_code(code, globs, cells, is_ctx_method, depth) -> str | None:
+def _check_code(code, globs, cells, is_ctx_method, depth, reads) -> str | None:
     import dis
     ctx_name = code.co_varnames[0] if is_ctx_method and code.co_argcount else None
     prev = None
@@ -104,7 +127,8 @@ def _check_code(code, globs, cells, is_ctx_method, depth) -> str | None:
                                        prev.opname == "LOAD_FAST" and prev.argval == ctx_name):
             return f"sets attribute {ins.argval!r} on an object other than ctx"
         if op in ("LOAD_GLOBAL", "LOAD_NAME"):
-            why = _check_global(ins.argval, globs, depth)
+            reads.append((globs, ins.argval))
+            why = _check_global(ins.argval, globs, depth, reads)
             if why is not None:
                 return why
         if op in ("LOAD_DEREF", "LOAD_CLASSDEREF") and ins.argval != "__class__":
@@ -114,21 +138,23 @@ def _check_code(code, globs, cells, is_ctx_method, depth) -> str | None:
                     val = cell.cell_contents
                 except ValueError:
                     val = None
-                why = _check_value(ins.argval, val, depth)
+                if not isinstance(val, (types.ModuleType, types.FunctionType, type)):
+                    return f"reads closure variable {ins.argval!r} (not guarded)"
+                why = _check_value(ins.argval, val, depth, reads)
                 if why is not None:
                     return why
         prev = ins
     for c in code.co_consts:
         if isinstance(c, types.CodeType):        # comprehensions, lambdas, nested functions
-            why = _check_code(c, globs, cells, False, depth)
+            why = _check_code(c, globs, cells, False, depth, reads)
             if why is not None:
                 return why
     return None
 
 
-def _check_global(name, globs, depth) -> str | None:
+def _check_global(name, globs, depth, reads) -> str | None:
     if name in globs:
-        return _check_value(name, globs[name], depth)
+        return _check_value(name, globs[name], depth, reads)
     if name in _PURE_BUILTINS:
         return None
     if hasattr(builtins, name):
@@ -138,11 +164,11 @@ def _check_global(name, globs, depth) -> str | None:
     return None          # an undefined name raises NameError in the trace as it would eagerly
 
 
-def _check_value(name, v, depth) -> str | None:
+def _check_value(name, v, depth, reads) -> str | None:
     if v is None or isinstance(v, (bool, int, float, complex, str, bytes, torch.dtype,
                                    torch.device, torch.Size)):
         return None
-    if isinstance(v, tuple) and all(_check_value(name, x, depth) is None for x in v):
+    if isinstance(v, tuple) and all(_check_value(name, x, depth, reads) is None for x in v):
         return None
     if isinstance(v, types.ModuleType):
         return None
@@ -154,6 +180,6 @@ def _check_value(name, v, depth) -> str | None:
             isinstance(v, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
         return None
     if isinstance(v, types.FunctionType):
-        why = _check_pure(v, is_ctx_method=False, depth=depth + 1)
+        why = _check_pure(v, is_ctx_method=False, depth=depth + 1, reads=reads)
         return None if why is None else f"calls {v.__qualname__}, which {why}"
     return f"uses {type(v).__name__} {name!r} (mutable state it may change per call)"

@@ -113,6 +113,23 @@ class ItemBackward(torch.autograd.Function):
         return g * 2 if x.sum().item() > 0 else g * -2
 
 
+FACTOR = 2.0
+
+
+def _factor(g):
+    return g * FACTOR
+
+
+class UsesGlobal(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * FACTOR
+
+    @staticmethod
+    def backward(ctx, g):
+        return _factor(g) + 1
+
+
 def _scale(x, w):
     return ScaleGrad.apply(x @ w, 3.0).relu().sum()
 
@@ -215,3 +232,30 @@ def test_data_dependent_backward_falls_back_loudly(monkeypatch):
     f(x).backward()
     torch.testing.assert_close(g, x.grad)
     assert ember.stats()["counts"].get("fallbacks", 0) >= 1
+
+
+def test_globals_read_by_forward_and_backward_are_guarded():
+    global FACTOR
+    ember.reset()
+
+    def f(x):
+        return UsesGlobal.apply(x.sin()).sum()
+
+    cf = ember.compile(f, backend="aot_eager", fullgraph=True)
+    x = torch.randn(3, requires_grad=True)
+    try:
+        for factor in (2.0, 3.0):
+            FACTOR = factor
+            out = cf(x)
+            out.backward()
+            g = x.grad.clone()
+            x.grad = None
+            ref = f(x)
+            ref.backward()
+            torch.testing.assert_close(out, ref)
+            torch.testing.assert_close(g, x.grad)
+            x.grad = None
+    finally:
+        FACTOR = 2.0
+    st = ember.stats()["counts"]
+    assert st.get("recompiles") == 1 and not st.get("graph_breaks"), st
