@@ -20,7 +20,7 @@ import torch
 import torch.fx as fx
 from torch.utils._pytree import tree_flatten
 
-from .. import shapes
+from .. import regions, shapes
 from ..errors import Unsupported
 from .tracer import (LiftTensorLiterals, OutputSpec, TensorSpec, Tracer, order_placeholders,
                      remove_identity_views)
@@ -93,6 +93,7 @@ def trace_program(fn: Callable, specs: list, *, decompositions: dict | None, dev
     """Trace `fn` on meta inputs built from `specs`. With plan_aliases=False every user output is
     its own graph output (trace_aten: a kernel compiler's view, no runtime alias rebuilding)."""
     tr = Tracer(decompositions, device)
+    regions.reset()
     inputs = [tr.add_input(f"arg{i}", s) for i, s in enumerate(specs)]
     grad_mode = torch.enable_grad() if joint else torch.no_grad()
     with grad_mode, tr, LiftTensorLiterals(tr):

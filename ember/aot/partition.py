@@ -12,8 +12,9 @@ Two policies (`PARTITIONERS`):
     the backward reads.
   - "min_cut" (default): a minimum s-t cut (networkx) over the tangent-independent nodes the
     backward needs, weighted by bytes. Cheap pointwise/view/cast ops may be recomputed in the
-    backward; matmul/conv/sdpa/reductions/random ops never are. Graph inputs are free to save, and
-    a bool mask costs a quarter of a float, so masks are saved rather than the floats made from them.
+    backward; matmul/conv/sdpa/reductions/random ops never are, except inside an activation-
+    checkpoint region (node.meta["recompute"]): those are always recomputed, random ops excepted.
+    Graph inputs are free to save, and a bool mask costs a quarter of a float, so masks are saved rather than the floats made from them.
 """
 from __future__ import annotations
 
@@ -65,6 +66,27 @@ def recomputable(node: fx.Node) -> bool:
     if target in NEVER or torch.Tag.nondeterministic_seeded in target.tags:
         return False
     return torch.Tag.pointwise in target.tags or target.is_view or target in CHEAP
+
+
+def _checkpoint_nodes(joint: fx.Graph, fw_outs) -> tuple[set[fx.Node], set[fx.Node]]:
+    """Nodes inside an activation-checkpoint region (ember/regions.py) that do not leave it:
+    recomputed in the backward whatever they cost, as eager's checkpoint does. A region's outputs
+    (read by forward nodes outside it, or graph outputs) are saved, not recomputed, like the next
+    block's input eager saves; a random op is saved (a recompute would draw new numbers).
+    Returns (recomputed inside, region outputs)."""
+    fw = _ancestors(fw_outs)
+    out, leaving = set(), set()
+    for n in joint.nodes:
+        tag = n.meta.get("recompute")
+        if tag is None or n.op != "call_function" or n.target in NEVER or \
+                isinstance(n.target, torch._ops.OpOverload) and \
+                torch.Tag.nondeterministic_seeded in n.target.tags:
+            continue
+        if any(u.op == "output" or u in fw and u.meta.get("recompute") != tag for u in n.users):
+            leaving.add(n)
+        else:
+            out.add(n)
+    return out, leaving
 
 
 def is_size_node(node: fx.Node) -> bool:
@@ -127,14 +149,18 @@ def _saved_min_cut(joint, primals, tangents, fw_outs, grads) -> set[fx.Node]:
     dep = _tangent_dependent(joint, tangents)
     needed = _ancestors(grads)
     cand = {n for n in needed if n not in dep}
+    forced, leaving = _checkpoint_nodes(joint, fw_outs)
     g = nx.DiGraph()
     g.add_node("source")
     g.add_node("sink")
     for n in cand:
-        weight = 0 if n.op == "placeholder" else nbytes(n)
-        g.add_edge(f"{n.name}_in", f"{n.name}_out", capacity=weight)
-        if n.op == "placeholder" or not recomputable(n):
-            g.add_edge("source", f"{n.name}_in")
+        if n in forced:
+            g.add_edge(f"{n.name}_in", f"{n.name}_out")        # no capacity: never cut (saved)
+        else:
+            weight = 0 if n.op == "placeholder" else nbytes(n)
+            g.add_edge(f"{n.name}_in", f"{n.name}_out", capacity=weight)
+            if n.op == "placeholder" or not recomputable(n) or n in leaving:
+                g.add_edge("source", f"{n.name}_in")
         for u in n.users:
             if u in cand:
                 g.add_edge(f"{n.name}_out", f"{u.name}_in")
@@ -151,7 +177,11 @@ def _saved_min_cut(joint, primals, tangents, fw_outs, grads) -> set[fx.Node]:
 PARTITIONERS = {"default": _saved_default, "min_cut": _saved_min_cut}
 
 
-def _extract(joint: fx.Graph, inputs: list[fx.Node], outputs: list[fx.Node]) -> fx.Graph:
+def _extract(joint: fx.Graph, inputs: list[fx.Node], outputs: list[fx.Node],
+             lazy: frozenset = frozenset()) -> fx.Graph:
+    """The subgraph computing `outputs` from `inputs`, in joint order, except that a node in
+    `lazy` (recomputed activations of a checkpoint region) is emitted just before its first use,
+    so a region's recomputation lives only while its own backward runs."""
     g = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
     for n in inputs:
@@ -159,11 +189,26 @@ def _extract(joint: fx.Graph, inputs: list[fx.Node], outputs: list[fx.Node]) -> 
         p.meta = dict(n.meta)
         env[n] = p
     needed = _ancestors(outputs, stop=frozenset(inputs))
+
+    def emit(n):
+        stack = [n]
+        while stack:
+            m = stack[-1]
+            if m in env:
+                stack.pop()
+                continue
+            if m.op == "placeholder":
+                raise InternalError(f"ember.aot partition: {m.name} is needed but not an input")
+            missing = [a for a in m.all_input_nodes if a not in env]
+            if missing:
+                stack.extend(missing)
+                continue
+            stack.pop()
+            env[m] = g.node_copy(m, lambda x: env[x])
+
     for n in joint.nodes:
-        if n in needed and n not in env and n.op != "output":
-            if n.op == "placeholder":
-                raise InternalError(f"ember.aot partition: {n.name} is needed but not an input")
-            env[n] = g.node_copy(n, lambda x: env[x])
+        if n in needed and n not in env and n.op != "output" and n not in lazy:
+            emit(n)
     g.output(tuple(env[o] for o in outputs))
     g.lint()
     return g
@@ -182,7 +227,8 @@ def partition(joint: fx.Graph, *, n_primals: int, n_fw_outputs: int, policy: str
     saved_values = sorted((n for n in saved if n not in primal_pos), key=order.__getitem__)
     saved_nodes = [primals[i] for i in saved_inputs] + saved_values
     fw = _extract(joint, primals, fw_outs + saved_values)
-    bw = _extract(joint, saved_nodes + tangents, grads)
+    lazy = frozenset(n for n in joint.nodes if n.meta.get("recompute") is not None)
+    bw = _extract(joint, saved_nodes + tangents, grads, lazy)
     log = get_logger("aot")            # per call: EMBER_LOGS is read when asked
     if log.isEnabledFor(20):
         total = sum(nbytes(n) for n in saved_values)

@@ -29,7 +29,7 @@ from torch.utils._python_dispatch import (TorchDispatchMode, _disable_current_mo
                                           _get_current_dispatch_mode)
 from torch.utils._pytree import tree_flatten, tree_map
 
-from .. import shapes
+from .. import regions, shapes
 from ..errors import InternalError, Unsupported
 from ..fallback import stage
 from .functionalize import IDENTITY_VIEWS, SCATTER, SCATTER_MULTI, functional_variant, mutated_args
@@ -233,12 +233,17 @@ class Tracer(TorchDispatchMode):
         """Append `op(*args, **kwargs)` (args already nodes) with the meta result `out`."""
         node = self.graph.call_function(op, tuple(args), dict(kwargs))
         node.meta["val"] = _val_of(out)
+        recompute = regions.current()
+        if recompute is not None:
+            node.meta["recompute"] = recompute
         if isinstance(out, (tuple, list)):
             items = []
             for i, o in enumerate(out):
                 if isinstance(o, torch.Tensor):
                     g = self.graph.call_function(operator.getitem, (node, i))
                     g.meta["val"] = fresh_val(o)
+                    if recompute is not None:
+                        g.meta["recompute"] = recompute
                     items.append(g)
                 else:
                     items.append(None)

@@ -16,6 +16,8 @@ import types
 
 import torch
 
+from ..errors import Unsupported
+from .checkpoint import call_checkpoint, is_checkpoint
 from .values import (NULL, BuiltinMethodV, CellV, ContextV, DictV, FuncV, GenV, IterV, ListV,
                      NewModuleV, MethodV, NewObjV, ObjV, PartialV, SuperV, TensorV, TupleV, V,
                      is_literal, peek)
@@ -159,6 +161,13 @@ def call_obj(tr, fn: ObjV, args: list, kwargs: dict) -> V:
         return h(tr, args, kwargs)
     if getattr(f, "_ember_allow_in_graph", False):
         return tr.call_graph(f, args, kwargs)
+    if is_checkpoint(f):
+        return call_checkpoint(tr, args, kwargs)
+    if _is_function_apply(f):
+        from .autograd_fn import call_function_apply
+        return call_function_apply(tr, f, args, kwargs)
+    if isinstance(f, _OP_TYPES) or type(f).__name__ == "CustomOpDef" and hasattr(f, "_opoverload"):
+        return call_op(tr, getattr(f, "_opoverload", f), args, kwargs)
     tf = torch_functions()
     if id(f) in tf and tf[id(f)] is f:
         return call_torch(tr, f, args, kwargs)
@@ -225,6 +234,38 @@ def call_obj(tr, fn: ObjV, args: list, kwargs: dict) -> V:
         return call(tr, inner, tr.iterate(pa) + list(args),
                     {**(pk.items if isinstance(pk, DictV) else {}), **kwargs})
     raise tr.unsupported(f"call to {type(f).__name__} {getattr(f, '__qualname__', f)!r:.80}")
+
+
+def _is_function_apply(f) -> bool:
+    """`MyFn.apply`: the classmethod of a user torch.autograd.Function subclass."""
+    owner = getattr(f, "__self__", None)
+    return getattr(f, "__name__", None) == "apply" and isinstance(owner, type) and \
+        issubclass(owner, torch.autograd.Function) and owner is not torch.autograd.Function
+
+
+_OP_TYPES = (torch._ops.OpOverload, torch._ops.OpOverloadPacket)
+
+
+def call_op(tr, op, args, kwargs) -> V:
+    """`torch.ops.ns.op(...)` or a `torch.library.custom_op` object: one node, its value from the
+    op's fake/meta kernel; aot traces it the same way and the kernel backend calls it as an extern."""
+    name = getattr(op, "_name", None) or str(op)
+    ovl = op if isinstance(op, torch._ops.OpOverload) else None
+    schemas = [ovl._schema] if ovl is not None else \
+        [getattr(op, o)._schema for o in op.overloads() if "out" not in o]   # out= picked by kw
+    if any(s.is_mutable for s in schemas) or "out" in kwargs:
+        raise tr.unsupported(f"op {name} mutates its arguments",
+                             hint="a mutating op called through torch.ops is not functionalized "
+                                  "yet; it runs eagerly")
+    try:
+        return tr.call_graph(op, args, kwargs)
+    except Unsupported as e:
+        if name.startswith("aten::") or "fake" not in str(e).lower() and \
+                "meta" not in str(e).lower():
+            raise
+        raise tr.unsupported(f"custom op {name} has no fake kernel, so it cannot be traced",
+                             hint=f"register one with torch.library.register_fake({name!r}) "
+                                  "(or @op.register_fake)") from None
 
 
 def _inline_regions(tr) -> bool:
