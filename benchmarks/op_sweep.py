@@ -512,6 +512,27 @@ def summary(rows):
     return lines
 
 
+def markdown(rows):
+    """The results as a markdown table plus the summary (for benchmarks/README-op-sweep.md)."""
+    out = ["| pattern | mode | eager ms | ember ms | inductor ms | ember/eager [p25-p75] "
+           "| ember/inductor [p25-p75] | compile s ember | compile s inductor | status |",
+           "|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for r in rows:
+        if "ember_ms" not in r:
+            out.append(f"| {r['pattern']} | {r['mode']} | | | | | | | | fail: {r.get('error', '')[:80]} |")
+            continue
+        ind = r.get("inductor_ms")
+        ratio = r["ember_vs_eager"]["median"]
+        mark = " **" if ratio < 0.9 else " *" if ratio < 0.95 else ""
+        out.append(
+            f"| {r['pattern']} | {r['mode']} | {r['eager_ms']:.3f} | {r['ember_ms']:.3f} | "
+            f"{'%.3f' % ind if ind else '-'} | {fmt_ratio(r['ember_vs_eager'])}{mark} | "
+            f"{fmt_ratio(r.get('ember_vs_inductor'))} | {r['compile_s_ember']:.2f} | "
+            f"{'%.2f' % r['compile_s_inductor'] if 'compile_s_inductor' in r else '-'} | "
+            f"{r['status']}{': ' + '; '.join(r['problems'])[:120] if r.get('problems') else ''} |")
+    return "\n".join(out + [""] + [f"- {line}" for line in summary(rows)])
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mode", choices=("infer", "train", "both"), default="both")
@@ -522,7 +543,13 @@ def main(argv=None):
     ap.add_argument("--scale", type=float, default=1.0, help="shrink sizes (tests use toy sizes)")
     ap.add_argument("--threads", type=int, default=hygiene.default_threads())
     ap.add_argument("--list", action="store_true")
+    ap.add_argument("--markdown", default="", metavar="JSONL",
+                    help="print a results file (from --json) as markdown and exit")
     a = ap.parse_args(argv)
+    if a.markdown:
+        with open(a.markdown) as f:
+            print(markdown([json.loads(line) for line in f if line.strip()]))
+        return 0
     names = [n for n in PATTERNS if re.search(a.only, n)]
     if a.list:
         print("\n".join(names))
