@@ -532,7 +532,7 @@ class KernelCodegen:
 
     def _column_reduction_ok(self, xv) -> bool:
         """One reduction stage whose loads run contiguously along the last *outer* dim and not
-        along the reduced dims (sum over batch of [B, F], softmax over dim 0): vectorize across
+        along the reduced dims (but for loads the outer dim does not move) (sum over batch of [B, F], softmax over dim 0): vectorize across
         the outer dim with a block of accumulators instead of striding down each column."""
         k = self.kernel
         if len(k.stages) != 1 or k.stages[0].kind != "reduction" or not k.outer:
@@ -548,7 +548,9 @@ class KernelCodegen:
         if not c.exprs or not rv:
             return False
         last, rlast = xv[-1], rv[-1]
-        return (all(_coeff(e, rlast) != 1 for e in c.exprs)
+        # a load that does not move with the outer dim (a per-row mean in LayerNorm's weight
+        # gradient) is one value for the whole block: contiguous along the reduced dim is fine
+        return (all(_coeff(e, rlast) != 1 or _coeff(e, last) == 0 for e in c.exprs)
                 and any(_coeff(e, last) == 1 for e in c.exprs))
 
     def _column_reduction(self, xv, parallel):

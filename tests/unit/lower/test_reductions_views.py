@@ -131,3 +131,28 @@ def test_max_pool2d_lowered(k, s, p):
     stats = check(lambda t: F.max_pool2d_with_indices(t, k, s, p), x)
     assert stats["externs"] == 0
     check(lambda t: F.max_pool2d(t, k, s, p).relu(), x, kernels=1)
+
+
+def test_layernorm_backward_recomputes_normalized_input():
+    # x_hat = (x - mean) * rstd has one full-size read (mean and rstd are per-row broadcasts):
+    # its two users (the row reductions of dx and the column reductions of dw) recompute it
+    # instead of a stored copy (was: 3 kernels, x_hat written and read twice more)
+    def ln_bwd(x, mean, rstd, g, w):
+        xh = (x - mean) * rstd
+        gw = g * w
+        dx = rstd / 64 * (gw * 64 - gw.sum(-1, keepdim=True) - xh * (gw * xh).sum(-1, keepdim=True))
+        return dx, (g * xh).sum((0, 1)), g.sum((0, 1))
+    x, g = torch.randn(3, 40, 64), torch.randn(3, 40, 64)
+    mean, rstd = x.mean(-1, keepdim=True), torch.rsqrt(x.var(-1, keepdim=True, correction=0) + 1e-5)
+    check(ln_bwd, x, mean, rstd, g, torch.randn(64), atol=1e-4, rtol=1e-4, kernels=2)
+
+
+
+def test_realize_counts_full_size_loads_only():
+    from ember.codegen.common import count_body, ops, sym
+    i, j = sym("i0"), sym("i1")
+    body = lambda idx: ops.mul(ops.sub(ops.load("x", 64 * idx[0] + idx[1]), ops.load("m", idx[0])),
+                               ops.load("y", 64 * idx[0] + idx[1]))
+    c = count_body(body, [i, j], dims=[i, j])
+    assert (c.loads, c.full_loads) == (3, 2)
+    assert count_body(body, [i, j], dims=[i]).full_loads == 3   # a size-1 dim j: all loads full
