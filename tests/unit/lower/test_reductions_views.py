@@ -156,3 +156,15 @@ def test_realize_counts_full_size_loads_only():
     c = count_body(body, [i, j], dims=[i, j])
     assert (c.loads, c.full_loads) == (3, 2)
     assert count_body(body, [i, j], dims=[i]).full_loads == 3   # a size-1 dim j: all loads full
+
+
+@pytest.mark.parametrize("case", ["var_mean_dim0", "bn_stats", "softmax_dim0", "log_softmax_nchw"])
+def test_multi_stage_reductions_over_outer_dim(case):
+    # several reduction stages over a non-innermost dim (max then sum of exp; mean then centered
+    # squares) run in the blocked column form: vectorized across the contiguous dim
+    x = torch.randn(300, 70)
+    fns = {"var_mean_dim0": lambda t: torch.var_mean(t, 0, correction=0),
+           "bn_stats": lambda t: ((t - t.mean(0)) ** 2).mean(0) * 0.1 + t.mean(0),
+           "softmax_dim0": lambda t: torch.softmax(t, 0),
+           "log_softmax_nchw": lambda t: torch.log_softmax(t.view(2, 30, 10, 35), 1)}
+    check(fns[case], x, atol=1e-5, rtol=1e-4)
