@@ -67,7 +67,7 @@ def ratio_stats(base: list[float], other: list[float]) -> dict:
     """Speed of `other` relative to `base` (base time / other time): of the medians, and the
     median, quartiles and range of the per-round ratios (the spread over repetitions)."""
     per = sorted(b / o for b, o in zip(base, other))
-    q = statistics.quantiles(per, n=4) if len(per) >= 2 else [per[0]] * 3
+    q = statistics.quantiles(per, n=4, method="inclusive") if len(per) >= 2 else [per[0]] * 3
     return {"of_medians": statistics.median(base) / statistics.median(other),
             "median": statistics.median(per), "p25": q[0], "p75": q[2],
             "min": per[0], "max": per[-1]}
