@@ -12,26 +12,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import sys
-import tempfile
 import time
 
-ENV = {"MALLOC_MMAP_THRESHOLD_": "4294967296", "MALLOC_TRIM_THRESHOLD_": "68719476736"}
-if any(os.environ.get(k) != v for k, v in ENV.items()):
-    os.environ.update(ENV)
-    os.execv(sys.executable, [sys.executable] + sys.argv)
-_TMP = tempfile.mkdtemp(prefix="ember-bench-")
-os.environ.setdefault("EMBER_CACHE_DIR", os.path.join(_TMP, "ember"))
-os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(_TMP, "inductor"))
+import _timing
+
+_timing.prepare()
 
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import ember  # noqa: E402
+from ember.bench.hygiene import MALLOC_ENV as ENV  # noqa: E402
 
 
 def pointwise_chain(x):
@@ -100,25 +93,11 @@ def model_case(name, train=False):
     return step_factory, (x,), m
 
 
-def time_call(fn, args, reps):
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        fn(*args)
-    return (time.perf_counter() - t0) / reps
-
-
 def bench(name, fns: dict, args, rounds, reps=None):
     for f in fns.values():   # warm up (first call compiles)
         f(*args)
         f(*args)
-    if reps is None:
-        t = time_call(fns["eager"], args, 1)
-        reps = max(1, min(50, int(0.05 / max(t, 1e-6))))
-    samples = {k: [] for k in fns}
-    order = list(fns)
-    for r in range(rounds):
-        for k in (order if r % 2 == 0 else order[::-1]):
-            samples[k].append(time_call(fns[k], args, reps))
+    samples, _ = _timing.paired(fns, args, rounds, reps)
     med = {k: statistics.median(v) for k, v in samples.items()}
     row = {"case": name, **{f"{k}_ms": med[k] * 1e3 for k in med}}
     row["ember_vs_eager"] = med["eager"] / med["ember"]

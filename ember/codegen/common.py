@@ -61,16 +61,31 @@ class _Ops:
 ops = _Ops()
 
 
-class CountHandler:
-    """Counts loads and ops of a body (the realize heuristics read these)."""
+# ops whose recomputation costs more than re-reading a row-local value (realize heuristics)
+TRANSCENDENTAL = frozenset({"exp", "exp2", "expm1", "log", "log1p", "log2", "log10", "tanh", "erf",
+                            "erfc", "sigmoid", "pow", "sin", "cos", "tan", "asin", "acos", "atan",
+                            "atan2", "sinh", "cosh", "asinh", "acosh", "atanh", "lgamma", "digamma"})
 
-    def __init__(self):
+
+class CountHandler:
+    """Counts loads and ops of a body (the realize heuristics read these).
+
+    `full_loads` counts the loads whose index uses every var in `dims` (the body's loop vars of
+    extent > 1): a load that skips one (a per-row mean, a bias) is a broadcast, re-read from cache
+    when a user recomputes the body, so it costs no memory traffic."""
+
+    def __init__(self, dims=()):
         self.loads = 0
+        self.full_loads = 0
         self.ops = 0
+        self.transcendental = 0
         self.names: set[str] = set()
+        self.dims = frozenset(dims)
 
     def load(self, name, index):
         self.loads += 1
+        free = getattr(index, "free_symbols", frozenset())
+        self.full_loads += self.dims <= free
         self.names.add(name)
         return None
 
@@ -88,12 +103,13 @@ class CountHandler:
     def __getattr__(self, name):
         def op(*args, **kwargs):
             self.ops += 1
+            self.transcendental += name in TRANSCENDENTAL
             return None
         return op
 
 
-def count_body(fn: Callable, *args) -> CountHandler:
-    h = CountHandler()
+def count_body(fn: Callable, *args, dims=()) -> CountHandler:
+    h = CountHandler(dims)
     with set_handler(h):
         fn(*args)
     return h

@@ -544,33 +544,47 @@ class KernelCodegen:
     COLUMN_BLOCK = 64
 
     def _column_reduction_ok(self, xv) -> bool:
-        """One reduction stage whose loads run contiguously along the last *outer* dim and not
-        along the reduced dims (sum over batch of [B, F], softmax over dim 0): vectorize across
-        the outer dim with a block of accumulators instead of striding down each column."""
+        """Reduction stages (and pointwise stages after them) whose loads run contiguously along
+        the last *outer* dim and not along the reduced dims (but for loads the outer dim does not
+        move): sum over the batch of [B, F], BatchNorm's statistics (sum, then centered sum of
+        squares), softmax over dim 0 or over C of NCHW (max, sum of exp, output). Vectorize across
+        the outer dim with a block of accumulators per stage instead of striding down each
+        column once per stage."""
         k = self.kernel
-        if len(k.stages) != 1 or k.stages[0].kind != "reduction" or not k.outer:
+        if not k.outer or k.row_local or not any(st.kind == "reduction" for st in k.stages):
             return False
-        st = k.stages[0]
-        if any(n.body.reduction_type not in ("sum", "prod", "max", "min") for n in st.nodes):
-            return False
+        if any(n.name in k.local for st in k.stages if st.kind == "pointwise" for n in st.nodes):
+            return False    # a pointwise value kept in registers for a later stage: not per lane
         if hint(k.outer[-1]) < 16:
             return False
-        rv = [loop_var(len(xv) + i) for i in range(len(st.inner))]
-        c = collect(lambda: [n.reduction_value(xv, rv) for n in st.nodes],
-                    self.ranges_with(rv, st.inner))
-        if not c.exprs or not rv:
-            return False
-        last, rlast = xv[-1], rv[-1]
-        return (all(_coeff(e, rlast) != 1 for e in c.exprs)
-                and any(_coeff(e, last) == 1 for e in c.exprs))
+        exprs = []
+        for st in k.stages:
+            rv = [loop_var(len(xv) + i) for i in range(len(st.inner))]
+            if st.kind == "reduction":
+                if any(n.body.reduction_type not in ("sum", "prod", "max", "min") for n in st.nodes):
+                    return False
+                if not rv:
+                    return False
+                c = collect(lambda: [n.reduction_value(xv, rv) for n in st.nodes],
+                            self.ranges_with(rv, st.inner))
+            elif rv:
+                c = collect(lambda: [n.store_pointwise(xv + rv) for n in st.nodes],
+                            self.ranges_with(rv, st.inner))
+            else:
+                continue
+            if not c.exprs:
+                return False
+            exprs += [(e, rv[-1]) for e in c.exprs]
+        last = xv[-1]
+        # a load that does not move with the outer dim (a per-row mean in LayerNorm's weight
+        # gradient) is one value for the whole block: contiguous along the reduced dim is fine
+        return (all(_coeff(e, rlast) != 1 or _coeff(e, last) == 0 for e, rlast in exprs)
+                and any(_coeff(e, last) == 1 for e, _ in exprs))
 
     def _column_reduction(self, xv, parallel):
         k, h = self.kernel, self.h
         code = h.code
-        st = k.stages[0]
         m = len(xv)
-        rv = [loop_var(m + i) for i in range(len(st.inner))]
-        h.ranges = self.ranges_with(rv, st.inner)
         B = self.COLUMN_BLOCK
         L = k.outer[-1]
         nblk = _blocks(L, B)
@@ -587,42 +601,62 @@ class KernelCodegen:
         code.writeline("{")
         code.level += 1
         code.writeline(f"int64_t lo = blk * {B}, n = std::min<int64_t>({B}, {_int(L)} - lo);")
-        accs = []
-        for n in st.nodes:
-            dt, rt = n.body.src_dtype, n.body.reduction_type
-            acc = h.fresh("acc")
-            code.writeline(f"{ctype(dt)} {acc}[{B}];")
-            code.writeline(f"for (int64_t j = 0; j < {B}; ++j) {acc}[j] = {_init(rt, dt)};")
-            accs.append((n, acc, rt, dt))
-        for size, v in zip(st.inner, rv):
-            code.writeline(f"for (int64_t {v} = 0; {v} < {_int(size)}; ++{v})")
+
+        def lanes(body, simd=True, keep_stored=False):
+            """for j in the block (xv[-1] = lo + j): body(). Its temporaries end with the loop;
+            with keep_stored, what it stores (a stage's `acc[j]`) stays visible to later stages."""
+            if simd:
+                code.writeline("#pragma omp simd")
+            code.writeline("for (int64_t j = 0; j < n; ++j)")
             code.writeline("{")
             code.level += 1
-        code.writeline("#pragma omp simd")
-        code.writeline("for (int64_t j = 0; j < n; ++j)")
-        code.writeline("{")
-        code.level += 1
-        code.writeline(f"int64_t {xv[-1]} = lo + j;")
-        inner_saved = h.push()
-        for n, acc, rt, dt in accs:
-            v = h._as(n.reduction_value(xv, rv), dt)
-            code.writeline(_update(rt, f"{acc}[j]", v, dt))
-        h.pop(inner_saved)
-        code.level -= 1
-        code.writeline("}")
-        for _ in rv:
+            code.writeline(f"int64_t {xv[-1]} = lo + j;")
+            cse, stored = dict(h.cse), dict(h.stored)
+            body()
+            h.cse = cse
+            if not keep_stored:
+                h.stored = stored
             code.level -= 1
             code.writeline("}")
-        code.writeline("for (int64_t j = 0; j < n; ++j)")
-        code.writeline("{")
-        code.level += 1
-        code.writeline(f"int64_t {xv[-1]} = lo + j;")
-        inner_saved = h.push()
-        for n, acc, rt, dt in accs:
-            h.store(n.name, n.store_index(xv), CppVal(f"{acc}[j]", dt))
-        h.pop(inner_saved)
-        code.level -= 1
-        code.writeline("}")
+
+        for st in k.stages:
+            rv = [loop_var(m + i) for i in range(len(st.inner))]
+            h.ranges = self.ranges_with(rv, st.inner)
+            if st.kind == "pointwise":
+                if not rv:
+                    lanes(lambda: [n.store_pointwise(xv) for n in st.nodes], simd=False)
+                    continue
+                for size, v in zip(st.inner, rv):
+                    code.writeline(f"for (int64_t {v} = 0; {v} < {_int(size)}; ++{v})")
+                    code.writeline("{")
+                    code.level += 1
+                lanes(lambda: [n.store_pointwise(xv + rv) for n in st.nodes])
+                for _ in rv:
+                    code.level -= 1
+                    code.writeline("}")
+                continue
+            accs = []
+            for n in st.nodes:
+                dt, rt = n.body.src_dtype, n.body.reduction_type
+                acc = h.fresh("acc")
+                code.writeline(f"{ctype(dt)} {acc}[{B}];")
+                code.writeline(f"for (int64_t j = 0; j < {B}; ++j) {acc}[j] = {_init(rt, dt)};")
+                accs.append((n, acc, rt, dt))
+            for size, v in zip(st.inner, rv):
+                code.writeline(f"for (int64_t {v} = 0; {v} < {_int(size)}; ++{v})")
+                code.writeline("{")
+                code.level += 1
+
+            def update(accs=accs, rv=rv):
+                for n, acc, rt, dt in accs:
+                    v = h._as(n.reduction_value(xv, rv), dt)
+                    code.writeline(_update(rt, f"{acc}[j]", v, dt))
+            lanes(update)
+            for _ in rv:
+                code.level -= 1
+                code.writeline("}")
+            lanes(lambda accs=accs: [h.store(n.name, n.store_index(xv), CppVal(f"{acc}[j]", dt))
+                                     for n, acc, rt, dt in accs], simd=False, keep_stored=True)
         code.level -= 1
         code.writeline("}")
         for _ in xv[:-1]:

@@ -114,8 +114,12 @@ static inline float exp(float x) {
 static inline double exp(double x) { return std::exp(x); }
 
 static inline float log(float x) {
-    int32_t bits; std::memcpy(&bits, &x, 4);
-    int32_t e = ((bits >> 23) & 0xff) - 126;
+    // branch-free and call-free so that g++ vectorizes it (a libm call in a select, even one
+    // taken only for zero/denormals/negatives, made every loop using log scalar)
+    bool tiny = x < 1.17549435e-38f;                // zero, denormals, negatives
+    float xs = tiny ? x * 8388608.0f : x;           // denormals scaled by 2^23 into normal range
+    int32_t bits; std::memcpy(&bits, &xs, 4);
+    int32_t e = ((bits >> 23) & 0xff) - 126 - (tiny ? 23 : 0);
     int32_t mb = (bits & 0x807fffff) | 0x3f000000;
     float m; std::memcpy(&m, &mb, 4);
     bool small = m < 0.707106781186547524f;
@@ -136,7 +140,8 @@ static inline float log(float x) {
     y += -0.5f * z;
     float r = m + y + fe * 0.693359375f;
     r = x == std::numeric_limits<float>::infinity() ? x : r;
-    r = x < 1.17549435e-38f ? std::log(x) : r;   // zero, denormals, negatives
+    r = x == 0.0f ? -std::numeric_limits<float>::infinity() : r;
+    r = x < 0.0f ? std::numeric_limits<float>::quiet_NaN() : r;
     return x != x ? x : r;
 }
 static inline double log(double x) { return std::log(x); }
@@ -187,7 +192,15 @@ static inline float sigmoid(float x) { return 1.0f / (1.0f + ember::exp(-x)); }
 static inline double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
 static inline float expm1(float x) { return std::fabs(x) < 0.5f ? std::expm1(x) : ember::exp(x) - 1.0f; }
 static inline double expm1(double x) { return std::expm1(x); }
-static inline float log1p(float x) { return std::log1p(x); }
+static inline float log1p(float x) {
+    // log(u) * x / (u - 1) with u = 1 + x rounded: the factor corrects log's argument for the
+    // rounding of 1 + x (Goldberg 1991); vectorizes through ember::log, unlike std::log1p
+    float u = 1.0f + x, d = u - 1.0f;
+    float r = ember::log(u) * (x / (d == 0.0f ? 1.0f : d));
+    r = d == 0.0f ? x : r;
+    r = x == std::numeric_limits<float>::infinity() ? x : r;
+    return x != x ? x : r;
+}
 static inline double log1p(double x) { return std::log1p(x); }
 template <typename T> static inline T exp(T x) { return std::exp(x); }
 template <typename T> static inline T log(T x) { return std::log(x); }

@@ -144,8 +144,10 @@ def hardswish(x):
 @register(aten.hardswish_backward.default)
 @opmath
 def hardswish_backward(grad_output, x):
+    # ATen (2.14): 0 for x <= -3, the slope for -3 < x < 3, grad for x >= 3 (the kinks take the
+    # outer piece, like hardsigmoid_backward)
     mid = mul(grad_output, add(div(x, 3), 0.5))
-    return where(aten.lt.Scalar(x, -3), 0, where(aten.le.Scalar(x, 3), mid, grad_output))
+    return where(aten.le.Scalar(x, -3), 0, where(aten.lt.Scalar(x, 3), mid, grad_output))
 
 
 @register(aten.hardsigmoid.default)

@@ -30,7 +30,9 @@ from .ir import (Buffer, ComputedBuffer, ExternBuffer, InputBuffer, MultiOutput,
 aten = torch.ops.aten
 perf_log = get_logger("perf")
 
-# Realize a multiply-used pending value when its body is at least this heavy.
+# Realize a multiply-used pending value when its body is at least this heavy (reads: full-size
+# loads; broadcast loads such as a row's mean are re-read from cache by each user, so
+# LayerNorm's (x - mean) * rstd is recomputed by its users, but not a body with a transcendental).
 REALIZE_READS = 2
 REALIZE_OPS = 6
 MAX_INLINE_OPS = 120
@@ -112,10 +114,14 @@ class GraphLowering:
     def maybe_realize(self, node: torch.fx.Node, value) -> None:
         if not isinstance(value, Pending) or value.realized is not None:
             return
-        counts = count_body(value.node.inner_fn, [sympy.Integer(0)] * len(value.size))
+        index = [sympy.Symbol(f"i{d}", integer=True, nonnegative=True)
+                 for d in range(len(value.size))]
+        dims = [v for v, n in zip(index, value.size) if n != 1]
+        counts = count_body(value.node.inner_fn, index, dims=dims)
         users = len(node.users)
-        if counts.ops > MAX_INLINE_OPS or (
-                users > 1 and (counts.loads >= REALIZE_READS or counts.ops >= REALIZE_OPS)):
+        heavy = counts.full_loads >= REALIZE_READS or counts.ops >= REALIZE_OPS or (
+            counts.loads >= REALIZE_READS and counts.transcendental)   # softmax's exp(x - max)
+        if counts.ops > MAX_INLINE_OPS or (users > 1 and heavy):
             self.realize(value)
 
     # --- externs --------------------------------------------------------------------------------

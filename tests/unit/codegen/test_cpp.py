@@ -112,3 +112,22 @@ def test_masked_strided_load_is_branch_free_and_safe(tmp_path, monkeypatch):
         windows = pad.unfold(1, 2, step)[:, :w]
         exp = torch.where(windows.isnan().any(-1), float("nan"), windows.amax(-1))
         torch.testing.assert_close(res, exp, equal_nan=True)
+
+
+def test_column_reduction_with_broadcast_load_along_reduced_dim(tmp_path, monkeypatch):
+    # sum over rows of (x - mean[row]) * g: mean moves with the reduced dim only, one value per
+    # block, so the kernel still vectorizes across columns (blocked form), not a strided walk
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))
+    n, d = 300, 70
+    x = InputBuffer("arg0", torch.float32, (n, d), (d, 1), position=0)
+    mu = InputBuffer("arg1", torch.float32, (n,), (1,), position=1)
+    xl, ml = x.loader(), mu.loader()
+    out = ComputedBuffer("buf0", torch.float32, (d,), (1,), body=Reduction(
+        (d,), (n,), "sum", torch.float32, torch.float32,
+        lambda i, r: ops.mul(ops.sub(xl([r[0], i[0]]), ml([r[0]])), xl([r[0], i[0]]))))
+    steps, src, fns, sigs = _compile([out], [x, mu])
+    assert "blk" in src
+    t, m = torch.randn(n, d), torch.randn(n)
+    res = torch.empty(d)
+    fns[steps[0].name](*[{"arg0": t, "arg1": m, "buf0": res}[a].data_ptr() for a in sigs[steps[0].name]])
+    torch.testing.assert_close(res, ((t - m[:, None]) * t).sum(0), atol=1e-4, rtol=1e-4)

@@ -160,3 +160,40 @@ def test_as_strided_of_as_strided_of_computed_value():
         a = aten.as_strided(x * 2, (2, 4, 5, 5), (100, 25, 5, 1), 0)
         return aten.as_strided(a, (2, 4, 2, 3, 3), (100, 25, 10, 5, 1), 1) + 1
     check(fn, torch.randn(2, 4, 5, 5), atol=0, rtol=0)
+
+
+def test_layernorm_backward_recomputes_normalized_input():
+    # x_hat = (x - mean) * rstd has one full-size read (mean and rstd are per-row broadcasts):
+    # its two users (the row reductions of dx and the column reductions of dw) recompute it
+    # instead of a stored copy (was: 3 kernels, x_hat written and read twice more)
+    def ln_bwd(x, mean, rstd, g, w):
+        xh = (x - mean) * rstd
+        gw = g * w
+        dx = rstd / 64 * (gw * 64 - gw.sum(-1, keepdim=True) - xh * (gw * xh).sum(-1, keepdim=True))
+        return dx, (g * xh).sum((0, 1)), g.sum((0, 1))
+    x, g = torch.randn(3, 40, 64), torch.randn(3, 40, 64)
+    mean, rstd = x.mean(-1, keepdim=True), torch.rsqrt(x.var(-1, keepdim=True, correction=0) + 1e-5)
+    check(ln_bwd, x, mean, rstd, g, torch.randn(64), atol=1e-4, rtol=1e-4, kernels=2)
+
+
+
+def test_realize_counts_full_size_loads_only():
+    from ember.codegen.common import count_body, ops, sym
+    i, j = sym("i0"), sym("i1")
+    body = lambda idx: ops.mul(ops.sub(ops.load("x", 64 * idx[0] + idx[1]), ops.load("m", idx[0])),
+                               ops.load("y", 64 * idx[0] + idx[1]))
+    c = count_body(body, [i, j], dims=[i, j])
+    assert (c.loads, c.full_loads) == (3, 2)
+    assert count_body(body, [i, j], dims=[i]).full_loads == 3   # a size-1 dim j: all loads full
+
+
+@pytest.mark.parametrize("case", ["var_mean_dim0", "bn_stats", "softmax_dim0", "log_softmax_nchw"])
+def test_multi_stage_reductions_over_outer_dim(case):
+    # several reduction stages over a non-innermost dim (max then sum of exp; mean then centered
+    # squares) run in the blocked column form: vectorized across the contiguous dim
+    x = torch.randn(300, 70)
+    fns = {"var_mean_dim0": lambda t: torch.var_mean(t, 0, correction=0),
+           "bn_stats": lambda t: ((t - t.mean(0)) ** 2).mean(0) * 0.1 + t.mean(0),
+           "softmax_dim0": lambda t: torch.softmax(t, 0),
+           "log_softmax_nchw": lambda t: torch.log_softmax(t.view(2, 30, 10, 35), 1)}
+    check(fns[case], x, atol=1e-5, rtol=1e-4)
