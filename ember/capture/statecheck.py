@@ -35,12 +35,8 @@ import functools
 import importlib.machinery
 import importlib.util
 import os
-import subprocess
-import sys
 import sysconfig
-import tempfile
 import weakref
-from pathlib import Path
 
 import torch
 
@@ -232,25 +228,10 @@ def never() -> bool:
 def _native():
     """The built extension module, or None (no C compiler / headers: always 'changed')."""
     try:
-        from ..runtime import cache
-        cc = os.environ.get("CC", "gcc")
-        include = sysconfig.get_paths()["include"]
-        flags = ["-O2", "-shared", "-fPIC", "-std=c11", f"-I{include}"]
-        key = cache.key_of(_SOURCE, " ".join(flags), cc, sys.version, "statecheck")
-        path = cache.lookup(key)
-        if path is None:
-            d = cache.entry_dir(key)
-            tmp = Path(tempfile.mkdtemp(dir=d, prefix="build-"))
-            try:
-                (tmp / "statecheck.c").write_text(_SOURCE)
-                proc = subprocess.run([cc, *flags, str(tmp / "statecheck.c"), "-o",
-                                       str(tmp / "statecheck.so")], capture_output=True, text=True)
-                if proc.returncode != 0:
-                    raise RuntimeError(proc.stderr[-2000:])
-                path = cache.commit(key, tmp / "statecheck.so", _SOURCE)
-            finally:
-                import shutil
-                shutil.rmtree(tmp, ignore_errors=True)
+        from ..runtime.build import build
+        # the include dir names the Python version, so the cache key does too (ABI)
+        flags = ["-O2", "-shared", "-fPIC", "-std=c11", f"-I{sysconfig.get_paths()['include']}"]
+        path = build(_SOURCE, compiler=os.environ.get("CC", "gcc"), flags=flags, suffix="c")
         loader = importlib.machinery.ExtensionFileLoader("ember_statecheck", str(path))
         spec = importlib.util.spec_from_file_location("ember_statecheck", str(path), loader=loader)
         native = importlib.util.module_from_spec(spec)

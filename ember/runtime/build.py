@@ -31,31 +31,38 @@ _pool = ThreadPoolExecutor(max_workers=max(2, min(8, os.cpu_count() or 2)),
 
 
 @functools.lru_cache(None)
-def compiler_version() -> str:
+def compiler_version(compiler: str | None = None) -> str:
+    compiler = compiler or CXX          # read at call time: CXX may be changed after import
     try:
-        return subprocess.run([CXX, "--version"], capture_output=True, text=True).stdout.split("\n")[0]
+        return subprocess.run([compiler, "--version"], capture_output=True,
+                              text=True).stdout.split("\n")[0]
     except OSError as exc:  # pragma: no cover
-        raise InternalError(f"C++ compiler {CXX!r} not found: {exc}") from exc
+        raise InternalError(f"compiler {compiler!r} not found: {exc}") from exc
 
 
-def cache_key(source: str) -> str:
-    return cache.key_of(source, " ".join(FLAGS), compiler_version(), torch.__version__)
+def cache_key(source: str, compiler: str | None = None, flags=None) -> str:
+    return cache.key_of(source, " ".join(flags or FLAGS), compiler_version(compiler),
+                        torch.__version__)
 
 
-def build(source: str) -> Path:
-    key = cache_key(source)
+def build(source: str, compiler: str | None = None, flags=None, suffix: str = "cpp") -> Path:
+    """The shared object built from `source` (kernels by default; capture's state checker is C
+    built with the C compiler), from the disk cache when it holds it."""
+    compiler, flags = compiler or CXX, flags or FLAGS
+    key = cache_key(source, compiler, flags)
     hit = cache.lookup(key)
     if hit is not None:
         return hit
     d = cache.entry_dir(key)
     tmpdir = Path(tempfile.mkdtemp(dir=d, prefix="build-"))
     try:
-        cpp = tmpdir / "kernel.cpp"
-        cpp.write_text(source)
+        src = tmpdir / f"kernel.{suffix}"
+        src.write_text(source)
         so = tmpdir / "kernel.so"
-        proc = subprocess.run([CXX, *FLAGS, str(cpp), "-o", str(so)], capture_output=True, text=True)
+        proc = subprocess.run([compiler, *flags, str(src), "-o", str(so)], capture_output=True,
+                              text=True)
         if proc.returncode != 0:
-            raise InternalError(f"g++ failed:\n{proc.stderr[-4000:]}")
+            raise InternalError(f"{compiler} failed:\n{proc.stderr[-4000:]}")
         return cache.commit(key, so, source)
     finally:
         shutil.rmtree(tmpdir, ignore_errors=True)
