@@ -130,6 +130,10 @@ class TrainingRuntime:
         self._bw_compiler, self._bw_module, self._bw = bw_compiler, bw_module, None
         self.function = self._make_function()
 
+    @property
+    def backward_ready(self) -> bool:
+        return self._bw is not None
+
     def backward_fn(self) -> Callable:
         if self._bw is None:
             example = [n.meta["val"] for n in self._bw_module.graph.nodes if n.op == "placeholder"]

@@ -9,9 +9,14 @@ more than MARGIN. The choice is cached on disk (keyed by the graph's code, its i
 strides and dtypes, the options and the machine's compiler), so another process reuses it
 without timing. Both paths compute the same values; only the speed differs.
 
-Eligible: inference graphs (aot's forward-only runtime) with static sizes, no input mutated,
-and no random op (running the graph again must change nothing a user can see). Training graphs
-are not timed yet (a backward cannot be timed without running the user's autograd).
+Eligible: graphs with static sizes, no input mutated, and no random op (running the graph again
+must change nothing a user can see). A training graph (aot's autograd runtime) is timed as a
+whole step, forward and backward, on detached copies of its inputs: `torch.autograd.grad` with
+respect to those copies, so nothing reaches the user's `.grad`, tensor hooks or autograd graph.
+It must hold only torch's own ops (no user autograd.Function or checkpoint body, whose Python
+could run twice) and no parameter held by the graph itself; its step is timed on the first
+call made with grad enabled after the first one. If eager wins, the captured graph runs under
+eager autograd.
 
 Off: `options={"speed_check": False}` or EMBER_SPEED_CHECK=0. Decisions are logged under
 EMBER_LOGS=perf ("graph kept on aten/eager: ...").
@@ -27,8 +32,10 @@ import os
 import re
 import threading
 import time
+import types
 
 import torch
+from torch.utils._pytree import tree_leaves
 
 from .. import config
 from ..logging import get_logger
@@ -52,9 +59,9 @@ def enabled(options: dict) -> bool:
 
 def eligible(gm, compiled) -> str | None:
     """None if the graph may be timed both ways, else why not."""
-    from ..aot.runtime import InferenceRuntime
-    if not isinstance(compiled, InferenceRuntime):
-        return "a training graph"
+    from ..aot.runtime import InferenceRuntime, TrainingRuntime
+    if not isinstance(compiled, (InferenceRuntime, TrainingRuntime)):
+        return "not an aot runtime"
     if compiled.traced.mutated:
         return "it mutates an input"
     if compiled.traced.symbols:
@@ -64,6 +71,34 @@ def eligible(gm, compiled) -> str | None:
             name = n.target if isinstance(n.target, str) else getattr(n.target, "__name__", "")
             if _RANDOM.search(str(name)):
                 return f"a random op ({name})"
+    if isinstance(compiled, TrainingRuntime):
+        return _training_ineligible(gm)
+    return None
+
+
+_TORCH_MODULES = ("torch", "_operator", "operator", "builtins", "math")
+_C_CALLABLES = (types.BuiltinFunctionType, types.MethodDescriptorType,
+                types.WrapperDescriptorType, types.MethodWrapperType)
+
+
+def _user_code(target) -> bool:
+    """Whether calling `target` may run user Python (which timing would run again)."""
+    namespace = getattr(target, "namespace", None)         # an OpOverload(Packet)
+    if namespace is not None:
+        return namespace not in ("aten", "prims")          # custom ops run user Python
+    if isinstance(target, _C_CALLABLES):
+        return False
+    return (getattr(target, "__module__", None) or "").split(".")[0] not in _TORCH_MODULES
+
+
+def _training_ineligible(gm) -> str | None:
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and _user_code(n.target):
+            return f"user code in a training graph ({n.target})"
+        if n.op == "get_attr":
+            value = getattr(gm, n.target, None)
+            if isinstance(value, torch.Tensor) and value.requires_grad:
+                return "a parameter held by the graph"
     return None
 
 
@@ -80,7 +115,9 @@ def speed_checked(gm, compiled, example_inputs, options: dict):
 
 class _Chooser:
     def __init__(self, gm, compiled, options):
+        from ..aot.runtime import TrainingRuntime
         self.gm, self.compiled, self.options = gm, compiled, options
+        self.training = isinstance(compiled, TrainingRuntime)
         self.calls = 0
         self.run = self._undecided
         self.decided = False
@@ -93,31 +130,44 @@ class _Chooser:
         with self.lock:
             if self.decided:                         # decided meanwhile, in another thread
                 return self.run(*args)
+            if self.training and not torch.is_grad_enabled():
+                return self.compiled(*args)          # times only training steps
             self.calls += 1
             if self.calls == 1:
                 return self.compiled(*args)          # builds the kernels: not timed
             return self._decide(args)
 
     def _eager(self, *args):
+        if self.training:
+            return self.gm(*args)
         with torch.no_grad():
             return self.gm(*args)
 
+    def _time(self, args):
+        if not self.training:
+            return _time_both(self.compiled, self._eager, args)
+        if not self.compiled.backward_ready:         # the lazy backward build is not timed
+            _training_step(self.compiled, args)
+        t_kernels, t_eager, _ = _time_both(lambda *a: _training_step(self.compiled, a),
+                                           lambda *a: _training_step(self._eager, a), args)
+        return t_kernels, t_eager, None              # timed on detached copies: run for real
+
     def _decide(self, args):
-        key = _key(self.gm, args, self.options)
+        key = _key(self.gm, args, self.options, self.training)
         cached = _load(key)
         if cached is not None:
             choice, t_kernels, t_eager, source = cached["choice"], cached["kernels_ms"], \
                 cached["eager_ms"], "disk cache"
             out = None
         else:
-            t_kernels, t_eager, out = _time_both(self.compiled, self._eager, args)
+            t_kernels, t_eager, out = self._time(args)
             choice = "eager" if t_eager * MARGIN < t_kernels else "kernels"
             source = "timed"
             _store(key, {"choice": choice, "kernels_ms": t_kernels, "eager_ms": t_eager})
         self.run = self._eager if choice == "eager" else self.compiled
         self.decided = True
         DECISIONS.append({"choice": choice, "kernels_ms": t_kernels, "eager_ms": t_eager,
-                          "source": source})
+                          "source": source, "training": self.training})
         if choice == "eager":
             perf_log.info("graph kept on eager PyTorch: kernels %.3f ms, eager %.3f ms (%s)",
                           t_kernels, t_eager, source)
@@ -125,6 +175,19 @@ class _Chooser:
             perf_log.info("graph runs its kernels: %.3f ms, eager %.3f ms (%s)", t_kernels,
                           t_eager, source)
         return out if out is not None else self.run(*args)
+
+
+def _training_step(fn, args) -> None:
+    """One forward and backward of `fn` on detached copies of `args`: gradients are returned by
+    autograd.grad, never accumulated, and no user tensor joins the autograd graph."""
+    leaves = [a.detach().requires_grad_() if isinstance(a, torch.Tensor) and a.requires_grad
+              else a for a in args]
+    wrt = [a for a in leaves if isinstance(a, torch.Tensor) and a.requires_grad]
+    with torch.enable_grad():
+        outs = [o for o in tree_leaves(fn(*leaves))
+                if isinstance(o, torch.Tensor) and o.requires_grad]
+        if outs and wrt:
+            torch.autograd.grad(outs, wrt, [torch.ones_like(o) for o in outs], allow_unused=True)
 
 
 def _time_both(kernels, eager, args) -> tuple[float, float, object]:
@@ -145,10 +208,10 @@ def _time_both(kernels, eager, args) -> tuple[float, float, object]:
     return min(tk) * 1e3, min(te) * 1e3, out
 
 
-def _key(gm, args, options) -> str:
+def _key(gm, args, options, training: bool) -> str:
     from ..runtime.build import compiler_version
     h = hashlib.sha256()
-    h.update(gm.code.encode())
+    h.update(f"{'training step' if training else 'inference'}\n{gm.code}".encode())
     for a in args:
         if isinstance(a, torch.Tensor):
             h.update(f"{tuple(a.shape)}{a.stride()}{a.dtype}{a.device}".encode())

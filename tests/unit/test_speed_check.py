@@ -1,7 +1,11 @@
-"""Never slower than eager (ember/backends/speed.py): an inference graph whose kernels lose to
-eager PyTorch on its real inputs runs eagerly from its second call on; the choice is cached on
-disk; training graphs, input mutations and random ops are never timed; it can be switched off."""
+"""Never slower than eager (ember/backends/speed.py): a graph whose kernels lose to eager PyTorch
+on its real inputs runs eagerly from its second call on (a training graph: timed as a whole
+forward+backward step, touching no user gradient); the choice is cached on disk; input
+mutations, random ops and user code in training graphs are never timed; it can be switched
+off."""
 from __future__ import annotations
+
+import copy
 
 import pytest
 import torch
@@ -80,10 +84,30 @@ class Mutates(nn.Module):
         return x * buf
 
 
+class _Twice(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2
+
+
 CASES = {
-    "training graph": (lambda: (nn.Linear(8, 8), torch.randn(2, 8)), False),
     "random op": (lambda: (nn.Dropout(0.5).train(), torch.randn(2, 8)), True),
+    "user autograd.Function in a training graph": (
+        lambda: (_FnModule(), torch.randn(2, 8, requires_grad=True)), False),
 }
+
+
+class _FnModule(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return _Twice.apply(self.lin(x)).sum()
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -96,6 +120,53 @@ def test_ineligible_graphs_are_never_timed(monkeypatch, name):
         for _ in range(3):
             m(x)
     assert timed == [] and speed.DECISIONS == []
+
+
+@pytest.mark.parametrize("kernels_ms,eager_ms,choice", [(2.0, 1.0, "eager"), (1.0, 2.0, "kernels")])
+def test_training_steps_are_timed_without_touching_user_grads(monkeypatch, kernels_ms, eager_ms,
+                                                             choice):
+    """The timed step runs forward and backward on detached inputs: the parameters' .grad, the
+    tensor hooks and the user's autograd graph see exactly the eager training loop."""
+    timed = []
+
+    def fake(kernels, eager, args):
+        timed.append(1)
+        kernels(*args), eager(*args)              # really run both steps
+        return kernels_ms, eager_ms, None
+    monkeypatch.setattr(speed, "_time_both", fake)
+    torch.manual_seed(0)
+    ref = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 4))
+    m = copy.deepcopy(ref)
+    hook_calls = {"ref": 0, "ember": 0}
+    ref[0].weight.register_hook(lambda g: hook_calls.__setitem__("ref", hook_calls["ref"] + 1))
+    m[0].weight.register_hook(lambda g: hook_calls.__setitem__("ember", hook_calls["ember"] + 1))
+    cm = ember.compile(m)
+    x = torch.randn(8, 16)
+    for _ in range(4):
+        ref(x).square().sum().backward()
+        cm(x).square().sum().backward()
+        for p, q in zip(ref.parameters(), m.parameters()):
+            torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(cm(x).detach(), ref(x).detach(), rtol=1e-4, atol=1e-5)
+    assert hook_calls["ember"] == hook_calls["ref"] == 4
+    training = [d for d in speed.DECISIONS if d["training"]]
+    assert len(timed) == 1 and [d["choice"] for d in training] == [choice]
+
+
+def test_real_training_timing_keeps_values():
+    torch.manual_seed(0)
+    ref = nn.Sequential(nn.Linear(64, 64), nn.LayerNorm(64), nn.ReLU())
+    m = copy.deepcopy(ref)
+    cm = ember.compile(m)
+    x = torch.randn(32, 64, requires_grad=True)
+    x2 = x.detach().clone().requires_grad_()
+    for _ in range(3):
+        ref(x).sum().backward()
+        cm(x2).sum().backward()
+    torch.testing.assert_close(x2.grad, x.grad, rtol=1e-4, atol=1e-5)
+    for p, q in zip(ref.parameters(), m.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-5)
+    assert [d["source"] for d in speed.DECISIONS if d["training"]] == ["timed"]
 
 
 def test_input_mutation_is_never_timed(monkeypatch):
