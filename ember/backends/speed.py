@@ -1,5 +1,5 @@
-"""Backend "ember", never slower than eager: an inference graph whose generated kernels lose to
-eager PyTorch on the real inputs runs eagerly.
+"""Backend "ember", never slower than eager: a graph whose generated kernels lose to eager
+PyTorch on the real inputs runs eagerly.
 
 On its second call (the first one builds the kernels), an eligible graph is timed both ways on
 that call's own inputs: the compiled callable and the captured graph as eager PyTorch runs it
@@ -9,9 +9,10 @@ more than MARGIN. The choice is cached on disk (keyed by the graph's code, its i
 strides and dtypes, the options and the machine's compiler), so another process reuses it
 without timing. Both paths compute the same values; only the speed differs.
 
-Eligible: graphs with static sizes, no input mutated, and no random op (running the graph again
-must change nothing a user can see). A training graph (aot's autograd runtime) is timed as a
-whole step, forward and backward, on detached copies of its inputs: `torch.autograd.grad` with
+Eligible: graphs with static sizes and no random op (running the graph again must change nothing
+a user can see: inputs the graph mutates, such as BatchNorm's running statistics, are cloned for
+the timed calls). A training graph (aot's autograd runtime) is timed as a whole step, forward
+and backward, on detached copies of its inputs: `torch.autograd.grad` with
 respect to those copies, so nothing reaches the user's `.grad`, tensor hooks or autograd graph.
 It must hold only torch's own ops (no user autograd.Function or checkpoint body, whose Python
 could run twice) and no parameter held by the graph itself; its step is timed on the first
@@ -62,8 +63,6 @@ def eligible(gm, compiled) -> str | None:
     from ..aot.runtime import InferenceRuntime, TrainingRuntime
     if not isinstance(compiled, (InferenceRuntime, TrainingRuntime)):
         return "not an aot runtime"
-    if compiled.traced.mutated:
-        return "it mutates an input"
     if compiled.traced.symbols:
         return "dynamic sizes"
     for n in gm.graph.nodes:
@@ -144,8 +143,12 @@ class _Chooser:
             return self.gm(*args)
 
     def _time(self, args):
+        mutated = self.compiled.traced.mutated
+        if mutated:                                  # timed calls mutate copies, never the user's
+            args = [a.clone() if i in mutated else a for i, a in enumerate(args)]
         if not self.training:
-            return _time_both(self.compiled, self._eager, args)
+            t_kernels, t_eager, out = _time_both(self.compiled, self._eager, args)
+            return t_kernels, t_eager, None if mutated else out
         if not self.compiled.backward_ready:         # the lazy backward build is not timed
             _training_step(self.compiled, args)
         t_kernels, t_eager, _ = _time_both(lambda *a: _training_step(self.compiled, a),

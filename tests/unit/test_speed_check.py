@@ -1,8 +1,8 @@
 """Never slower than eager (ember/backends/speed.py): a graph whose kernels lose to eager PyTorch
 on its real inputs runs eagerly from its second call on (a training graph: timed as a whole
-forward+backward step, touching no user gradient); the choice is cached on disk; input
-mutations, random ops and user code in training graphs are never timed; it can be switched
-off."""
+forward+backward step, touching no user gradient; mutated inputs are cloned for it); the choice
+is cached on disk; random ops and user code in training graphs are never timed; it can be
+switched off."""
 from __future__ import annotations
 
 import copy
@@ -169,15 +169,33 @@ def test_real_training_timing_keeps_values():
     assert [d["source"] for d in speed.DECISIONS if d["training"]] == ["timed"]
 
 
-def test_input_mutation_is_never_timed(monkeypatch):
-    monkeypatch.setattr(speed, "_time_both", _timings(9.0, 1.0, timed := []))
+@pytest.mark.parametrize("grad", [False, True])
+def test_input_mutation_applies_once_per_call(monkeypatch, grad):
+    """Mutated inputs (BatchNorm's running stats, a user's add_) are cloned for the timed calls:
+    the user's buffers change exactly once per call, as in eager."""
+    def fake(kernels, eager, args):
+        timed.append(1)
+        for _ in range(3):
+            kernels(*args), eager(*args)
+        return 9.0, 1.0, None
+    monkeypatch.setattr(speed, "_time_both", fake)
+    timed = []
     m, ref = ember.compile(Mutates()), Mutates()
-    x, buf, buf_ref = torch.randn(4), torch.zeros(4), torch.zeros(4)
-    with torch.no_grad():
+    x = torch.randn(4, requires_grad=grad)
+    buf, buf_ref = torch.zeros(4), torch.zeros(4)
+    with torch.set_grad_enabled(grad):
         for _ in range(3):
             torch.testing.assert_close(m(x, buf), ref(x, buf_ref))
-    torch.testing.assert_close(buf, buf_ref)          # applied once per call, never more
-    assert timed == []
+    torch.testing.assert_close(buf, buf_ref)
+    assert timed == [1] and [d["choice"] for d in speed.DECISIONS] == ["eager"]
+    bn, bn_ref = nn.BatchNorm1d(8), nn.BatchNorm1d(8)
+    cbn, y = ember.compile(bn), torch.randn(16, 8, requires_grad=grad)
+    with torch.set_grad_enabled(grad):
+        for _ in range(3):
+            torch.testing.assert_close(cbn(y), bn_ref(y))
+    torch.testing.assert_close(bn.running_mean, bn_ref.running_mean)
+    torch.testing.assert_close(bn.running_var, bn_ref.running_var)
+    assert bn.num_batches_tracked.item() == bn_ref.num_batches_tracked.item() == 3
 
 
 def test_switched_off(monkeypatch):
