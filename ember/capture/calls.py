@@ -3,7 +3,7 @@
 Consumes a callee value, positional and keyword argument values; produces the result value.
   torch functions, Tensor methods, F.*  → a graph node (run on meta for the example value)
   user Python functions / methods       → inlined (their bytecode is interpreted)
-  nn.Module instances                   → inlined forward (hooks: Unsupported → eager fallback)
+  nn.Module instances                   → inlined forward, forward hooks inlined around it (hooks.py)
   dataclasses / namedtuples / classes   → objects created in the trace, rebuilt after the graph
   builtins                              → the BUILTINS table (builtins.py), folded on constants
 """
@@ -293,18 +293,19 @@ def call_torch(tr, f, args, kwargs) -> V:
 
 def call_module(tr, mv: ObjV, args, kwargs) -> V:
     m = mv.value
-    if m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or \
-            m._backward_pre_hooks or getattr(m, "_forward_hooks_with_kwargs", None):
-        raise tr.unsupported(f"{type(m).__name__} has module hooks",
-                             hint="hooks on submodules run eagerly; remove them or compile the "
-                                  "submodule instead")
-    from .entry import global_hooks_present
+    from .hooks import global_hooks_present, has_hooks, hooked_call, untraceable_hooks
+    why = untraceable_hooks(m)
+    if why is not None:
+        raise tr.unsupported(why, hint="that module runs eagerly; forward pre/post hooks are traced")
     if global_hooks_present():
         raise tr.unsupported("global module hooks are registered")
-    if mv.source is not None:
+    hooked = has_hooks(m)
+    if mv.source is not None and not hooked:
         tr.guard("NO_HOOKS", mv.source, None)
     from .attrs import load_attr
     fwd = load_attr(tr, mv, "forward")
+    if hooked:        # the hook dicts' versions are in the module-state snapshot
+        return call(tr, ObjV(hooked_call), [mv, fwd, TupleV(list(args)), DictV(dict(kwargs))], {})
     return call(tr, fwd, args, kwargs)
 
 
