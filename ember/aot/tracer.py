@@ -344,6 +344,11 @@ class Tracer(TorchDispatchMode):
 
     def _view_op(self, func, args, kwargs):
         out, margs, mkwargs = self._run_meta(func, args, kwargs)
+        if margs and out is margs[0]:
+            # the op returns its argument itself (lift_fresh of a `torch.tensor([])` made in the
+            # graph, as HF's DynamicCache starts its layers): nothing to record, and a view of
+            # itself would be a cycle in the alias chain
+            return out
         nodes = self.emit(func, tree_map(self._node_arg, margs), tree_map(self._node_arg, mkwargs), out)
         self._register_out(out, nodes, view=(margs[0], func, tuple(margs[1:]), dict(mkwargs), None))
         return out
