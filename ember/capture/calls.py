@@ -17,7 +17,9 @@ import types
 import torch
 
 from ..errors import Unsupported
+from ..logging import warn_once
 from .checkpoint import call_checkpoint, is_checkpoint
+from .functorch import is_functorch
 from .values import (NULL, BuiltinMethodV, CellV, ContextV, DictV, FuncV, GenV, IterV, ListV,
                      NewModuleV, MethodV, NewObjV, ObjV, PartialV, SuperV, TensorV, TupleV, V,
                      is_literal, peek)
@@ -150,6 +152,13 @@ def call_obj(tr, fn: ObjV, args: list, kwargs: dict) -> V:
                              hint="collectives are not captured; the function runs eagerly")
     if isinstance(f, torch.nn.Module):
         return call_module(tr, fn, args, kwargs)
+    if is_functorch(f):
+        what = f"torch.func.{f.__name__}" if getattr(f, "__module__", None) == "torch.func" else \
+            f"the function torch.func made of {_name(f)}"
+        err = tr.unsupported(f"{what} is not traced", hint="it runs eagerly (a graph break); "
+                             "the code before and after it is compiled")
+        warn_once(f"functorch:{err.location}", str(err))
+        raise err
     if getattr(f, "__name__", None) in _IS_COMPILING and \
             getattr(f, "__module__", None) in _IS_COMPILING[f.__name__]:
         return ObjV(True)    # library code asks "am I being traced?": yes

@@ -209,6 +209,13 @@ class Runner:
     # ---- miss: compile or fall back ---------------------------------------------------------
     def miss(self, locals_):
         cache, settings = self.cache, self.settings
+        if global_state()[4]:
+            # called under torch.func.vmap/grad/...: the arguments are functorch-wrapped tensors
+            # (BatchedTensor has no storage for a kernel) and the graph's autograd.Function has
+            # no functorch rule; Dynamo skips such frames too
+            warn_once(f"functorch:{id(cache.code)}", f"{_where(cache.code)} is called under a "
+                      "torch.func transform (vmap/grad/...); it runs eagerly there")
+            return self.run_eager(locals_)
         failed = _first_failed_guard(cache.entries, self.fn, locals_)
         if cache.n_compiled >= settings.recompile_limit:
             STATS["fallbacks"] += 1
