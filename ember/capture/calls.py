@@ -19,6 +19,7 @@ import torch
 from ..errors import Unsupported
 from ..logging import warn_once
 from .checkpoint import call_checkpoint, is_checkpoint
+from .cond import call_cond, is_cond
 from .functorch import is_functorch
 from .values import (NULL, BuiltinMethodV, CellV, ContextV, DictV, FuncV, GenV, IterV, ListV,
                      NewModuleV, MethodV, NewObjV, ObjV, PartialV, SuperV, TensorV, TupleV, V,
@@ -172,6 +173,8 @@ def call_obj(tr, fn: ObjV, args: list, kwargs: dict) -> V:
         return tr.call_graph(f, args, kwargs)
     if is_checkpoint(f):
         return call_checkpoint(tr, args, kwargs)
+    if is_cond(f):
+        return call_cond(tr, args, kwargs)
     if _is_function_apply(f):
         from .autograd_fn import call_function_apply
         return call_function_apply(tr, f, args, kwargs)
