@@ -144,7 +144,7 @@ def dispatch(settings, fn):
 
 def compile_break(runner, locals_, err: Unsupported):
     """An Entry for a frame whose full trace raised `err`, or None (run the frame eagerly)."""
-    if err.break_at is None:
+    if not err.break_at:        # None, or () where no break is correct (hooks.py)
         return None
     idx, visit = err.break_at
     code = runner.code

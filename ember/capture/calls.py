@@ -495,6 +495,9 @@ def _autocast_ctx(tr, cls, args, kwargs) -> ContextV:
 def call_builtin_method(tr, recv: V, name: str, args, kwargs) -> V:
     from .builtins import container_method
     if isinstance(recv, TensorV):
+        if name == "register_hook":
+            from .hooks import register_tensor_hook
+            return register_tensor_hook(tr, recv, args, kwargs)
         if name in _TENSOR_BLOCKED:
             raise tr.unsupported(f"Tensor.{name}() needs tensor data or mutates autograd state",
                                  hint="move it out of the compiled function")

@@ -11,8 +11,12 @@ Not traced (Unsupported: the module runs eagerly, loudly): backward hooks
 (register_full_backward_hook and its pre form) and global hooks (`register_module_forward_hook`,
 checked by the callers). An always_call hook is an ordinary hook here: when forward raises, the
 trace raises and the frame runs eagerly, which runs it as eager does.
+`Tensor.register_hook` inside the traced code: register_tensor_hook below.
 """
 from __future__ import annotations
+
+import types
+import weakref
 
 import torch
 
@@ -96,3 +100,67 @@ def root_call_for(cls: type):
     code = code.replace(co_name=f"{cls.__name__}_with_hooks",
                         co_qualname=f"{cls.__qualname__}.<forward with hooks>")
     return type(root_call)(code, root_call.__globals__, code.co_name)
+
+
+# ---- Tensor.register_hook inside the traced code ----------------------------------------------
+_HOOK_FUNCTIONS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def register_tensor_hook(tr, t, args: list, kwargs: dict):
+    """`t.register_hook(hook)` on a tensor the graph computes: from here on `t` is the output of
+    an identity autograd.Function whose backward is `return hook(g)` (or g), traced into the joint
+    graph like a user Function's (autograd_fn.py: the hook must be free of Python side effects).
+    Equal to eager only when the hook sees all of t's gradient, so `t` must have no use yet, and
+    the returned handle must be discarded (its `remove()` could not be honoured); otherwise, and
+    for graph inputs (the hook would stay on the caller's tensor), Unsupported: a graph break,
+    where `t` is a real tensor when the hook is registered. With earlier uses of an intermediate
+    `t` no break is correct (their gradients reach t's producer inside the first graph's
+    backward, not through t), so the whole frame runs eagerly."""
+    from .autograd_fn import call_function_apply
+    from .values import FuncV, ObjV, peek
+    hook = args[0] if args else kwargs.get("hook")
+    if len(args) + len(kwargs) != 1 or hook is None:
+        raise tr.unsupported("Tensor.register_hook with unexpected arguments")
+    if t.source is not None or t.node.op == "placeholder":
+        raise tr.unsupported("Tensor.register_hook on a graph input",
+                             hint="the hook stays on the caller's tensor; it runs eagerly")
+    if not t.meta.requires_grad:
+        raise tr.unsupported("Tensor.register_hook on a tensor that does not require grad")
+    if t.node.users:
+        # a graph break is wrong here too: the earlier uses' gradients flow inside the first
+        # graph's backward, past the real tensor the hook would be registered on
+        err = tr.unsupported("Tensor.register_hook on a tensor already used in the graph",
+                             hint="the hook must see the gradient of earlier uses too; the "
+                                  "function runs eagerly")
+        err.break_at, err.no_break = (), "a break would hide earlier uses' gradients from the hook"
+        raise err
+    f = tr.frames[-1] if tr.frames else None
+    if f is None or f.pc >= len(f.instrs) or f.instrs[f.pc].opname != "POP_TOP":
+        raise tr.unsupported("the handle Tensor.register_hook returns is used",
+                             hint="only `t.register_hook(fn)` as a statement is traced")
+    if isinstance(hook, FuncV) and not hook.closure and hook.fn_obj is None:
+        fn = types.FunctionType(hook.code, hook.globals, hook.name, hook.defaults or None)
+    elif isinstance(hook, ObjV) and isinstance(peek(hook), types.FunctionType):
+        fn = peek(hook)
+    else:
+        raise tr.unsupported("Tensor.register_hook with a hook that is not a plain function")
+    out = call_function_apply(tr, _hook_function(fn).apply, [t], {})
+    t.node, t.meta = out.node, out.meta        # every later use of t sees the hooked tensor
+    return ObjV(None)
+
+
+def _hook_function(hook):
+    cls = _HOOK_FUNCTIONS.get(hook)
+    if cls is None:
+        class TensorHook(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, x):
+                return x.view_as(x)
+
+            @staticmethod
+            def backward(ctx, g):
+                r = hook(g)
+                return g if r is None else r
+        TensorHook.__qualname__ = f"register_hook({getattr(hook, '__qualname__', 'hook')})"
+        cls = _HOOK_FUNCTIONS[hook] = TensorHook
+    return cls

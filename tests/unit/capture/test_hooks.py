@@ -145,3 +145,62 @@ def test_global_hooks_run_eagerly_with_a_warning():
     finally:
         h.remove()
     assert len(calls) == 6     # eager and compiled: Net, lin, lin2 each
+
+
+# ---- Tensor.register_hook inside forward ----------------------------------------------------
+def _double(g):
+    return g * 2
+
+
+def _hooked(x, w):
+    h = x @ w
+    h.register_hook(_double)
+    y = h.relu()
+    y.register_hook(lambda g: g.clamp(-0.1, 0.1))
+    return (y * h).sum()
+
+
+def _unhooked(x, w):
+    h = x @ w
+    return (h.relu() * h).sum()
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "ember"])
+def test_tensor_hooks_in_forward_are_traced_into_the_backward(backend):
+    cf = ember.compile(_hooked, backend=backend, fullgraph=True)
+    xs, w = torch.randn(3, 4), torch.randn(4, 5)
+    grads = {}
+    for name, fn in (("eager", _hooked), ("ember", cf), ("no hooks", _unhooked)):
+        wr = w.clone().requires_grad_()
+        fn(xs, wr).backward()
+        grads[name] = wr.grad
+    torch.testing.assert_close(grads["ember"], grads["eager"])
+    assert not torch.allclose(grads["eager"], grads["no hooks"])     # the hooks change grads
+    st = capture.stats()
+    assert st["graphs"] == 1 and st.get("graph_breaks", 0) == 0, st
+
+
+def test_tensor_hook_with_side_effect_or_earlier_use_breaks_and_matches_eager():
+    seen = []
+
+    def record(x, w):
+        h = x @ w
+        h.register_hook(lambda g: seen.append(g.clone()))   # a side effect: not traced
+        return h.tanh().sum()
+
+    def used_before(x, w):
+        h = x @ w
+        a = h.sin()
+        h.register_hook(_double)            # eager doubles a's gradient path too
+        return (a + h.cos()).sum()
+    xs, w = torch.randn(3, 4), torch.randn(4, 5)
+    for fn, match in ((record, "append|side effect|closure|mutable"), (used_before, "already used")):
+        with pytest.raises(ember.Unsupported, match=match):
+            ember.compile(fn, backend="eager", fullgraph=True)(xs, w.clone().requires_grad_())
+        seen.clear()
+        we, wc = w.clone().requires_grad_(), w.clone().requires_grad_()
+        fn(xs, we).backward()
+        n_eager = len(seen)
+        ember.compile(fn, backend="aot_eager")(xs, wc).backward()
+        torch.testing.assert_close(wc.grad, we.grad)
+        assert len(seen) == 2 * n_eager
