@@ -38,19 +38,29 @@ def untraceable_hooks(m: torch.nn.Module) -> str | None:
     """Why `m`'s hooks cannot be traced (they run eagerly), or None."""
     if m._backward_hooks or m._backward_pre_hooks:
         return f"{type(m).__name__} has backward hooks (not traced yet)"
+    for hook in (*m._forward_pre_hooks.values(), *m._forward_hooks.values()):
+        if (getattr(hook, "__module__", None) or "").startswith("torch."):
+            # torch's own (FSDP's all-gather/reshard, parametrizations): they run eagerly
+            return f"{type(m).__name__} has a forward hook from torch ({_qualname(hook)})"
     return None
 
 
+def _qualname(f) -> str:
+    return getattr(f, "__qualname__", None) or type(f).__name__
+
+
 def root_eager_call(m: torch.nn.Module, forward, args, kwargs):
-    """A compiled root module with full backward hooks: `_call_impl`'s steps run eagerly around
-    the compiled `forward` (a graph's inputs and outputs are real tensors, so BackwardHook wraps
-    them as eager does). None when eager `_call_impl` must run (legacy or global hooks)."""
+    """A compiled root module with hooks that are not traced (full backward hooks, torch's own
+    forward hooks): `_call_impl`'s steps run eagerly around the compiled `forward` (a graph's
+    inputs and outputs are real tensors, so BackwardHook wraps them as eager does). None when
+    eager `_call_impl` must run (legacy or global hooks)."""
     full, non_full = m._get_backward_hooks()
     if non_full or global_hooks_present():
         return None
     from torch.utils.hooks import BackwardHook
     pre = m._get_backward_pre_hooks()
-    return lambda: hooked_call(m, forward, args, kwargs, BackwardHook(m, full, pre))
+    bw = BackwardHook(m, full, pre) if full or pre else None
+    return lambda: hooked_call(m, forward, args, kwargs, bw)
 
 
 def hooked_call(module, forward, args, kwargs, bw_hook=None):

@@ -204,3 +204,25 @@ def test_tensor_hook_with_side_effect_or_earlier_use_breaks_and_matches_eager():
         ember.compile(fn, backend="aot_eager")(xs, wc).backward()
         torch.testing.assert_close(wc.grad, we.grad)
         assert len(seen) == 2 * n_eager
+
+
+def test_torch_own_forward_hooks_run_eagerly():
+    """spectral_norm's forward pre-hook (torch's code, as FSDP's are) updates buffers and sets
+    the weight: never traced; on a submodule it breaks there, on the root it runs eagerly around
+    the compiled forward."""
+    eager, _ = _pair()
+    torch.nn.utils.spectral_norm(eager.lin)
+    torch.nn.utils.spectral_norm(eager.lin2)
+    sub, root = copy.deepcopy(eager), copy.deepcopy(eager.lin)
+    eager_root = copy.deepcopy(eager.lin)
+    c = ember.compile(copy.deepcopy(eager), backend="eager", fullgraph=True)
+    with pytest.raises(ember.Unsupported, match="forward hook from torch"):
+        c(x)
+    ember.compile(sub, backend="aot_eager")
+    ember.compile(root, backend="aot_eager")
+    for _ in range(2):                 # training mode: each call moves the power iteration
+        torch.testing.assert_close(sub(x), eager(x))
+        torch.testing.assert_close(root(x), eager_root(x))
+    torch.testing.assert_close(sub.lin.weight_u, eager.lin.weight_u)
+    torch.testing.assert_close(root.weight_u, eager_root.weight_u)
+    assert capture.stats().get("fallbacks", 0) == 0
