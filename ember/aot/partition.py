@@ -13,7 +13,8 @@ Two policies (`PARTITIONERS`):
   - "min_cut" (default): a minimum s-t cut (networkx) over the tangent-independent nodes the
     backward needs, weighted by bytes. Cheap pointwise/view/cast ops may be recomputed in the
     backward; matmul/conv/sdpa/reductions/random ops never are, except inside an activation-
-    checkpoint region (node.meta["recompute"]): those are always recomputed, random ops excepted.
+    checkpoint region (node.meta["recompute"]): those are always recomputed, random ops excepted,
+    and those a selective-checkpoint policy saves (node.meta["sac_save"]) always saved.
     Graph inputs are free to save, and a bool mask costs a quarter of a float, so masks are saved rather than the floats made from them.
 """
 from __future__ import annotations
@@ -82,7 +83,8 @@ def _checkpoint_nodes(joint: fx.Graph, fw_outs) -> tuple[set[fx.Node], set[fx.No
                 isinstance(n.target, torch._ops.OpOverload) and \
                 torch.Tag.nondeterministic_seeded in n.target.tags:
             continue
-        if any(u.op == "output" or u in fw and u.meta.get("recompute") != tag for u in n.users):
+        if n.meta.get("sac_save") or \
+                any(u.op == "output" or u in fw and u.meta.get("recompute") != tag for u in n.users):
             leaving.add(n)
         else:
             out.add(n)
@@ -166,7 +168,7 @@ def _saved_min_cut(joint, primals, tangents, fw_outs, grads) -> set[fx.Node]:
                 g.add_edge(f"{n.name}_out", f"{u.name}_in")
             elif u in dep:
                 g.add_edge(f"{n.name}_out", "sink")
-        if n in grads:
+        if n in grads or n.meta.get("sac_save"):      # selective checkpointing: saved
             g.add_edge(f"{n.name}_out", "sink")
     # Boykov-Kolmogorov: the same cut value as the default preflow-push, 2-3x faster on these
     # long, narrow graphs (densenet121's joint: 0.42 -> 0.16 s)

@@ -113,6 +113,7 @@ class Tracer(TorchDispatchMode):
         self.constants: list[tuple[fx.Node, torch.Tensor]] = []
         self._const_ids: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._decomposing: set = set()
+        self._selective = False         # inside an op a selective-checkpoint policy was asked
         self._rng0 = torch.default_generator.get_state()
         # dynamic shapes: where each size symbol's value comes from (an int input, or a dim of
         # a tensor input), and the nodes computing size expressions
@@ -268,6 +269,8 @@ class Tracer(TorchDispatchMode):
 
     # ---- dispatch ----------------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if regions.has_policy() and not self._selective:
+            return self._dispatch_selective(func, types, args, kwargs)
         kwargs = kwargs or {}
         if torch.Tag.nondeterministic_seeded in func.tags:
             self._check_rng_untouched(func)
@@ -296,6 +299,20 @@ class Tracer(TorchDispatchMode):
         if func._schema.is_mutable:
             return self._mutating_op(func, args, kwargs)
         return self._functional_op(func, args, kwargs)
+
+    def _dispatch_selective(self, func, types, args, kwargs):
+        """An op in a selective-checkpoint region: recorded as usual (the ops of its
+        decomposition are not asked), then its outputs are tagged when the policy saves it."""
+        self._selective = True
+        try:
+            out = self.__torch_dispatch__(func, types, args, kwargs)
+        finally:
+            self._selective = False
+        if regions.must_save(func, args, kwargs or {}):
+            for o in tree_flatten(out)[0]:
+                if isinstance(o, torch.Tensor):
+                    self.node_of(o).meta["sac_save"] = True
+        return out
 
     def _check_rng_untouched(self, func) -> None:
         """A random op after the traced code reseeded the global RNG (torch.manual_seed inside
@@ -344,6 +361,11 @@ class Tracer(TorchDispatchMode):
 
     def _view_op(self, func, args, kwargs):
         out, margs, mkwargs = self._run_meta(func, args, kwargs)
+        if margs and out is margs[0]:
+            # the op returns its argument itself (lift_fresh of a `torch.tensor([])` made in the
+            # graph, as HF's DynamicCache starts its layers): nothing to record, and a view of
+            # itself would be a cycle in the alias chain
+            return out
         nodes = self.emit(func, tree_map(self._node_arg, margs), tree_map(self._node_arg, mkwargs), out)
         self._register_out(out, nodes, view=(margs[0], func, tuple(margs[1:]), dict(mkwargs), None))
         return out

@@ -29,6 +29,7 @@ from ..errors import Unsupported
 from ..logging import enabled, get_logger, warn_once
 from .bytecode import decode
 from .calls import compiled_by_torch
+from .functorch import is_functorch
 from .effects import Plan, _graph_module, _Rebuild, effect_lines
 from .handlers.contexts import context_method
 from .interpreter import CO_VARARGS, CO_VARKEYWORDS, StopTrace, Tracer
@@ -120,7 +121,7 @@ def dispatch(settings, fn):
     from .entry import compile_function, compile_module
     func = fn.__func__ if isinstance(fn, types.MethodType) else fn
     if isinstance(func, types.FunctionType) and func.__code__.co_flags & _GENERATOR_FLAGS or \
-            compiled_by_torch(fn):
+            compiled_by_torch(fn) or is_functorch(func):
         return fn
     region = getattr(fn, "_ember_region", False) is True   # nested_compile_region: compiled
     if isinstance(fn, types.MethodType) and isinstance(func, types.FunctionType):
@@ -143,7 +144,7 @@ def dispatch(settings, fn):
 
 def compile_break(runner, locals_, err: Unsupported):
     """An Entry for a frame whose full trace raised `err`, or None (run the frame eagerly)."""
-    if err.break_at is None:
+    if not err.break_at:        # None, or () where no break is correct (hooks.py)
         return None
     idx, visit = err.break_at
     code = runner.code

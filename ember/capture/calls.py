@@ -3,7 +3,7 @@
 Consumes a callee value, positional and keyword argument values; produces the result value.
   torch functions, Tensor methods, F.*  → a graph node (run on meta for the example value)
   user Python functions / methods       → inlined (their bytecode is interpreted)
-  nn.Module instances                   → inlined forward (hooks: Unsupported → eager fallback)
+  nn.Module instances                   → inlined forward, forward hooks inlined around it (hooks.py)
   dataclasses / namedtuples / classes   → objects created in the trace, rebuilt after the graph
   builtins                              → the BUILTINS table (builtins.py), folded on constants
 """
@@ -17,7 +17,10 @@ import types
 import torch
 
 from ..errors import Unsupported
+from ..logging import warn_once
 from .checkpoint import call_checkpoint, is_checkpoint
+from .cond import call_cond, is_cond
+from .functorch import is_functorch
 from .values import (NULL, BuiltinMethodV, CellV, ContextV, DictV, FuncV, GenV, IterV, ListV,
                      NewModuleV, MethodV, NewObjV, ObjV, PartialV, SuperV, TensorV, TupleV, V,
                      is_literal, peek)
@@ -150,6 +153,13 @@ def call_obj(tr, fn: ObjV, args: list, kwargs: dict) -> V:
                              hint="collectives are not captured; the function runs eagerly")
     if isinstance(f, torch.nn.Module):
         return call_module(tr, fn, args, kwargs)
+    if is_functorch(f):
+        what = f"torch.func.{f.__name__}" if getattr(f, "__module__", None) == "torch.func" else \
+            f"the function torch.func made of {_name(f)}"
+        err = tr.unsupported(f"{what} is not traced", hint="it runs eagerly (a graph break); "
+                             "the code before and after it is compiled")
+        warn_once(f"functorch:{err.location}", str(err))
+        raise err
     if getattr(f, "__name__", None) in _IS_COMPILING and \
             getattr(f, "__module__", None) in _IS_COMPILING[f.__name__]:
         return ObjV(True)    # library code asks "am I being traced?": yes
@@ -163,6 +173,8 @@ def call_obj(tr, fn: ObjV, args: list, kwargs: dict) -> V:
         return tr.call_graph(f, args, kwargs)
     if is_checkpoint(f):
         return call_checkpoint(tr, args, kwargs)
+    if is_cond(f):
+        return call_cond(tr, args, kwargs)
     if _is_function_apply(f):
         from .autograd_fn import call_function_apply
         return call_function_apply(tr, f, args, kwargs)
@@ -293,18 +305,19 @@ def call_torch(tr, f, args, kwargs) -> V:
 
 def call_module(tr, mv: ObjV, args, kwargs) -> V:
     m = mv.value
-    if m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or \
-            m._backward_pre_hooks or getattr(m, "_forward_hooks_with_kwargs", None):
-        raise tr.unsupported(f"{type(m).__name__} has module hooks",
-                             hint="hooks on submodules run eagerly; remove them or compile the "
-                                  "submodule instead")
-    from .entry import global_hooks_present
+    from .hooks import global_hooks_present, has_hooks, hooked_call, untraceable_hooks
+    why = untraceable_hooks(m)
+    if why is not None:
+        raise tr.unsupported(why, hint="that module runs eagerly; forward pre/post hooks are traced")
     if global_hooks_present():
         raise tr.unsupported("global module hooks are registered")
-    if mv.source is not None:
+    hooked = has_hooks(m)
+    if mv.source is not None and not hooked:
         tr.guard("NO_HOOKS", mv.source, None)
     from .attrs import load_attr
     fwd = load_attr(tr, mv, "forward")
+    if hooked:        # the hook dicts' versions are in the module-state snapshot
+        return call(tr, ObjV(hooked_call), [mv, fwd, TupleV(list(args)), DictV(dict(kwargs))], {})
     return call(tr, fwd, args, kwargs)
 
 
@@ -482,6 +495,9 @@ def _autocast_ctx(tr, cls, args, kwargs) -> ContextV:
 def call_builtin_method(tr, recv: V, name: str, args, kwargs) -> V:
     from .builtins import container_method
     if isinstance(recv, TensorV):
+        if name == "register_hook":
+            from .hooks import register_tensor_hook
+            return register_tensor_hook(tr, recv, args, kwargs)
         if name in _TENSOR_BLOCKED:
             raise tr.unsupported(f"Tensor.{name}() needs tensor data or mutates autograd state",
                                  hint="move it out of the compiled function")

@@ -24,6 +24,7 @@ from ..logging import enabled, get_logger, warn_once
 from ..shapes import LOWER_BOUND
 from .effects import finalize
 from .guards import RANKS, global_state
+from .hooks import global_hooks_present, root_call_for, root_eager_call, untraceable_hooks
 from .interpreter import CO_VARARGS, CO_VARKEYWORDS, Frame, Tracer
 from . import statecheck
 from .sources import AttrSource, ClosureSource, ConstSource, DictEntrySource, LocalSource
@@ -73,14 +74,6 @@ def reset() -> None:
         c.dynamic_dims.clear()
     STATS.clear()
 
-
-_mm = torch.nn.modules.module
-
-
-def global_hooks_present() -> bool:
-    return bool(_mm._global_forward_hooks or _mm._global_forward_pre_hooks or
-                _mm._global_backward_hooks or _mm._global_backward_pre_hooks or
-                getattr(_mm, "_global_forward_hooks_always_called", None))
 
 
 class Entry:
@@ -216,6 +209,13 @@ class Runner:
     # ---- miss: compile or fall back ---------------------------------------------------------
     def miss(self, locals_):
         cache, settings = self.cache, self.settings
+        if global_state()[4]:
+            # called under torch.func.vmap/grad/...: the arguments are functorch-wrapped tensors
+            # (BatchedTensor has no storage for a kernel) and the graph's autograd.Function has
+            # no functorch rule; Dynamo skips such frames too
+            warn_once(f"functorch:{id(cache.code)}", f"{_where(cache.code)} is called under a "
+                      "torch.func transform (vmap/grad/...); it runs eagerly there")
+            return self.run_eager(locals_)
         failed = _first_failed_guard(cache.entries, self.fn, locals_)
         if cache.n_compiled >= settings.recompile_limit:
             STATS["fallbacks"] += 1
@@ -571,10 +571,13 @@ def compile_function(fn, settings: CompileSettings):
 
 
 class ModuleRunner:
-    """`module._compiled_call_impl`: hooks present → eager `_call_impl` (one warning)."""
+    """`module._compiled_call_impl`: with forward hooks, the hooks and forward are one compiled
+    frame (hooks.root_call); backward or global hooks → eager `_call_impl` (one warning)."""
 
     def __init__(self, module: torch.nn.Module, settings: CompileSettings):
         self.module = module
+        self.settings = settings
+        self.hooked = None
         fwd = module.__dict__.get("forward")
         if fwd is not None:
             self.runner = compile_function(fwd, settings)
@@ -587,10 +590,17 @@ class ModuleRunner:
         m = self.module
         if m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or \
                 m._backward_pre_hooks or global_hooks_present():
-            warn_once(f"hooks:{id(m)}", f"{type(m).__name__} has module hooks; it runs "
-                      f"eagerly (hooks are not traced yet)")
-            STATS["fallbacks"] += 1
-            return m._call_impl(*args, **kwargs)
+            why = untraceable_hooks(m) or (global_hooks_present() and "global module hooks")
+            if why:
+                run = root_eager_call(m, self.runner, args, kwargs)
+                if run is not None:     # backward hooks: the forward alone is compiled
+                    return run()
+                warn_once(f"hooks:{id(m)}", f"{type(m).__name__}: {why}; it runs eagerly")
+                STATS["fallbacks"] += 1
+                return m._call_impl(*args, **kwargs)
+            if self.hooked is None:
+                self.hooked = Runner(root_call_for(type(m)), self.settings, bound_self=m)
+            return self.hooked(*args, **kwargs)
         return self.runner(*args, **kwargs)
 
 

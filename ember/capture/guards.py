@@ -101,7 +101,8 @@ class Guard:
         elif self.kind == "NO_ALIAS":
             exp = "shares no memory with " + ", ".join(o.name() for o in exp)
         elif self.kind == "GLOBAL_STATE":
-            exp = dict(zip(("grad_enabled", "inference_mode", "default_dtype", "autocast"), exp))
+            exp = dict(zip(("grad_enabled", "inference_mode", "default_dtype", "autocast",
+                            "torch_func_transform"), exp))
         return f"{self.kind}: {name} {exp}"
 
 
@@ -126,10 +127,14 @@ _any_autocast = torch._C._is_any_autocast_enabled
 
 
 def global_state():
-    """(grad mode, inference mode, default dtype, autocast details or None): one cheap tuple."""
+    """(grad mode, inference mode, default dtype, autocast details or None, under a torch.func
+    transform): one cheap tuple."""
     ac = None
     if _any_autocast():
         ac = tuple((d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d))
                    for d in ("cpu", "cuda"))
     return (torch.is_grad_enabled(), torch.is_inference_mode_enabled(),
-            torch.get_default_dtype(), ac)
+            torch.get_default_dtype(), ac, _functorch_stack() is not None)
+
+
+_functorch_stack = torch._C._functorch.peek_interpreter_stack

@@ -22,6 +22,7 @@ import torch.fx as fx
 from .. import shapes
 from ..errors import Unsupported
 from .bytecode import decode
+from .functorch import is_functorch
 from .guards import Guard, global_state
 from .sources import (AttrSource, ClosureSource, ConstSource, DictEntrySource, GlobalSource,
                       ItemSource, LocalSource, SizeSource, Source)
@@ -302,6 +303,12 @@ class Tracer:
             self.guard("TYPE", source, t)
             return MethodV(self.wrap(value.__func__, AttrSource(source, "__func__")),
                            self.wrap(value.__self__, AttrSource(source, "__self__")), source)
+        if t is types.FunctionType and guard_obj and source is not None and \
+                not source.structural and is_functorch(value):
+            # torch.func's wrapper of a user function, new per transform call; calling it breaks
+            self.guard("TYPE", source, t)
+            self.guard("ID", AttrSource(source, "__code__"), value.__code__)
+            return LazyV(value, lambda: self.guard("ID", source, value), source)
         if t is types.FunctionType and guard_obj and source is not None and \
                 not source.structural and not value.__dict__ and \
                 (value.__closure__ is not None or "<locals>" in value.__qualname__):

@@ -90,7 +90,7 @@ def test_partition_saves_only_region_outputs_and_recomputes_lazily():
         torch.testing.assert_close(a, b)
 
 
-def test_selective_checkpoint_context_fn_breaks():
+def test_context_fn_other_than_selective_policy_breaks():
     ember.reset()
     from torch.utils.checkpoint import create_selective_checkpoint_contexts
 
@@ -101,3 +101,64 @@ def test_selective_checkpoint_context_fn_breaks():
     x, w = torch.randn(4, 4, requires_grad=True), torch.randn(4, 4)
     with pytest.raises(ember.errors.Unsupported, match="context_fn"):
         ember.compile(f, backend="aot_eager", fullgraph=True)(x, w)
+
+
+def _save_mm(ctx, op, *args, **kwargs):
+    from torch.utils.checkpoint import CheckpointPolicy
+    return CheckpointPolicy.MUST_SAVE if op is torch.ops.aten.mm.default else \
+        CheckpointPolicy.PREFER_RECOMPUTE
+
+
+class SelectiveNet(torch.nn.Module):
+    def __init__(self, policy, d=16):
+        super().__init__()
+        self.w1 = torch.nn.Parameter(torch.randn(d, 4 * d) / d ** 0.5)
+        self.w2 = torch.nn.Parameter(torch.randn(4 * d, d) / d ** 0.5)
+        self.policy = policy
+
+    def block(self, x):
+        return x + torch.mm(torch.mm(x, self.w1).sin(), self.w2).tanh()
+
+    def forward(self, x):
+        import functools
+        from torch.utils.checkpoint import create_selective_checkpoint_contexts
+        for _ in range(2):
+            ctx = None if self.policy is None else \
+                functools.partial(create_selective_checkpoint_contexts, self.policy)
+            x = checkpoint(self.block, x, use_reentrant=False,
+                           **({} if ctx is None else {"context_fn": ctx}))
+        return x.square().sum()
+
+
+def _bw_mms(policy, backend="aot_eager"):
+    """Compile SelectiveNet(policy); check values and grads against eager; return the number of
+    mm nodes in the backward graph (recomputed forward matmuls + the gradients' own)."""
+    ember.reset()
+    torch.manual_seed(0)
+    ref = SelectiveNet(policy)
+    m = copy.deepcopy(ref)
+    bws = []
+
+    def record(gm, example_inputs):         # aot_eager that keeps the backward graph
+        def bw(g, ex):
+            bws.append(g)
+            return g.forward
+        return aot_compile(gm, example_inputs, fw_compiler=lambda g, ex: g.forward,
+                           bw_compiler=bw)
+    ember.compile(m, backend=record, fullgraph=True)
+    x = torch.randn(8, 16)
+    out, out_ref = m(x), ref(x)
+    out.backward(), out_ref.backward()
+    torch.testing.assert_close(out, out_ref)
+    for p, q in zip(m.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad)
+    assert ember.stats()["counts"]["graphs"] == 1
+    (bw,) = bws
+    return sum(n.target is torch.ops.aten.mm.default for n in bw.graph.nodes)
+
+
+def test_selective_checkpoint_policy_saves_what_it_names():
+    full = _bw_mms(None)                            # plain checkpoint: both mms recomputed
+    by_fn = _bw_mms(_save_mm)
+    by_list = _bw_mms([torch.ops.aten.mm.default])
+    assert by_fn == by_list == full - 4, (full, by_fn, by_list)     # 2 blocks x 2 mms saved

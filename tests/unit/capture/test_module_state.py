@@ -32,7 +32,6 @@ def _pair():
     eager = Net()
     compiled = Net()
     compiled.load_state_dict(eager.state_dict())
-    # not fullgraph: a hook on a submodule breaks the graph there (what ember does with them)
     return eager, ember.compile(compiled, backend="eager")
 
 

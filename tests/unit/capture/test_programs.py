@@ -542,17 +542,17 @@ def test_module_parameter_replacement_seen():
     assert capture.stats().get("recompiles", 0) == 0
 
 
-def test_module_hooks_fall_back_cleanly():
+def test_module_forward_hook_is_traced():
     m = nn.Linear(4, 4)
     calls = []
     m.register_forward_hook(lambda mod, i, o: calls.append(1))
     ember.compile(m, backend="eager", fullgraph=True)
-    with pytest.warns(UserWarning, match="hooks"):
-        torch.testing.assert_close(m(x44), m.forward(x44))
+    torch.testing.assert_close(m(x44), m.forward(x44))
     assert calls == [1]
+    assert capture.stats()["graphs"] == 1 and capture.stats().get("fallbacks", 0) == 0
 
 
-def test_submodule_hook_is_unsupported_under_fullgraph():
+def test_submodule_backward_hook_is_unsupported_under_fullgraph():
     class M(nn.Module):
         def __init__(self):
             super().__init__()
@@ -561,7 +561,7 @@ def test_submodule_hook_is_unsupported_under_fullgraph():
         def forward(self, x):
             return self.lin(x)
     m = M()
-    m.lin.register_forward_pre_hook(lambda mod, i: None)
+    m.lin.register_full_backward_pre_hook(lambda mod, g: None)
     ember.compile(m, backend="eager", fullgraph=True)
     with pytest.raises(ember.Unsupported, match="hooks"):
         m(x44)

@@ -1,0 +1,176 @@
+"""Capture, module hooks: a module call with forward pre/post hooks is traced like eager's
+`nn.Module._call_impl` runs it.
+
+Consumes a module value with hooks and the call's arguments (calls.call_module, and the root
+module's runner in entry.py); produces the traced output. The hook loop is the plain Python
+function `hooked_call` below, which the interpreter inlines like user code: each hook (a user
+function) is inlined in turn, in the order of the module's hook dicts, so values, call order and
+side effects are eager's. The hook dicts are module tables (sources.MODULE_TABLES) whose version
+tags the module-state snapshot records, so a hook added or removed after compilation is seen.
+Not traced (Unsupported: the module runs eagerly, loudly): backward hooks
+(register_full_backward_hook and its pre form) and global hooks (`register_module_forward_hook`,
+checked by the callers). An always_call hook is an ordinary hook here: when forward raises, the
+trace raises and the frame runs eagerly, which runs it as eager does.
+`Tensor.register_hook` inside the traced code: register_tensor_hook below.
+"""
+from __future__ import annotations
+
+import types
+import weakref
+
+import torch
+
+_mm = torch.nn.modules.module
+
+
+def global_hooks_present() -> bool:
+    return bool(_mm._global_forward_hooks or _mm._global_forward_pre_hooks or
+                _mm._global_backward_hooks or _mm._global_backward_pre_hooks or
+                getattr(_mm, "_global_forward_hooks_always_called", None))
+
+
+def has_hooks(m: torch.nn.Module) -> bool:
+    return bool(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or
+                m._backward_pre_hooks)
+
+
+def untraceable_hooks(m: torch.nn.Module) -> str | None:
+    """Why `m`'s hooks cannot be traced (they run eagerly), or None."""
+    if m._backward_hooks or m._backward_pre_hooks:
+        return f"{type(m).__name__} has backward hooks (not traced yet)"
+    for hook in (*m._forward_pre_hooks.values(), *m._forward_hooks.values()):
+        if (getattr(hook, "__module__", None) or "").startswith("torch."):
+            # torch's own (FSDP's all-gather/reshard, parametrizations): they run eagerly
+            return f"{type(m).__name__} has a forward hook from torch ({_qualname(hook)})"
+    return None
+
+
+def _qualname(f) -> str:
+    return getattr(f, "__qualname__", None) or type(f).__name__
+
+
+def root_eager_call(m: torch.nn.Module, forward, args, kwargs):
+    """A compiled root module with hooks that are not traced (full backward hooks, torch's own
+    forward hooks): `_call_impl`'s steps run eagerly around the compiled `forward` (a graph's
+    inputs and outputs are real tensors, so BackwardHook wraps them as eager does). None when
+    eager `_call_impl` must run (legacy or global hooks)."""
+    full, non_full = m._get_backward_hooks()
+    if non_full or global_hooks_present():
+        return None
+    from torch.utils.hooks import BackwardHook
+    pre = m._get_backward_pre_hooks()
+    bw = BackwardHook(m, full, pre) if full or pre else None
+    return lambda: hooked_call(m, forward, args, kwargs, bw)
+
+
+def hooked_call(module, forward, args, kwargs, bw_hook=None):
+    """`nn.Module._call_impl`'s hook path (torch 2.x). Traced (the interpreter inlines it) with
+    bw_hook None; run eagerly around a compiled forward with a BackwardHook (root_eager_call)."""
+    for hook_id, hook in module._forward_pre_hooks.items():
+        if hook_id in module._forward_pre_hooks_with_kwargs:
+            args_kwargs_result = hook(module, args, kwargs)
+            if args_kwargs_result is not None:
+                if isinstance(args_kwargs_result, tuple) and len(args_kwargs_result) == 2:
+                    args, kwargs = args_kwargs_result
+                else:
+                    raise RuntimeError("forward pre-hook must return None or a tuple of "
+                                       f"(new_args, new_kwargs), but got {args_kwargs_result}.")
+        else:
+            args_result = hook(module, args)
+            if args_result is not None:
+                if not isinstance(args_result, tuple):
+                    args_result = (args_result,)
+                args = args_result
+    if bw_hook is not None:
+        args = bw_hook.setup_input_hook(args)
+    result = forward(*args, **kwargs)
+    for hook_id, hook in module._forward_hooks.items():
+        if hook_id in module._forward_hooks_with_kwargs:
+            hook_result = hook(module, args, kwargs, result)
+        else:
+            hook_result = hook(module, args, result)
+        if hook_result is not None:
+            result = hook_result
+    if bw_hook is not None:
+        result = bw_hook.setup_output_hook(result)
+    return result
+
+
+def root_call(self, *args, **kwargs):
+    """What a compiled module with forward hooks runs (entry.ModuleRunner): its hooks and forward,
+    traced as one frame."""
+    return hooked_call(self, self.forward, args, kwargs)
+
+
+def root_call_for(cls: type):
+    """`root_call` with a code object of its own per module class: the capture cache is keyed by
+    code object, so classes do not share one recompile budget (instances of a class do, as their
+    forward does)."""
+    code = root_call.__code__
+    code = code.replace(co_name=f"{cls.__name__}_with_hooks",
+                        co_qualname=f"{cls.__qualname__}.<forward with hooks>")
+    return type(root_call)(code, root_call.__globals__, code.co_name)
+
+
+# ---- Tensor.register_hook inside the traced code ----------------------------------------------
+_HOOK_FUNCTIONS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def register_tensor_hook(tr, t, args: list, kwargs: dict):
+    """`t.register_hook(hook)` on a tensor the graph computes: from here on `t` is the output of
+    an identity autograd.Function whose backward is `return hook(g)` (or g), traced into the joint
+    graph like a user Function's (autograd_fn.py: the hook must be free of Python side effects).
+    Equal to eager only when the hook sees all of t's gradient, so `t` must have no use yet, and
+    the returned handle must be discarded (its `remove()` could not be honoured); otherwise, and
+    for graph inputs (the hook would stay on the caller's tensor), Unsupported: a graph break,
+    where `t` is a real tensor when the hook is registered. With earlier uses of an intermediate
+    `t` no break is correct (their gradients reach t's producer inside the first graph's
+    backward, not through t), so the whole frame runs eagerly."""
+    from .autograd_fn import call_function_apply
+    from .values import FuncV, ObjV, peek
+    hook = args[0] if args else kwargs.get("hook")
+    if len(args) + len(kwargs) != 1 or hook is None:
+        raise tr.unsupported("Tensor.register_hook with unexpected arguments")
+    if t.source is not None or t.node.op == "placeholder":
+        raise tr.unsupported("Tensor.register_hook on a graph input",
+                             hint="the hook stays on the caller's tensor; it runs eagerly")
+    if not t.meta.requires_grad:
+        raise tr.unsupported("Tensor.register_hook on a tensor that does not require grad")
+    if t.node.users:
+        # a graph break is wrong here too: the earlier uses' gradients flow inside the first
+        # graph's backward, past the real tensor the hook would be registered on
+        err = tr.unsupported("Tensor.register_hook on a tensor already used in the graph",
+                             hint="the hook must see the gradient of earlier uses too; the "
+                                  "function runs eagerly")
+        err.break_at, err.no_break = (), "a break would hide earlier uses' gradients from the hook"
+        raise err
+    f = tr.frames[-1] if tr.frames else None
+    if f is None or f.pc >= len(f.instrs) or f.instrs[f.pc].opname != "POP_TOP":
+        raise tr.unsupported("the handle Tensor.register_hook returns is used",
+                             hint="only `t.register_hook(fn)` as a statement is traced")
+    if isinstance(hook, FuncV) and not hook.closure and hook.fn_obj is None:
+        fn = types.FunctionType(hook.code, hook.globals, hook.name, hook.defaults or None)
+    elif isinstance(hook, ObjV) and isinstance(peek(hook), types.FunctionType):
+        fn = peek(hook)
+    else:
+        raise tr.unsupported("Tensor.register_hook with a hook that is not a plain function")
+    out = call_function_apply(tr, _hook_function(fn).apply, [t], {})
+    t.node, t.meta = out.node, out.meta        # every later use of t sees the hooked tensor
+    return ObjV(None)
+
+
+def _hook_function(hook):
+    cls = _HOOK_FUNCTIONS.get(hook)
+    if cls is None:
+        class TensorHook(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, x):
+                return x.view_as(x)
+
+            @staticmethod
+            def backward(ctx, g):
+                r = hook(g)
+                return g if r is None else r
+        TensorHook.__qualname__ = f"register_hook({getattr(hook, '__qualname__', 'hook')})"
+        cls = _HOOK_FUNCTIONS[hook] = TensorHook
+    return cls
