@@ -68,6 +68,8 @@ _IS_COMPILING = {"is_compiling": ("torch.compiler", "torch._dynamo.external_util
                                   "torch._dynamo.eval_frame"),
                  "is_dynamo_compiling": ("torch.compiler",),
                  "is_exporting": ()}
+# torch._dynamo.graph_break(): the code asks for a graph break there (also matched by name)
+_GRAPH_BREAK = {"graph_break": ("torch._dynamo.decorators",)}
 # torch.distributed (issue 13): a collective never goes into a graph, where it could be
 # reordered or dropped; the call is Unsupported, so the frame runs eagerly with one warning.
 # Matched by module name (product code does not import these modules); rank queries are fine.
@@ -153,6 +155,9 @@ def call_obj(tr, fn: ObjV, args: list, kwargs: dict) -> V:
     if getattr(f, "__name__", None) in _IS_COMPILING and \
             getattr(f, "__module__", None) in _IS_COMPILING[f.__name__]:
         return ObjV(True)    # library code asks "am I being traced?": yes
+    if getattr(f, "__module__", None) in _GRAPH_BREAK.get(getattr(f, "__name__", None), ()):
+        raise tr.unsupported("torch._dynamo.graph_break() called",
+                             hint="the code asks for a graph break here")
     try:
         h = BUILTINS.get(f)
     except TypeError:
