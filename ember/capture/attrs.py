@@ -131,7 +131,15 @@ def _tensor_attr(tr, v: TensorV, name: str) -> V:
         raise tr.unsupported(f"Tensor.{name} is not supported inside a graph")
     attr = getattr(torch.Tensor, name, None)
     if attr is None:
-        raise TraceAttributeError(name)
+        # an attribute set on the caller's tensor object (x.tag = ...): guarded present/absent
+        real = next((r for _, t, r in tr.inputs if t is v), None)
+        if real is None:
+            raise TraceAttributeError(name)
+        present = name in getattr(real, "__dict__", {})
+        tr.guard("HASATTR", v.source, (name, present))
+        if not present:
+            raise TraceAttributeError(name)
+        return tr.wrap(real.__dict__[name], AttrSource(v.source, name))
     if callable(attr):
         return BuiltinMethodV(v, name)
     raise tr.unsupported(f"Tensor attribute {name!r}")

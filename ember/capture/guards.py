@@ -20,7 +20,7 @@ from .sources import Source
 
 # kind → rank: cheap checks first
 RANKS = {"GLOBAL_STATE": 0, "ID": 1, "TYPE": 2, "NONE": 2, "EQ": 3, "LEN": 3, "KEYS": 4,
-         "ALIAS": 5, "TENSOR": 6, "SHAPE": 6, "NO_ALIAS": 7,
+         "ALIAS": 5, "HASATTR": 5, "TENSOR": 6, "SHAPE": 6, "NO_ALIAS": 7,
          "NO_HOOKS": 7}
 
 
@@ -45,6 +45,9 @@ class Guard:
             return f"type({e}) is {bind(type(val))} and {e} == {bind(val)}"
         if k == "LEN":
             return f"len({e}) == {self.expected}"
+        if k == "HASATTR":          # an instance attribute of a tensor (x.tag = ...)
+            name, present = self.expected
+            return f"hasattr({e}, {name!r}) is {present}"
         if k == "KEYS":
             return f"list({e}) == {bind(list(self.expected))}"
         if k == "ALIAS":

@@ -30,3 +30,38 @@ def test_dynamo_graph_break_splits_the_graph():
     assert c.get("graphs") == 2 and c.get("graph_breaks") == 1 and not c.get("recompiles"), c
     e = capture.explain(f, x)
     assert len(e.breaks) == 1 and "graph_break" in e.breaks[0].reason
+
+
+def test_set_from_closure_guarded_by_contents():
+    s = {1, 2}
+
+    def f(x):
+        return torch.cos(x) * len(s)
+
+    cf = ember.compile(f, backend="eager", fullgraph=True)
+    x = torch.rand(4)
+    same(f(x), cf(x))
+    s.add(3)                        # the guard compared the set with itself: stale len 2
+    same(f(x), cf(x))
+    same(f(x), cf(x))
+    c = _counts()
+    assert c.get("graphs") == 2 and c.get("recompiles") == 1, c
+
+
+def test_tensor_instance_attribute_guarded():
+    def f(x):
+        if hasattr(x, "tag"):
+            return x + x.tag
+        return x + 1
+
+    cf = ember.compile(f, backend="eager", fullgraph=True)
+    a = torch.ones(2, 2)
+    same(f(a), cf(a))
+    b = torch.ones(2, 2)
+    b.tag = 5
+    same(f(b), cf(b))               # hasattr was False on the first input, unguarded
+    same(f(a), cf(a))
+    c = _counts()
+    assert c.get("graphs") == 2 and c.get("recompiles") == 1, c
+    b.tag = 7                       # the value read is guarded too
+    same(f(b), cf(b))
