@@ -299,6 +299,17 @@ def _getattr(tr, args, kwargs):
                              hint="the same access raises AttributeError eagerly")
 
 
+@builtin(object.__setattr__)
+def _object_setattr(tr, args, kwargs):
+    """`object.__setattr__(obj, name, value)` (a user __setattr__'s super() call, frozen
+    dataclasses): the plain store, without the class's own __setattr__."""
+    from .attrs import store_attr
+    if len(args) != 3 or kwargs:
+        raise tr.unsupported("object.__setattr__ with unexpected arguments")
+    store_attr(tr, args[0], real(tr, args[1]), args[2], plain=True)
+    return ObjV(None)
+
+
 @builtin(hasattr)
 def _hasattr(tr, args, kwargs):
     from .attrs import TraceAttributeError, load_attr

@@ -151,6 +151,9 @@ def call_obj(tr, fn: ObjV, args: list, kwargs: dict) -> V:
         raise tr.unsupported(f"call to collective torch.distributed {getattr(f, '__name__', f)}",
                              hint="collectives are not captured; the function runs eagerly")
     if isinstance(f, torch.nn.Module):
+        own_call = type(f).__call__
+        if own_call is not torch.nn.Module.__call__ and isinstance(own_call, types.FunctionType):
+            return call(tr, ObjV(own_call), [fn] + list(args), kwargs)    # a user __call__
         return call_module(tr, fn, args, kwargs)
     if getattr(f, "__name__", None) in _IS_COMPILING and \
             getattr(f, "__module__", None) in _IS_COMPILING[f.__name__]:

@@ -231,8 +231,10 @@ def effect_lines(tr, rb: _Rebuild) -> list[str]:
                            f"__d.update(__v)")
     for eff in tr.effects:
         if eff[0] == "setattr":
-            _, obj_v, name, value = eff
-            effects.append(f"setattr({obj_v.source.expr()}, {name!r}, {rb.expr(value)})")
+            _, obj_v, name, value, plain = eff
+            # a plain store made by a traced user __setattr__ must not run that hook again
+            setter = rb.bind(object.__setattr__, "f") if plain else "setattr"
+            effects.append(f"{setter}({obj_v.source.expr()}, {name!r}, {rb.expr(value)})")
         elif eff[0] == "delattr":
             _, obj_v, name = eff
             effects.append(f"delattr({obj_v.source.expr()}, {name!r})")

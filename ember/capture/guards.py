@@ -20,7 +20,7 @@ from .sources import Source
 
 # kind → rank: cheap checks first
 RANKS = {"GLOBAL_STATE": 0, "ID": 1, "TYPE": 2, "NONE": 2, "EQ": 3, "LEN": 3, "KEYS": 4,
-         "ALIAS": 5, "HASATTR": 5, "TENSOR": 6, "SHAPE": 6, "NO_ALIAS": 7,
+         "ALIAS": 5, "HASATTR": 5, "ABSENT": 5, "TENSOR": 6, "SHAPE": 6, "NO_ALIAS": 7,
          "NO_HOOKS": 7}
 
 
@@ -48,6 +48,8 @@ class Guard:
         if k == "HASATTR":          # an instance attribute of a tensor (x.tag = ...)
             name, present = self.expected
             return f"hasattr({e}, {name!r}) is {present}"
+        if k == "ABSENT":           # a class attribute not shadowed on the instance (forward)
+            return f"{self.source.attr!r} not in {self.source.base.expr()}.__dict__"
         if k == "KEYS":
             return f"list({e}) == {bind(list(self.expected))}"
         if k == "ALIAS":

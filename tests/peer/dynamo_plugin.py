@@ -65,14 +65,18 @@ class EmberOptimizedModule(torch.nn.Module):
     itself stays eager, so a test comparing `mod(x)` with `opt_mod(x)` compares eager with ember.
     Attributes other than the wrapper's own are read from `_orig_mod`."""
 
-    def __init__(self, mod, compile_kwargs):
+    def __init__(self, mod, compile_kwargs, request=None):
         import ember
         super().__init__()
         self._orig_mod = mod
+        self.__dict__["_request"] = request       # torch.compile's arguments, for pickling
 
         def module_call(*args, **kwargs):
             return mod(*args, **kwargs)
         self.__dict__["_ember_call"] = ember.compile(module_call, **compile_kwargs)
+
+    def __reduce__(self):
+        return (_rebuild, (self._orig_mod, self.__dict__["_request"]))
 
     def forward(self, *args, **kwargs):
         return self.__dict__["_ember_call"](*args, **kwargs)
@@ -82,6 +86,12 @@ class EmberOptimizedModule(torch.nn.Module):
             return super().__getattr__(name)
         except AttributeError:
             return getattr(self.__dict__["_modules"]["_orig_mod"], name)
+
+    def __setattr__(self, name, value):
+        # as OptimizedModule: writes go to the wrapped module (opt_mod.step += 1)
+        if name == "_orig_mod" or "_orig_mod" not in self.__dict__.get("_modules", {}):
+            return super().__setattr__(name, value)
+        return setattr(self._orig_mod, name, value)
 
 
 def _compile(model=None, *, fullgraph=False, dynamic=None, backend="inductor", mode=None,
@@ -94,8 +104,13 @@ def _compile(model=None, *, fullgraph=False, dynamic=None, backend="inductor", m
     if disable:
         return model
     if isinstance(model, torch.nn.Module):
-        return EmberOptimizedModule(model, kwargs)
+        return EmberOptimizedModule(model, kwargs, dict(fullgraph=fullgraph, dynamic=dynamic,
+                                                        backend=backend))
     return ember.compile(model, **kwargs)
+
+
+def _rebuild(mod, request):
+    return _compile(mod, **(request or {}))
 
 
 class _Optimize:

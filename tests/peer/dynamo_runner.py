@@ -49,7 +49,7 @@ _COUNT = re.compile(r"frame_count|op_count|\.graphs\b|graph_count|num_graphs|cal
 _INTERNALS = re.compile(r"assertExpected|normalize_gm|FileCheck|counters\[|guard|comptime|"
                         r"_debug_get_cache_entry_list|graph_break_reason|print_readable|"
                         r"_orig_mod|explain|\.code\b|torch\._dynamo\.(utils|config|exc|eval_frame)")
-_INTERNAL_MSG = re.compile(r"_orig_mod|_torchdynamo|OptimizedModule|torch\._dynamo")
+_INTERNAL_MSG = re.compile(r"_orig_mod|_torchdynamo|\bOptimizedModule\b|torch\._dynamo")
 
 
 def classify(emb: dict | None) -> str:
@@ -68,7 +68,7 @@ def classify(emb: dict | None) -> str:
         return "refusal"
     if f.get("exc") == "PeerTimeout":
         return "crash"
-    line, msg = f.get("test_line", ""), f.get("msg", "")
+    line, msg = f.get("test_line", ""), f.get("msg", "").split("\n\nTo execute this test")[0]
     inner = f.get("innermost", "")
     if "/torch/_dynamo/" in inner and not inner.endswith("_dynamo/testing.py") or \
             _INTERNALS.search(line) or _INTERNAL_MSG.search(msg) or "torch._dynamo.exc" in chain:
@@ -88,6 +88,8 @@ def _run_file(name: str, mode: str, select: str | None, timeout: float, ids=None
     env = dict(os.environ, EMBER_PEER_MODE=mode, EMBER_PEER_OUT=out, EMBER_STRICT="1",
                EMBER_SPEED_CHECK="0", EMBER_PEER_TIMEOUT=str(timeout),
                PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    if os.environ.get("EMBER_PEER_EMBER"):     # measure another tree's ember (before/after)
+        env["PYTHONPATH"] = os.pathsep.join([os.environ["EMBER_PEER_EMBER"], env["PYTHONPATH"]])
     targets = [f"{name}::{i.split('::', 1)[1]}" for i in ids] if ids else [name]
     cmd = [sys.executable, "-m", "pytest", "-p", "tests.peer.dynamo_plugin", "-p",
            "no:cacheprovider", "-q", "-o", "addopts=", "--rootdir", str(PEER_DIR),
@@ -191,20 +193,22 @@ def main(argv=None) -> int:
     p.add_argument("--timeout", type=float, default=120.0, help="seconds per test")
     p.add_argument("--details", action="store_true", help="list every non-pass with its reason")
     p.add_argument("--json", help="write the raw rows of both runs here")
+    p.add_argument("--from-json", help="classify the rows a --json run wrote, run nothing")
     a = p.parse_args(argv)
     expected = load_expected()
     modes = ["ember"] if a.reuse_reference else ["reference", "ember"]
-    rows = run(a.files, modes, a.select, a.jobs, a.timeout)
+    rows = json.loads(Path(a.from_json).read_text()) if a.from_json else \
+        run(a.files, modes, a.select, a.jobs, a.timeout)
     if a.reuse_reference:
         rows["reference"] = {t: {"outcome": "passed" if "class" in r else r["ref"],
                                  "dynamo_graphs": 1 if "class" in r else 0}
                              for t, r in expected.items() if t in rows["ember"]}
-    summary = summarize(rows["reference"], rows["ember"])
-    print(table(summary))
-    print(details(summary, rows["ember"], None if a.details else ("wrong", "crash", "other",
-                                                                  "dynamo")))
     if a.json:
         Path(a.json).write_text(json.dumps(rows, indent=1))
+    summary = summarize(rows["reference"], rows["ember"])
+    print(table(summary))
+    print(details(summary, rows["ember"], CLASSES[1:] if a.details else ("wrong", "crash",
+                                                                         "other", "dynamo")))
     regressions, improvements = diff(summary, expected)
     print(f"\n{len(improvements)} newly passing, {len(regressions)} regressions against "
           f"{EXPECTED.name}" + "".join(f"\n  REGRESSION {t}: {summary[t].get('class')}"

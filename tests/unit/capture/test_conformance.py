@@ -65,3 +65,80 @@ def test_tensor_instance_attribute_guarded():
     assert c.get("graphs") == 2 and c.get("recompiles") == 1, c
     b.tag = 7                       # the value read is guarded too
     same(f(b), cf(b))
+
+
+class _Prefixed:
+    """A user __setattr__/__getattr__ pair: attributes live under another name."""
+
+    def __setattr__(self, key, value):
+        super().__setattr__(f"pfx_{key}", value)
+
+    def __getattr__(self, key):
+        return self.__dict__[f"pfx_{key}"]
+
+
+def test_user_setattr_getattr_on_caller_object():
+    def f(obj):
+        obj.y = obj.x + 1
+
+    cf = ember.compile(f, backend="eager", fullgraph=True)
+    a, b = _Prefixed(), _Prefixed()
+    a.x = b.x = torch.randn(4)
+    f(a)
+    cf(b)
+    assert set(vars(b)) == set(vars(a)) == {"pfx_x", "pfx_y"}
+    same(a.y, b.y)
+    assert _counts().get("graphs") == 1
+
+
+def test_user_setattr_on_object_made_in_frame():
+    def f(x):
+        obj = _Prefixed()
+        obj.x = x
+        obj.y = obj.x + 1
+        return obj
+
+    cf = ember.compile(f, backend="eager", fullgraph=True)
+    x = torch.randn(4)
+    got = cf(x)
+    assert set(vars(got)) == {"pfx_x", "pfx_y"} and got.x is x
+    same(f(x).y, got.y)
+
+
+def test_overridden_module_call():
+    class M(torch.nn.Module):
+        def __call__(self, x):
+            return 5 * self.forward(x)
+
+        def forward(self, x):
+            return x * 3
+
+    m = M()
+
+    def f(x):
+        return m(x)
+
+    cf = ember.compile(f, backend="eager", fullgraph=True)
+    x = torch.ones(4)
+    same(f(x), cf(x))
+    assert _counts().get("graphs") == 1
+
+
+def test_monkeypatched_forward_recompiles():
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return torch.cos(x)
+
+    m = M()
+
+    def f(x):
+        return m(x)
+
+    cf = ember.compile(f, backend="eager")
+    x = torch.randn(5)
+    same(f(x), cf(x))
+    m.forward = lambda x: torch.sin(x)      # an instance attribute now shadows the method
+    same(f(x), cf(x))
+    same(f(x), cf(x))
+    c = _counts()
+    assert c.get("graphs") == 2 and c.get("recompiles") == 1, c
