@@ -166,6 +166,8 @@ def call_obj(tr, fn: ObjV, args: list, kwargs: dict) -> V:
     except TypeError:
         h = None
     if h is not None:
+        if isinstance(f, types.BuiltinFunctionType):
+            _check_arguments(f, args, kwargs)
         return h(tr, args, kwargs)
     if getattr(f, "_ember_allow_in_graph", False):
         return tr.call_graph(f, args, kwargs)
@@ -242,6 +244,28 @@ def call_obj(tr, fn: ObjV, args: list, kwargs: dict) -> V:
         return call(tr, inner, tr.iterate(pa) + list(args),
                     {**(pk.items if isinstance(pk, DictV) else {}), **kwargs})
     raise tr.unsupported(f"call to {type(f).__name__} {getattr(f, '__qualname__', f)!r:.80}")
+
+
+_SIGNATURES: dict = {}
+
+
+def _check_arguments(f, args, kwargs) -> None:
+    """A C builtin called with arguments it does not take raises TypeError, in the trace too
+    (isinstance(x, T, invalid=True)); builtins without a signature (min, getattr) are not checked."""
+    sig = _SIGNATURES.get(f, _SIGNATURES)
+    if sig is _SIGNATURES:
+        import inspect
+        try:
+            sig = inspect.signature(f)
+        except (TypeError, ValueError):
+            sig = None
+        _SIGNATURES[f] = sig
+    if sig is not None:
+        try:
+            sig.bind(*args, **kwargs)
+        except TypeError as e:
+            from .interpreter import TracedRaise
+            raise TracedRaise(TypeError(f"{f.__name__}(): {e}")) from None
 
 
 def _is_function_apply(f) -> bool:

@@ -142,3 +142,32 @@ def test_monkeypatched_forward_recompiles():
     same(f(x), cf(x))
     c = _counts()
     assert c.get("graphs") == 2 and c.get("recompiles") == 1, c
+
+
+def test_builtin_called_with_bad_arguments_raises_as_eager():
+    def f(x):
+        x = x.sin()
+        if isinstance(x, torch.Tensor, invalid=True):
+            x = x.sin()
+        return x
+
+    cf = ember.compile(f, backend="eager")
+    x = torch.randn(4)
+    for g in (f, cf):
+        try:
+            g(x)
+        except TypeError as e:
+            assert "keyword" in str(e)
+        else:
+            raise AssertionError(f"{g} did not raise")
+
+
+def test_pow_with_symbolic_int_exponent():
+    def f(a, b):
+        return torch.pow(a, b)
+
+    cf = ember.compile(f, backend="eager", fullgraph=True, dynamic=True)
+    x = torch.ones(2, 2) * 1.5
+    for b in (2, 3):
+        same(f(x, b), cf(x, b))
+    assert _counts().get("graphs") == 1
