@@ -16,7 +16,7 @@ import torch
 
 from .values import (STOP, BuiltinMethodV, ContextV, DictV, DictViewV, FuncV, GenV, IterV,
                      LazyV, ListV, MethodV, NewObjV, ObjV, SYM_TYPES, SuperV, TensorV, TupleV, V,
-                     is_literal, peek, pending)
+                     is_literal, is_model_output, peek, pending)
 
 BUILTINS: dict = {}
 
@@ -156,7 +156,7 @@ def iterate(tr, v: V) -> list:
             return [ObjV(i) for i in x]
     if isinstance(v, NewObjV):
         it = getattr(v.cls, "__iter__", None)
-        if v.dataclass and _is_model_output(v.cls):
+        if v.dataclass and is_model_output(v.cls):
             return [ObjV(k) for k, x in v.attrs.items() if not _is_none(x)]
         if isinstance(it, types.FunctionType):
             return iterate(tr, tr.call(ObjV(it), [v], {}))
@@ -171,11 +171,6 @@ def _describe(v):
 
 def _is_none(v):
     return isinstance(v, ObjV) and v.value is None
-
-
-def _is_model_output(cls):
-    from .calls import _is_model_output as m
-    return m(cls)
 
 
 def truth(tr, v: V) -> bool:
@@ -205,7 +200,7 @@ def truth(tr, v: V) -> bool:
                              hint="use torch.where, or compute the condition outside")
     if isinstance(v, NewObjV):
         b = getattr(v.cls, "__bool__", None) or getattr(v.cls, "__len__", None)
-        if v.dataclass and _is_model_output(v.cls):
+        if v.dataclass and is_model_output(v.cls):
             return any(not _is_none(x) for x in v.attrs.values())
         if isinstance(b, types.FunctionType):
             return truth(tr, tr.call(ObjV(b), [v], {}))
@@ -232,7 +227,7 @@ def _len(tr, args, kwargs):
             return tr.call(ObjV(f), [v], {})
         return ObjV(len(x) + len(tr.set_members.get(id(x), ())))
     if isinstance(v, NewObjV):
-        if v.dataclass and _is_model_output(v.cls):
+        if v.dataclass and is_model_output(v.cls):
             return ObjV(sum(not _is_none(x) for x in v.attrs.values()))
         f = getattr(v.cls, "__len__", None)
         if isinstance(f, types.FunctionType):

@@ -18,9 +18,10 @@ import torch
 
 from ..errors import Unsupported
 from .checkpoint import call_checkpoint, is_checkpoint
+from .controls import fullgraph, global_hooks_present
 from .values import (NULL, BuiltinMethodV, CellV, ContextV, DictV, FuncV, GenV, IterV, ListV,
                      NewModuleV, MethodV, NewObjV, ObjV, PartialV, SuperV, TensorV, TupleV, V,
-                     is_literal, peek)
+                     is_literal, is_model_output, peek)
 
 _TORCH_MODULES = ("torch", "torch.nn.functional", "torch.linalg", "torch.fft", "torch.special",
                   "torch._C._nn", "torch._C._VariableFunctions", "torch._C._linalg",
@@ -302,7 +303,6 @@ def call_op(tr, op, args, kwargs) -> V:
 
 def _inline_regions(tr) -> bool:
     """Where a graph may not split (fullgraph), a nested_compile_region is inlined."""
-    from .entry import fullgraph
     return tr.settings is None or fullgraph(tr.settings)
 
 
@@ -330,7 +330,6 @@ def call_module(tr, mv: ObjV, args, kwargs) -> V:
         raise tr.unsupported(f"{type(m).__name__} has module hooks",
                              hint="hooks on submodules run eagerly; remove them or compile the "
                                   "submodule instead")
-    from .entry import global_hooks_present
     if global_hooks_present():
         raise tr.unsupported("global module hooks are registered")
     if mv.source is not None:
@@ -399,7 +398,7 @@ def call_class(tr, fn: ObjV, args, kwargs) -> V:
             else:
                 raise tr.unsupported(f"{cls.__name__}() missing field {name}")
         return TupleV(vals, cls=cls)
-    if dataclasses.is_dataclass(cls) and _is_model_output(cls):
+    if dataclasses.is_dataclass(cls) and is_model_output(cls):
         kwargs = dict(kwargs)
         names = {f.name for f in dataclasses.fields(cls)}
         for old in ("past_key_values", "cache_params"):
@@ -478,14 +477,9 @@ def _new_dataclass(tr, cls, args, kwargs) -> NewObjV:
         raise tr.unsupported(f"{cls.__name__}() got unexpected arguments")
     obj = NewObjV(cls, attrs, dataclass=True)
     post = getattr(cls, "__post_init__", None)
-    if post is not None and not _is_model_output(cls):
+    if post is not None and not is_model_output(cls):
         call(tr, ObjV(post), [obj], {})
     return obj
-
-
-def _is_model_output(cls) -> bool:
-    return any(k.__name__ == "ModelOutput" and k.__module__.startswith("transformers")
-               for k in cls.__mro__)
 
 
 def _autocast_ctx(tr, cls, args, kwargs) -> ContextV:

@@ -106,7 +106,8 @@ class Guard:
         elif self.kind == "NO_ALIAS":
             exp = "shares no memory with " + ", ".join(o.name() for o in exp)
         elif self.kind == "GLOBAL_STATE":
-            exp = dict(zip(("grad_enabled", "inference_mode", "default_dtype", "autocast"), exp))
+            exp = dict(zip(("grad_enabled", "inference_mode", "default_dtype", "autocast",
+                           "dispatch_modes"), exp))
         return f"{self.kind}: {name} {exp}"
 
 
@@ -130,11 +131,16 @@ def _dynamic_geometry(e: str, shape, order) -> str:
 _any_autocast = torch._C._is_any_autocast_enabled
 
 
+_dispatch_modes = torch._C._len_torch_dispatch_stack
+
+
 def global_state():
-    """(grad mode, inference mode, default dtype, autocast details or None): one cheap tuple."""
+    """(grad mode, inference mode, default dtype, autocast details or None, number of active
+    TorchDispatchModes): one cheap tuple. A user dispatch mode must see every op, so a call made
+    under one misses every entry (and runs eagerly: entry.Runner.miss)."""
     ac = None
     if _any_autocast():
         ac = tuple((d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d))
                    for d in ("cpu", "cuda"))
     return (torch.is_grad_enabled(), torch.is_inference_mode_enabled(),
-            torch.get_default_dtype(), ac)
+            torch.get_default_dtype(), ac, _dispatch_modes())

@@ -25,6 +25,12 @@ from __future__ import annotations
 import torch
 
 
+def is_model_output(cls) -> bool:
+    """A transformers ModelOutput dataclass (matched by name: capture never imports it)."""
+    return any(k.__name__ == "ModelOutput" and k.__module__.startswith("transformers")
+               for k in cls.__mro__)
+
+
 class V:
     __slots__ = ("source",)
     kind = "value"

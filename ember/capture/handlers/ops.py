@@ -8,7 +8,8 @@ from __future__ import annotations
 import operator
 import types
 
-from ..values import NULL, SYM_TYPES, DictV, DictViewV, ListV, NewObjV, ObjV, TensorV, TupleV, peek
+from ..values import (NULL, SYM_TYPES, DictV, DictViewV, ListV, NewObjV, ObjV, TensorV, TupleV,
+                      is_model_output, peek)
 from . import handler
 
 BINARY_OPS = [operator.add, operator.and_, operator.floordiv, operator.lshift, operator.matmul,
@@ -232,8 +233,7 @@ def getitem(tr, c, k):
         return c.items[key]
     if isinstance(c, NewObjV):
         if c.dataclass:
-            from ..calls import _is_model_output
-            if _is_model_output(c.cls):
+            if is_model_output(c.cls):
                 key = real(tr, k)
                 if isinstance(key, str):
                     return c.attrs[key]
@@ -341,8 +341,7 @@ def setitem(tr, c, k, v):
     if isinstance(c, NewObjV):
         si = getattr(c.cls, "__setitem__", None)
         if c.dataclass:
-            from ..calls import _is_model_output
-            if _is_model_output(c.cls):
+            if is_model_output(c.cls):
                 c.attrs[real(tr, k)] = v
                 return
         if isinstance(si, types.FunctionType):
