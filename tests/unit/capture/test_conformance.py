@@ -171,3 +171,26 @@ def test_pow_with_symbolic_int_exponent():
     for b in (2, 3):
         same(f(x, b), cf(x, b))
     assert _counts().get("graphs") == 1
+
+
+def test_user_dispatch_mode_sees_every_op():
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen = []
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(func)
+            return func(*args, **(kwargs or {}))
+
+    def f(x):
+        return torch.add(x, x).sin()
+
+    cf = ember.compile(f, backend="eager")
+    x = torch.ones(3)
+    same(f(x), cf(x))                           # compiled outside the mode
+    with Record():
+        same(f(x), cf(x))                       # the entry's global-state guard misses
+    assert seen.count(torch.ops.aten.add.Tensor) == 2, seen
+    c = _counts()
+    assert c.get("graphs") == 1 and c.get("eager_calls") == 1, c
