@@ -604,6 +604,9 @@ def compile_function(fn, settings: CompileSettings):
         return Runner(fn.__func__, settings, bound_self=fn.__self__)
     if isinstance(fn, types.FunctionType):
         return Runner(fn, settings)
+    if isinstance(fn, (types.BuiltinFunctionType, torch._ops.OpOverload,
+                       torch._ops.OpOverloadPacket)):
+        return Runner(_caller_of(fn), settings)     # torch.add, torch.ops.aten.add.Tensor
     call = getattr(type(fn), "__call__", None)
     if isinstance(call, types.FunctionType):
         return Runner(call, settings, bound_self=fn)
@@ -613,6 +616,17 @@ def compile_function(fn, settings: CompileSettings):
         warn_once(f"not-python:{name}", f"{name} is not a Python function; it runs eagerly")
         return fn(*args, **kwargs)
     return eager
+
+
+def _caller_of(fn):
+    """A Python function that calls `fn`, with a code object of its own (capture caches per
+    code object): compiling a builtin or an op compiles the call of it, one graph node."""
+    def call(*args, **kwargs):
+        return fn(*args, **kwargs)
+    name = getattr(fn, "__name__", type(fn).__name__)
+    call.__code__ = call.__code__.replace(co_name=f"call_{name}_{id(fn):x}",
+                                          co_qualname=f"<call of {name}>")
+    return call
 
 
 class ModuleRunner:

@@ -194,3 +194,13 @@ def test_user_dispatch_mode_sees_every_op():
     assert seen.count(torch.ops.aten.add.Tensor) == 2, seen
     c = _counts()
     assert c.get("graphs") == 1 and c.get("eager_calls") == 1, c
+
+
+def test_compile_a_builtin_or_an_op():
+    x = torch.randn(5)
+    for f in (torch.ops.aten.add.Tensor, torch.add, torch.ops.aten.mul):
+        cf = ember.compile(f, backend="eager", fullgraph=True)
+        same(f(x, x), cf(x, x))
+        same(f(x, x), cf(x, x))
+    c = _counts()
+    assert c.get("graphs") == 3 and not c.get("recompiles"), c
