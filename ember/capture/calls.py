@@ -19,8 +19,8 @@ import torch
 from ..errors import Unsupported
 from .checkpoint import call_checkpoint, is_checkpoint
 from .controls import fullgraph, global_hooks_present
-from .values import (NULL, BuiltinMethodV, CellV, ContextV, DictV, FuncV, GenV, IterV, ListV,
-                     NewModuleV, MethodV, NewObjV, ObjV, PartialV, SuperV, TensorV, TupleV, V,
+from .values import (NULL, BuiltinMethodV, CellV, ContextV, DecoratedV, DictV, FuncV, GenV, IterV,
+                     ListV, NewModuleV, MethodV, NewObjV, ObjV, PartialV, SuperV, TensorV, TupleV, V,
                      is_literal, is_model_output, peek)
 
 _TORCH_MODULES = ("torch", "torch.nn.functional", "torch.linalg", "torch.fft", "torch.special",
@@ -110,7 +110,21 @@ def call(tr, fn: V, args: list, kwargs: dict) -> V:
         c = getattr(fn.cls, "__call__", None)
         if isinstance(c, types.FunctionType):
             return call(tr, ObjV(c), [fn] + list(args), kwargs)
+    if isinstance(fn, ContextV) and fn.ctx_kind in _DECORATOR_KINDS and len(args) == 1 and \
+            not kwargs and isinstance(args[0], (FuncV, ObjV, MethodV, PartialV, DecoratedV)):
+        return DecoratedV(fn, args[0])          # a context manager used as a decorator
+    if isinstance(fn, DecoratedV):
+        from .handlers.contexts import context_method
+        ctx = ContextV(fn.ctx.ctx_kind, fn.ctx.args)   # a fresh one per call, as ContextDecorator
+        context_method(tr, ctx, "__enter__", [])
+        out = call(tr, fn.func, args, kwargs)
+        context_method(tr, ctx, "__exit__", [])
+        return out
     raise tr.unsupported(f"calling a {type(fn).__name__}")
+
+
+# the contexts whose instances decorate functions (torch's _DecoratorContextManager & co.)
+_DECORATOR_KINDS = ("grad", "grad_set", "inference", "autocast")
 
 
 def _any_tensor(vals) -> bool:

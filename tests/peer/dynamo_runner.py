@@ -69,7 +69,8 @@ _INTERNAL_MSG = re.compile(r"_orig_mod|_torchdynamo|\bOptimizedModule\b|torch\._
 
 def classify(emb: dict | None) -> str:
     """The class (above) of one ember-mode row of a test that passed under the reference."""
-    if emb is not None and emb["outcome"] != "passed" and emb["id"] in KNOWN_INTERNALS:
+    if emb is not None and emb["id"] in KNOWN_INTERNALS and not (
+            emb["outcome"] == "passed" and emb["graphs"] and not emb["dynamo_graphs"]):
         return "internals"
     if emb is None or emb["outcome"] == "error" and not emb.get("failure"):
         return "crash"                       # never reported back: timeout or a killed process

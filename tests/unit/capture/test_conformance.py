@@ -204,3 +204,21 @@ def test_compile_a_builtin_or_an_op():
         same(f(x, x), cf(x, x))
     c = _counts()
     assert c.get("graphs") == 3 and not c.get("recompiles"), c
+
+
+def test_context_manager_as_decorator_of_nested_function():
+    def f(x):
+        @torch.no_grad()
+        def inner(y):
+            return (y + 1) * 2
+
+        z = inner(x)
+        return z, z.requires_grad, x.sin()
+
+    cf = ember.compile(f, backend="eager", fullgraph=True)
+    x = torch.randn(3, requires_grad=True)
+    e, g = f(x), cf(x)
+    same(e[0], g[0])
+    assert e[1] is g[1] is False
+    assert g[2].requires_grad               # grad mode is back on after the decorated call
+    assert _counts().get("graphs") == 1
