@@ -8,6 +8,7 @@ tensor's data raises Unsupported.
 from __future__ import annotations
 
 import builtins
+import collections
 import math
 import operator
 import types
@@ -374,6 +375,22 @@ def _dict(tr, args, kwargs):
                 items[real(tr, k)] = x
     items.update(kwargs)
     return DictV(items)
+
+
+def _make_fromkeys(cls):
+    def h(tr, args, kwargs):
+        """`cls.fromkeys(keys, value=None)`: keys are constants, every key holds `value`."""
+        if not args or len(args) + len(kwargs) > 2 or set(kwargs) - {"value"}:
+            raise tr.unsupported(f"{cls.__name__}.fromkeys with unexpected arguments")
+        value = args[1] if len(args) > 1 else kwargs.get("value", ObjV(None))
+        d = DictV({real(tr, k): value for k in iterate(tr, args[0])})
+        d.cls = cls
+        return d
+    return h
+
+
+for _cls in (dict, collections.OrderedDict, collections.defaultdict):
+    BUILTINS[_cls.fromkeys] = _make_fromkeys(_cls)
 
 
 @builtin(set, frozenset, sorted, sum, any, all, min, max)

@@ -329,6 +329,16 @@ def call_torch(tr, f, args, kwargs) -> V:
     name = getattr(f, "__name__", "")
     if f in _GRAD_CTX:
         return ContextV(*_GRAD_CTX[f])
+    if f is torch._check and len(args) + len(kwargs) >= 1:
+        # the message (often a lambda) is only read when the check fails
+        cond = args[0] if args else kwargs.get("cond")
+        if isinstance(cond, ObjV):
+            value = bool(cond.value) if isinstance(cond.value, torch.SymBool) else cond.value
+            if value is True:           # a symbolic condition holds by a size guard
+                return ObjV(None)
+            raise tr.unsupported("torch._check on a condition that is not True",
+                                 hint="it raises eagerly")
+        return tr.call_graph(f, [cond], {})
     if not _any_tensor(args) and not _any_tensor(kwargs.values()):
         # factory functions go in the graph; metadata queries fold
         return tr.call_graph(f, args, kwargs)

@@ -222,3 +222,38 @@ def test_context_manager_as_decorator_of_nested_function():
     assert e[1] is g[1] is False
     assert g[2].requires_grad               # grad mode is back on after the decorated call
     assert _counts().get("graphs") == 1
+
+
+def test_dict_fromkeys_on_dict_classes():
+    import collections
+
+    def f(x, y):
+        d = dict.fromkeys(["a", "b"])
+        d1 = dict.fromkeys(d, x + 1)
+        d2 = collections.defaultdict.fromkeys(iter(d1), x - 2)
+        d3 = collections.OrderedDict.fromkeys(("a", "b"), value=y)
+        d2.setdefault("a", 10)
+        return d1["a"] * d2["b"] + d2["a"] + d3["b"], type(d2), type(d3), list(d)
+
+    cf = ember.compile(f, backend="eager", fullgraph=True)
+    x, y = torch.randn(3), torch.randn(3)
+    e, g = f(x, y), cf(x, y)
+    same(e[0], g[0])
+    assert e[1:] == g[1:]
+    assert _counts().get("graphs") == 1
+
+
+def test_torch_check_with_a_message_function():
+    limit = 3
+
+    def f(x):
+        torch._check(x.shape[0] > limit, lambda: f"{limit} is too big")
+        return x + 1
+
+    for dynamic in (False, True):
+        ember.reset()
+        cf = ember.compile(f, backend="eager", fullgraph=True, dynamic=dynamic)
+        for n in (5, 7):
+            x = torch.randn(n)
+            same(f(x), cf(x))
+        assert _counts().get("graphs") == (1 if dynamic else 2)
