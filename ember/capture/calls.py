@@ -188,6 +188,12 @@ def call_obj(tr, fn: ObjV, args: list, kwargs: dict) -> V:
         return tr.call_graph(f, args, kwargs)
     if is_checkpoint(f):
         return call_checkpoint(tr, args, kwargs)
+    if type(f).__name__ == "_lru_cache_wrapper" and hasattr(f, "__wrapped__"):
+        # functools.lru_cache/cache: the wrapped function is traced, as Dynamo does; its cache is
+        # neither read nor filled (a function whose result is mutated later would differ)
+        from .sources import AttrSource
+        inner = tr.wrap(f.__wrapped__, AttrSource(fn.source, "__wrapped__") if fn.source else None)
+        return call(tr, inner, args, kwargs)
     if _is_function_apply(f):
         from .autograd_fn import call_function_apply
         return call_function_apply(tr, f, args, kwargs)

@@ -65,6 +65,13 @@ def binary(tr, op, a, b):
         if type(a) is not type(b):
             raise tr.unsupported("adding a list and a tuple", hint="fails eagerly")
         return type(a)(list(a.items) + list(b.items))
+    if isinstance(b, (ListV, TupleV)) and isinstance(a, ObjV) and plain is operator.mul:
+        a, b = b, a                                 # 4 * [x]
+    if isinstance(a, ListV) and isinstance(b, ObjV) and op is operator.imul:
+        from ..builtins import _mutate
+        _mutate(tr, a)                              # `l *= n` repeats the list in place
+        a.items[:] = a.items * b.value
+        return a
     if isinstance(a, (ListV, TupleV)) and isinstance(b, ObjV) and plain is operator.mul:
         return type(a)(list(a.items) * b.value)
     if op in (operator.eq, operator.ne) and _const_like(a) and _const_like(b):

@@ -257,3 +257,32 @@ def test_torch_check_with_a_message_function():
             x = torch.randn(n)
             same(f(x), cf(x))
         assert _counts().get("graphs") == (1 if dynamic else 2)
+
+
+def test_list_repetition_both_sides_and_in_place():
+    def f(x):
+        a = 3 * [x]
+        b = [x, x + 1]
+        alias = b
+        b *= 2                      # in place: the alias sees it
+        return sum(a), len(alias), alias[3]
+
+    cf = ember.compile(f, backend="eager", fullgraph=True)
+    x = torch.randn(3)
+    same(f(x), cf(x))
+
+
+def test_lru_cache_function_is_traced():
+    import functools
+
+    @functools.lru_cache
+    def scaled(x, k):
+        return torch.sin(x * k)
+
+    def f(x):
+        return scaled(x, 2) + 1
+
+    cf = ember.compile(f, backend="eager", fullgraph=True)
+    x = torch.randn(3)
+    same(f(x), cf(x))
+    assert _counts().get("graphs") == 1
