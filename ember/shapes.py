@@ -124,6 +124,8 @@ class SymNode:
     """The object behind `torch.SymInt`/`SymBool`/`SymFloat`: PyTorch's C++ and Python shape code
     calls these methods (add, mul, eq, guard_bool, is_contiguous, ...)."""
 
+    _hint = None        # torch's statically_known_true reads a cached hint: none, so it decides
+
     def __init__(self, expr, env: ShapeEnv, pytype):
         self.expr, self.env, self.pytype = expr, env, pytype
 

@@ -9,10 +9,11 @@ Entry points used by `ember.api`:
   explain(fn, *args, **kwargs) -> Explanation; stats() -> counters; reset()
   set_stance(name) -> previous; ERROR_ON_BREAK (ContextVar: scoped fullgraph)
 Layout: bytecode.py (decode/assemble) → interpreter.py (+ handlers/, calls.py, attrs.py,
-builtins.py, iters.py, values.py, sources.py) → guards.py, effects.py → entry.py.
+builtins.py, iters.py, values.py, sources.py; controls.py below them) → guards.py, effects.py →
+breaks.py (graph breaks, residual code) → entry.py (cache, guards, dispatch of residual calls).
 """
-from .entry import (ERROR_ON_BREAK, STANCES, compile_function, compile_module, reset, set_stance,
-                    stats)
+from .controls import ERROR_ON_BREAK
+from .entry import STANCES, compile_function, compile_module, reset, set_stance, stats
 from .explain import explain
 
 __all__ = ["compile_function", "compile_module", "explain", "reset", "stats", "set_stance",

@@ -47,8 +47,15 @@ def load_attr(tr, v: V, name: str) -> V:
     if isinstance(v, NewObjV):
         if name in v.attrs:
             return v.attrs[name]
+        if name == "__dict__" and not v.dataclass:
+            d = DictV({})
+            d.items = v.attrs               # the same dict: writes through it are the object's
+            return d
         cls_attr, _ = _type_lookup(v.cls, name)
         if cls_attr is None:
+            hook = user_hook(v.cls, "__getattr__")
+            if hook is not None:
+                return tr.call(ObjV(hook), [v, ObjV(name)], {})
             raise TraceAttributeError(name)
         return _bind_class_attr(tr, cls_attr, v, name, v.cls)
     if isinstance(v, SuperV):
@@ -131,7 +138,15 @@ def _tensor_attr(tr, v: TensorV, name: str) -> V:
         raise tr.unsupported(f"Tensor.{name} is not supported inside a graph")
     attr = getattr(torch.Tensor, name, None)
     if attr is None:
-        raise TraceAttributeError(name)
+        # an attribute set on the caller's tensor object (x.tag = ...): guarded present/absent
+        real = next((r for _, t, r in tr.inputs if t is v), None)
+        if real is None:
+            raise TraceAttributeError(name)
+        present = name in getattr(real, "__dict__", {})
+        tr.guard("HASATTR", v.source, (name, present))
+        if not present:
+            raise TraceAttributeError(name)
+        return tr.wrap(real.__dict__[name], AttrSource(v.source, name))
     if callable(attr):
         return BuiltinMethodV(v, name)
     raise tr.unsupported(f"Tensor attribute {name!r}")
@@ -202,6 +217,11 @@ def _obj_attr(tr, v: ObjV, name: str) -> V:
         if cls_attr is None:
             raise TraceAttributeError(name)
         return _bind_class_attr(tr, cls_attr, v, name, owner)
+    hook = user_hook(cls, "__getattr__")
+    if cls_attr is None and hook is not None and cls.__getattribute__ is object.__getattribute__:
+        if d is not None and src is not None:   # guarded absent: the hook's answer is traced
+            tr.guard("ABSENT", AttrSource(src, name), None)
+        return tr.call(ObjV(hook), [v, ObjV(name)], {})
     try:
         value = getattr(obj, name)
     except AttributeError:
@@ -231,6 +251,8 @@ def _bind_class_attr(tr, cls_attr, self_v: V, name: str, owner) -> V:
         if isinstance(cls_attr.fget, types.FunctionType):
             return tr.call(ObjV(cls_attr.fget), [self_v], {})
         raise tr.unsupported(f"property {name!r} without a Python getter")
+    if cls_attr is object.__setattr__:         # what a user __setattr__ ends in: traced
+        return MethodV(ObjV(cls_attr), self_v)
     if isinstance(cls_attr, types.WrapperDescriptorType) or isinstance(
             cls_attr, types.MethodDescriptorType) or isinstance(cls_attr, types.BuiltinFunctionType):
         if isinstance(self_v, ObjV):
@@ -269,7 +291,10 @@ def _module_attr(tr, v: ObjV, name: str) -> V:
         return tr.wrap(value, AttrSource(src, name, structural=structural) if src else None)
     if owner is not None:
         # Python finds a class attribute before Module.__getattr__ reads the tables: a
-        # method named like a submodule set by `self.name = Module()` wins, as eagerly
+        # method named like a submodule set by `self.name = Module()` wins, as eagerly.
+        # Guarded not shadowed: `m.forward = other` later must not reuse the class's forward
+        if src is not None and isinstance(cls_attr, types.FunctionType):
+            tr.guard("ABSENT", AttrSource(src, name, structural=src.structural), None)
         return _bind_class_attr(tr, cls_attr, v, name, owner)
     for table in ("_parameters", "_buffers", "_modules"):
         t = d.get(table)
@@ -286,7 +311,23 @@ def _module_attr(tr, v: ObjV, name: str) -> V:
     raise TraceAttributeError(name)
 
 
-def store_attr(tr, obj_v: V, name: str, value: V) -> None:
+def user_hook(cls, name: str):
+    """A user class's own `__setattr__`/`__getattr__` (Python code to trace), else None."""
+    f = getattr(cls, name, None)
+    if not isinstance(f, types.FunctionType) or issubclass(cls, torch.nn.Module) or \
+            (f.__module__ or "").startswith("torch"):
+        return None
+    return f
+
+
+def store_attr(tr, obj_v: V, name: str, value: V, plain: bool = False) -> None:
+    """`obj.name = value`; `plain` is object.__setattr__ (what a user __setattr__ ends in)."""
+    if not plain and isinstance(obj_v, (NewObjV, ObjV)) and \
+            not isinstance(getattr(obj_v, "value", None), type):
+        hook = user_hook(obj_v.python_type(), "__setattr__")
+        if hook is not None:
+            tr.call(ObjV(hook), [obj_v, ObjV(name), value], {})
+            return
     tr.writes += 1
     if isinstance(obj_v, NewObjV):
         obj_v.attrs[name] = value
@@ -298,7 +339,7 @@ def store_attr(tr, obj_v: V, name: str, value: V) -> None:
                     or name in obj._modules:
                 raise tr.unsupported(f"assigning module attribute {name!r} inside the graph")
         tr.overlay[(id(obj), name)] = value
-        tr.effects.append(("setattr", obj_v, name, value))
+        tr.effects.append(("setattr", obj_v, name, value, plain))
         return
     raise tr.unsupported(f"attribute write {name!r} on {type(obj_v).__name__}")
 

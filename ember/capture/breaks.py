@@ -21,16 +21,13 @@ import dataclasses
 import functools
 import linecache
 import types
-import weakref
 
 import torch
 
 from ..errors import Unsupported
 from ..logging import enabled, get_logger, warn_once
 from .bytecode import decode
-from .calls import compiled_by_torch
-from .functorch import is_functorch
-from .effects import Plan, _graph_module, _Rebuild, effect_lines
+from .effects import Plan, Rebuild, effect_lines, graph_module, mutates_first_arg
 from .handlers.contexts import context_method
 from .interpreter import CO_VARARGS, CO_VARKEYWORDS, StopTrace, Tracer
 from .resume import (NULL as NULL_SLOT, UNBOUND, VALUE, call_trampoline, instruction_starts,
@@ -68,13 +65,14 @@ class BreakInfo:
 class ResumeTarget:
     """Calls the rest of a frame: compiled through capture, or eagerly."""
 
-    def __init__(self, fn, offset, layout, unbound, settings, compiled: bool):
-        self.settings, self.compiled = settings, compiled
+    def __init__(self, fn, offset, layout, unbound, host, compiled: bool):
+        # host: the entry.Runner whose frame broke; the rest runs through a Runner like it
+        self.settings, self.compiled, self.make_runner = host.settings, compiled, type(host)
         self.closure = bool(fn.__code__.co_freevars)
         # a frame with cells passes them first; its resume function is made per call
         self.n_cells = len(fn.__code__.co_cellvars)
         # the eager rest still sends the calls it makes through the dispatcher
-        route = None if compiled else functools.partial(dispatch, settings)
+        route = None if compiled else host.route
         self.fn = resume_function(fn, offset, layout, unbound, route,
                                   tuple(types.CellType() for _ in range(self.n_cells)))
         self.runner = self._runner(self.fn)
@@ -82,8 +80,7 @@ class ResumeTarget:
     def _runner(self, fn):
         if not self.compiled:
             return fn
-        from .entry import Runner
-        return Runner(fn, self.settings)
+        return self.make_runner(fn, self.settings)
 
     def __call__(self, fn, *args):
         if self.n_cells:
@@ -96,54 +93,12 @@ class ResumeTarget:
         return self.runner(*args)
 
 
-_DISPATCH: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-# modules whose functions a residual call runs as they are (torch, ember, the standard library)
-_EAGER_MODULES = frozenset(("torch", "ember", "builtins", "logging", "warnings", "numpy", "typing",
-                            "collections", "functools", "itertools", "inspect", "contextlib",
-                            "copy", "re", "importlib", "abc", "enum", "dataclasses", "operator",
-                            "math", "types", "os", "sys", "traceback", "threading", "tqdm"))
-
-
-def _runs_as_is(module_name) -> bool:
-    return not module_name or module_name.split(".")[0] in _EAGER_MODULES
-
-
-_GENERATOR_FLAGS = 0x20 | 0x80 | 0x100 | 0x200     # generator, coroutine, async generator
-
-
-def dispatch(settings, fn):
-    """What a residual call should call: Python functions and modules of user code and model
-    libraries (transformers, torchvision, ...) compiled as their own roots (cached per object);
-    torch, the standard library, builtins, generator functions and torch.compile'd callables
-    as they are."""
-    from .entry import compile_function, compile_module
-    func = fn.__func__ if isinstance(fn, types.MethodType) else fn
-    if isinstance(func, types.FunctionType) and func.__code__.co_flags & _GENERATOR_FLAGS or \
-            compiled_by_torch(fn) or is_functorch(func):
-        return fn
-    region = getattr(fn, "_ember_region", False) is True   # nested_compile_region: compiled
-    if isinstance(fn, types.MethodType) and isinstance(func, types.FunctionType):
-        if _runs_as_is(func.__module__) and not region:
-            return fn
-        return compile_function(fn, settings)      # a Runner over the code's shared cache
-    if isinstance(fn, (types.FunctionType, torch.nn.Module)):
-        if not region and _runs_as_is(getattr(type(fn) if isinstance(fn, torch.nn.Module)
-                                              else fn, "__module__", None)):
-            return fn
-        per = _DISPATCH.setdefault(fn, {})
-        key = (settings.backend, settings.mode, settings.dynamic)
-        hit = per.get(key)
-        if hit is None:
-            hit = per[key] = (compile_module if isinstance(fn, torch.nn.Module)
-                              else compile_function)(fn, settings)
-        return hit
-    return fn
-
-
 def compile_break(runner, locals_, err: Unsupported):
-    """An Entry for a frame whose full trace raised `err`, or None (run the frame eagerly)."""
+    """An Entry for a frame whose full trace raised `err`, or None (run the frame eagerly).
+
+    `runner` (an entry.Runner) is all this layer sees of the cache layer above it: it retraces
+    (`trace`), makes the entry (`make_entry`), routes residual calls (`route`) and is the model
+    for the resume functions' runners."""
     if not err.break_at:        # None, or () where no break is correct (hooks.py)
         return None
     idx, visit = err.break_at
@@ -154,7 +109,7 @@ def compile_break(runner, locals_, err: Unsupported):
     tr.stop_at = err.break_at
     try:
         try:
-            runner._trace(tr, locals_)
+            runner.trace(tr, locals_)
         except StopTrace as s:
             frame = s.frame
         else:
@@ -176,8 +131,7 @@ def compile_break(runner, locals_, err: Unsupported):
     if kind == "eager":
         runs_eagerly(f"eager-rest:{id(code)}:{idx}", code, info.lineno,
                      f"from this line on ({why}), after a graph break: {err.reason}")
-    from .entry import build_entry
-    entry = build_entry(tr, plan, runner.argnames, settings=runner.settings)
+    entry = runner.make_entry(tr, plan)
     entry.breaks = [info]
     return entry
 
@@ -229,7 +183,7 @@ def context_factory(ctx: ContextV):
     return _FACTORIES.setdefault(key, make)
 
 
-class _BreakRebuild(_Rebuild):
+class _BreakRebuild(Rebuild):
     """Rebuilds stack values too: iterators, bound methods, methods of values."""
 
     def expr(self, v):
@@ -274,10 +228,9 @@ def _finish(tr, g) -> list:
     step at a time, between its own statements; running it to the end here, in the prefix,
     is the same only when that writes nothing (no container, attribute, cell, global or
     in-place tensor write): else the frame is not resumable here."""
-    from .effects import _mutates_first_arg
     writes, nodes = tr.writes, set(tr.graph.nodes)
     items = tr.iterate(g)
-    if tr.writes != writes or any(_mutates_first_arg(n) for n in tr.graph.nodes if n not in nodes):
+    if tr.writes != writes or any(mutates_first_arg(n) for n in tr.graph.nodes if n not in nodes):
         raise tr.unsupported("graph break while a generator with side effects is suspended")
     return items
 
@@ -304,7 +257,6 @@ def _plan(tr, runner, frame, idx, ins, kind) -> Plan:
         else:
             local_exprs.append(rb.expr(v))
     starts = instruction_starts(code)
-    settings = runner.settings
     fn_b = runner.fn
     tail: list[str] = []
 
@@ -314,7 +266,7 @@ def _plan(tr, runner, frame, idx, ins, kind) -> Plan:
     def resume(offset, slots, compiled):
         layout = tuple(NULL_SLOT if s is NULL else context_factory(s.recv) if _is_exit(s)
                        else VALUE for s in slots)
-        target = ResumeTarget(fn_b, offset, layout, tuple(unbound), settings, compiled)
+        target = ResumeTarget(fn_b, offset, layout, tuple(unbound), runner, compiled)
         args = cells + local_exprs + [rb.expr(s) for s, k in zip(slots, layout) if k is VALUE]
         return f"{rb.bind(target, 'resume')}(__fn, {', '.join(args)})"
 
@@ -322,7 +274,7 @@ def _plan(tr, runner, frame, idx, ins, kind) -> Plan:
         n_slots = ins.arg + 2 if ins.opname == "CALL" else 3 + (ins.arg & 1)
         slots = stack[len(stack) - n_slots:]
         fi = 1 if slots[0] is NULL else 0          # [NULL, fn, args] or [fn, self, args]
-        args = [f"{rb.bind(dispatch, 'f')}({rb.bind(settings, 'k')}, {rb.expr(s)})" if i == fi
+        args = [f"{rb.bind(runner.route, 'f')}({rb.expr(s)})" if i == fi
                 else rb.expr(s) for i, s in enumerate(slots) if s is not NULL]
         tramp = call_trampoline(code, starts[idx], starts[idx + 1],
                                 tuple(s is NULL for s in slots), ins.lineno or code.co_firstlineno)
@@ -345,7 +297,7 @@ def _plan(tr, runner, frame, idx, ins, kind) -> Plan:
     tr.check_abandoned_generators()      # after the live ones were finished or made again
     effects = effect_lines(tr, rb)
     body = rb.pre + effects + tail
-    gm, structural, dynamic, examples = _graph_module(tr, rb.outputs)
+    gm, structural, dynamic, examples = graph_module(tr, rb.outputs)
     n_ops = sum(1 for n in tr.graph.nodes if n.op == "call_function")
     return Plan(gm, structural, dynamic, examples, body, n_ops)
 
@@ -358,8 +310,6 @@ class _Res(ObjV):
 
 
 def _record(err: Unsupported, code, ins, kind) -> BreakInfo:
-    from .entry import STATS
-    STATS["graph_breaks"] += 1
     lineno = ins.lineno or code.co_firstlineno
     src = linecache.getline(code.co_filename, lineno) or None
     reason = err.reason

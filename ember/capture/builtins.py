@@ -8,6 +8,7 @@ tensor's data raises Unsupported.
 from __future__ import annotations
 
 import builtins
+import collections
 import math
 import operator
 import types
@@ -16,7 +17,7 @@ import torch
 
 from .values import (STOP, BuiltinMethodV, ContextV, DictV, DictViewV, FuncV, GenV, IterV,
                      LazyV, ListV, MethodV, NewObjV, ObjV, SYM_TYPES, SuperV, TensorV, TupleV, V,
-                     is_literal, peek, pending)
+                     is_literal, is_model_output, peek, pending)
 
 BUILTINS: dict = {}
 
@@ -156,7 +157,7 @@ def iterate(tr, v: V) -> list:
             return [ObjV(i) for i in x]
     if isinstance(v, NewObjV):
         it = getattr(v.cls, "__iter__", None)
-        if v.dataclass and _is_model_output(v.cls):
+        if v.dataclass and is_model_output(v.cls):
             return [ObjV(k) for k, x in v.attrs.items() if not _is_none(x)]
         if isinstance(it, types.FunctionType):
             return iterate(tr, tr.call(ObjV(it), [v], {}))
@@ -171,11 +172,6 @@ def _describe(v):
 
 def _is_none(v):
     return isinstance(v, ObjV) and v.value is None
-
-
-def _is_model_output(cls):
-    from .calls import _is_model_output as m
-    return m(cls)
 
 
 def truth(tr, v: V) -> bool:
@@ -205,7 +201,7 @@ def truth(tr, v: V) -> bool:
                              hint="use torch.where, or compute the condition outside")
     if isinstance(v, NewObjV):
         b = getattr(v.cls, "__bool__", None) or getattr(v.cls, "__len__", None)
-        if v.dataclass and _is_model_output(v.cls):
+        if v.dataclass and is_model_output(v.cls):
             return any(not _is_none(x) for x in v.attrs.values())
         if isinstance(b, types.FunctionType):
             return truth(tr, tr.call(ObjV(b), [v], {}))
@@ -232,7 +228,7 @@ def _len(tr, args, kwargs):
             return tr.call(ObjV(f), [v], {})
         return ObjV(len(x) + len(tr.set_members.get(id(x), ())))
     if isinstance(v, NewObjV):
-        if v.dataclass and _is_model_output(v.cls):
+        if v.dataclass and is_model_output(v.cls):
             return ObjV(sum(not _is_none(x) for x in v.attrs.values()))
         f = getattr(v.cls, "__len__", None)
         if isinstance(f, types.FunctionType):
@@ -297,6 +293,17 @@ def _getattr(tr, args, kwargs):
             return args[2]
         raise tr.unsupported(f"{_describe(obj)} has no attribute {name!r}",
                              hint="the same access raises AttributeError eagerly")
+
+
+@builtin(object.__setattr__)
+def _object_setattr(tr, args, kwargs):
+    """`object.__setattr__(obj, name, value)` (a user __setattr__'s super() call, frozen
+    dataclasses): the plain store, without the class's own __setattr__."""
+    from .attrs import store_attr
+    if len(args) != 3 or kwargs:
+        raise tr.unsupported("object.__setattr__ with unexpected arguments")
+    store_attr(tr, args[0], real(tr, args[1]), args[2], plain=True)
+    return ObjV(None)
 
 
 @builtin(hasattr)
@@ -368,6 +375,22 @@ def _dict(tr, args, kwargs):
                 items[real(tr, k)] = x
     items.update(kwargs)
     return DictV(items)
+
+
+def _make_fromkeys(cls):
+    def h(tr, args, kwargs):
+        """`cls.fromkeys(keys, value=None)`: keys are constants, every key holds `value`."""
+        if not args or len(args) + len(kwargs) > 2 or set(kwargs) - {"value"}:
+            raise tr.unsupported(f"{cls.__name__}.fromkeys with unexpected arguments")
+        value = args[1] if len(args) > 1 else kwargs.get("value", ObjV(None))
+        d = DictV({real(tr, k): value for k in iterate(tr, args[0])})
+        d.cls = cls
+        return d
+    return h
+
+
+for _cls in (dict, collections.OrderedDict, collections.defaultdict):
+    BUILTINS[_cls.fromkeys] = _make_fromkeys(_cls)
 
 
 @builtin(set, frozenset, sorted, sum, any, all, min, max)

@@ -20,10 +20,11 @@ from ..errors import Unsupported
 from ..logging import warn_once
 from .checkpoint import call_checkpoint, is_checkpoint
 from .cond import call_cond, is_cond
+from .controls import fullgraph, global_hooks_present
 from .functorch import is_functorch
-from .values import (NULL, BuiltinMethodV, CellV, ContextV, DictV, FuncV, GenV, IterV, ListV,
-                     NewModuleV, MethodV, NewObjV, ObjV, PartialV, SuperV, TensorV, TupleV, V,
-                     is_literal, peek)
+from .values import (NULL, BuiltinMethodV, CellV, ContextV, DecoratedV, DictV, FuncV, GenV, IterV,
+                     ListV, NewModuleV, MethodV, NewObjV, ObjV, PartialV, SuperV, TensorV, TupleV, V,
+                     is_literal, is_model_output, peek)
 
 _TORCH_MODULES = ("torch", "torch.nn.functional", "torch.linalg", "torch.fft", "torch.special",
                   "torch._C._nn", "torch._C._VariableFunctions", "torch._C._linalg",
@@ -71,6 +72,8 @@ _IS_COMPILING = {"is_compiling": ("torch.compiler", "torch._dynamo.external_util
                                   "torch._dynamo.eval_frame"),
                  "is_dynamo_compiling": ("torch.compiler",),
                  "is_exporting": ()}
+# torch._dynamo.graph_break(): the code asks for a graph break there (also matched by name)
+_GRAPH_BREAK = {"graph_break": ("torch._dynamo.decorators",)}
 # torch.distributed (issue 13): a collective never goes into a graph, where it could be
 # reordered or dropped; the call is Unsupported, so the frame runs eagerly with one warning.
 # Matched by module name (product code does not import these modules); rank queries are fine.
@@ -110,7 +113,21 @@ def call(tr, fn: V, args: list, kwargs: dict) -> V:
         c = getattr(fn.cls, "__call__", None)
         if isinstance(c, types.FunctionType):
             return call(tr, ObjV(c), [fn] + list(args), kwargs)
+    if isinstance(fn, ContextV) and fn.ctx_kind in _DECORATOR_KINDS and len(args) == 1 and \
+            not kwargs and isinstance(args[0], (FuncV, ObjV, MethodV, PartialV, DecoratedV)):
+        return DecoratedV(fn, args[0])          # a context manager used as a decorator
+    if isinstance(fn, DecoratedV):
+        from .handlers.contexts import context_method
+        ctx = ContextV(fn.ctx.ctx_kind, fn.ctx.args)   # a fresh one per call, as ContextDecorator
+        context_method(tr, ctx, "__enter__", [])
+        out = call(tr, fn.func, args, kwargs)
+        context_method(tr, ctx, "__exit__", [])
+        return out
     raise tr.unsupported(f"calling a {type(fn).__name__}")
+
+
+# the contexts whose instances decorate functions (torch's _DecoratorContextManager & co.)
+_DECORATOR_KINDS = ("grad", "grad_set", "inference", "autocast")
 
 
 def _any_tensor(vals) -> bool:
@@ -152,6 +169,9 @@ def call_obj(tr, fn: ObjV, args: list, kwargs: dict) -> V:
         raise tr.unsupported(f"call to collective torch.distributed {getattr(f, '__name__', f)}",
                              hint="collectives are not captured; the function runs eagerly")
     if isinstance(f, torch.nn.Module):
+        own_call = type(f).__call__
+        if own_call is not torch.nn.Module.__call__ and isinstance(own_call, types.FunctionType):
+            return call(tr, ObjV(own_call), [fn] + list(args), kwargs)    # a user __call__
         return call_module(tr, fn, args, kwargs)
     if is_functorch(f):
         what = f"torch.func.{f.__name__}" if getattr(f, "__module__", None) == "torch.func" else \
@@ -163,11 +183,16 @@ def call_obj(tr, fn: ObjV, args: list, kwargs: dict) -> V:
     if getattr(f, "__name__", None) in _IS_COMPILING and \
             getattr(f, "__module__", None) in _IS_COMPILING[f.__name__]:
         return ObjV(True)    # library code asks "am I being traced?": yes
+    if getattr(f, "__module__", None) in _GRAPH_BREAK.get(getattr(f, "__name__", None), ()):
+        raise tr.unsupported("torch._dynamo.graph_break() called",
+                             hint="the code asks for a graph break here")
     try:
         h = BUILTINS.get(f)
     except TypeError:
         h = None
     if h is not None:
+        if isinstance(f, types.BuiltinFunctionType):
+            _check_arguments(f, args, kwargs)
         return h(tr, args, kwargs)
     if getattr(f, "_ember_allow_in_graph", False):
         return tr.call_graph(f, args, kwargs)
@@ -175,6 +200,12 @@ def call_obj(tr, fn: ObjV, args: list, kwargs: dict) -> V:
         return call_checkpoint(tr, args, kwargs)
     if is_cond(f):
         return call_cond(tr, args, kwargs)
+    if type(f).__name__ == "_lru_cache_wrapper" and hasattr(f, "__wrapped__"):
+        # functools.lru_cache/cache: the wrapped function is traced, as Dynamo does; its cache is
+        # neither read nor filled (a function whose result is mutated later would differ)
+        from .sources import AttrSource
+        inner = tr.wrap(f.__wrapped__, AttrSource(fn.source, "__wrapped__") if fn.source else None)
+        return call(tr, inner, args, kwargs)
     if _is_function_apply(f):
         from .autograd_fn import call_function_apply
         return call_function_apply(tr, f, args, kwargs)
@@ -248,6 +279,28 @@ def call_obj(tr, fn: ObjV, args: list, kwargs: dict) -> V:
     raise tr.unsupported(f"call to {type(f).__name__} {getattr(f, '__qualname__', f)!r:.80}")
 
 
+_SIGNATURES: dict = {}
+
+
+def _check_arguments(f, args, kwargs) -> None:
+    """A C builtin called with arguments it does not take raises TypeError, in the trace too
+    (isinstance(x, T, invalid=True)); builtins without a signature (min, getattr) are not checked."""
+    sig = _SIGNATURES.get(f, _SIGNATURES)
+    if sig is _SIGNATURES:
+        import inspect
+        try:
+            sig = inspect.signature(f)
+        except (TypeError, ValueError):
+            sig = None
+        _SIGNATURES[f] = sig
+    if sig is not None:
+        try:
+            sig.bind(*args, **kwargs)
+        except TypeError as e:
+            from .interpreter import TracedRaise
+            raise TracedRaise(TypeError(f"{f.__name__}(): {e}")) from None
+
+
 def _is_function_apply(f) -> bool:
     """`MyFn.apply`: the classmethod of a user torch.autograd.Function subclass."""
     owner = getattr(f, "__self__", None)
@@ -282,7 +335,6 @@ def call_op(tr, op, args, kwargs) -> V:
 
 def _inline_regions(tr) -> bool:
     """Where a graph may not split (fullgraph), a nested_compile_region is inlined."""
-    from .entry import fullgraph
     return tr.settings is None or fullgraph(tr.settings)
 
 
@@ -295,6 +347,16 @@ def call_torch(tr, f, args, kwargs) -> V:
     name = getattr(f, "__name__", "")
     if f in _GRAD_CTX:
         return ContextV(*_GRAD_CTX[f])
+    if f is torch._check and len(args) + len(kwargs) >= 1:
+        # the message (often a lambda) is only read when the check fails
+        cond = args[0] if args else kwargs.get("cond")
+        if isinstance(cond, ObjV):
+            value = bool(cond.value) if isinstance(cond.value, torch.SymBool) else cond.value
+            if value is True:           # a symbolic condition holds by a size guard
+                return ObjV(None)
+            raise tr.unsupported("torch._check on a condition that is not True",
+                                 hint="it raises eagerly")
+        return tr.call_graph(f, [cond], {})
     if not _any_tensor(args) and not _any_tensor(kwargs.values()):
         # factory functions go in the graph; metadata queries fold
         return tr.call_graph(f, args, kwargs)
@@ -305,7 +367,7 @@ def call_torch(tr, f, args, kwargs) -> V:
 
 def call_module(tr, mv: ObjV, args, kwargs) -> V:
     m = mv.value
-    from .hooks import global_hooks_present, has_hooks, hooked_call, untraceable_hooks
+    from .hooks import has_hooks, hooked_call, untraceable_hooks
     why = untraceable_hooks(m)
     if why is not None:
         raise tr.unsupported(why, hint="that module runs eagerly; forward pre/post hooks are traced")
@@ -380,7 +442,7 @@ def call_class(tr, fn: ObjV, args, kwargs) -> V:
             else:
                 raise tr.unsupported(f"{cls.__name__}() missing field {name}")
         return TupleV(vals, cls=cls)
-    if dataclasses.is_dataclass(cls) and _is_model_output(cls):
+    if dataclasses.is_dataclass(cls) and is_model_output(cls):
         kwargs = dict(kwargs)
         names = {f.name for f in dataclasses.fields(cls)}
         for old in ("past_key_values", "cache_params"):
@@ -459,14 +521,9 @@ def _new_dataclass(tr, cls, args, kwargs) -> NewObjV:
         raise tr.unsupported(f"{cls.__name__}() got unexpected arguments")
     obj = NewObjV(cls, attrs, dataclass=True)
     post = getattr(cls, "__post_init__", None)
-    if post is not None and not _is_model_output(cls):
+    if post is not None and not is_model_output(cls):
         call(tr, ObjV(post), [obj], {})
     return obj
-
-
-def _is_model_output(cls) -> bool:
-    return any(k.__name__ == "ModelOutput" and k.__module__.startswith("transformers")
-               for k in cls.__mro__)
 
 
 def _autocast_ctx(tr, cls, args, kwargs) -> ContextV:

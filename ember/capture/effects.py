@@ -18,7 +18,7 @@ import torch
 import torch.fx as fx
 
 from .values import (CellV, DictV, DictViewV, FuncV, LazyV, ListV, NewModuleV, NewObjV, ObjV,
-                     PartialV, TensorV, TupleV, V)
+                     PartialV, TensorV, TupleV, V, is_model_output)
 
 
 @dataclasses.dataclass
@@ -63,7 +63,7 @@ def _model_output(cls, fields):
     return obj
 
 
-class _Rebuild:
+class Rebuild:
     def __init__(self, tr):
         self.tr = tr
         self.outputs: list[TensorV] = []
@@ -150,9 +150,8 @@ class _Rebuild:
         if isinstance(v, NewObjV):
             inner = ", ".join(f"{self._key(k)}: {self.expr(x)}" for k, x in v.attrs.items())
             if v.dataclass:
-                from .calls import _is_model_output
                 first = next(iter(v.attrs.values()), None)
-                if _is_model_output(v.cls) and isinstance(first, TensorV):
+                if is_model_output(v.cls) and isinstance(first, TensorV):
                     # what ModelOutput.__post_init__ builds (tensor first field), minus its cost
                     return self._temp(v, f"{self.bind(_model_output, 'f')}("
                                          f"{self.bind(v.cls, 'c')}, {{{inner}}})")
@@ -202,7 +201,7 @@ class _Rebuild:
 
 def finalize(tr, ret: V) -> Plan:
     tr.check_abandoned_generators()
-    rb = _Rebuild(tr)
+    rb = Rebuild(tr)
     ret_expr = rb.expr(ret)
     body = list(rb.pre)
     body.append(f"__ret = {ret_expr}")
@@ -213,12 +212,12 @@ def finalize(tr, ret: V) -> Plan:
         effects.append(f"{tr.bind_const(torch._C._set_grad_enabled, 'f')}({torch.is_grad_enabled()})")
     # temps created while writing effects must run before them
     body = rb.pre[:n_pre] + [body[n_pre]] + rb.pre[n_pre:] + effects + ["return __ret"]
-    gm, structural, dynamic, examples = _graph_module(tr, rb.outputs)
+    gm, structural, dynamic, examples = graph_module(tr, rb.outputs)
     n_ops = sum(1 for n in tr.graph.nodes if n.op == "call_function")
     return Plan(gm, structural, dynamic, examples, body, n_ops)
 
 
-def effect_lines(tr, rb: _Rebuild) -> list[str]:
+def effect_lines(tr, rb: Rebuild) -> list[str]:
     """Statements that replay the trace's side effects on the caller's objects, in order."""
     effects: list[str] = []
     for m in tr.mutated:
@@ -231,8 +230,10 @@ def effect_lines(tr, rb: _Rebuild) -> list[str]:
                            f"__d.update(__v)")
     for eff in tr.effects:
         if eff[0] == "setattr":
-            _, obj_v, name, value = eff
-            effects.append(f"setattr({obj_v.source.expr()}, {name!r}, {rb.expr(value)})")
+            _, obj_v, name, value, plain = eff
+            # a plain store made by a traced user __setattr__ must not run that hook again
+            setter = rb.bind(object.__setattr__, "f") if plain else "setattr"
+            effects.append(f"{setter}({obj_v.source.expr()}, {name!r}, {rb.expr(value)})")
         elif eff[0] == "delattr":
             _, obj_v, name = eff
             effects.append(f"delattr({obj_v.source.expr()}, {name!r})")
@@ -245,7 +246,7 @@ def effect_lines(tr, rb: _Rebuild) -> list[str]:
     return effects
 
 
-def _mutates_first_arg(node) -> bool:
+def mutates_first_arg(node) -> bool:
     name = getattr(node.target, "__name__", "")
     return node.op == "call_function" and bool(node.args) and (
         name in ("__setitem__", "setitem") or name.startswith("__i") or
@@ -257,7 +258,7 @@ def guard_mutated_aliases(tr) -> None:
     sharing storage with one of them mutated would read stale values: refuse that here, and
     guard the entry on the inputs staying apart."""
     dynamic = [(src, tv, real) for src, tv, real in tr.inputs if not src.structural]
-    mutated = {n.args[0] for n in tr.graph.nodes if _mutates_first_arg(n)}
+    mutated = {n.args[0] for n in tr.graph.nodes if mutates_first_arg(n)}
     for src, tv, real in dynamic:
         if tv.node not in mutated:
             continue
@@ -270,7 +271,7 @@ def guard_mutated_aliases(tr) -> None:
         tr.guard("NO_ALIAS", src, [s for s, _ in others])
 
 
-def _graph_module(tr, outputs: list[TensorV]):
+def graph_module(tr, outputs: list[TensorV]):
     guard_mutated_aliases(tr)
     g = tr.graph
     used = []

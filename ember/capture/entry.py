@@ -10,7 +10,7 @@ raises under fullgraph=True, else the frame runs eagerly with one warning (file:
 from __future__ import annotations
 
 import collections
-import contextvars
+import functools
 import threading
 import types
 import weakref
@@ -22,9 +22,13 @@ from ..config import CompileSettings
 from ..errors import InternalError, RecompileError, Unsupported
 from ..logging import enabled, get_logger, warn_once
 from ..shapes import LOWER_BOUND
+from .breaks import compile_break, runs_eagerly
+from .calls import compiled_by_torch
+from .functorch import is_functorch
+from .controls import fullgraph, global_hooks_present
 from .effects import finalize
 from .guards import RANKS, global_state
-from .hooks import global_hooks_present, root_call_for, root_eager_call, untraceable_hooks
+from .hooks import root_call_for, root_eager_call, untraceable_hooks
 from .interpreter import CO_VARARGS, CO_VARKEYWORDS, Frame, Tracer
 from . import statecheck
 from .sources import AttrSource, ClosureSource, ConstSource, DictEntrySource, LocalSource
@@ -41,9 +45,6 @@ CACHES: dict = {}
 STANCES = ("default", "force_eager", "eager_on_recompile", "fail_on_recompile")
 STANCE = "default"          # read on the miss path only
 FORCE_EAGER = False         # the fast path's one extra check: a global load
-# scoped fullgraph: a graph break in a frame compiled inside `with ember.error_on_graph_break(True)`
-ERROR_ON_BREAK: contextvars.ContextVar = contextvars.ContextVar("ember_error_on_graph_break",
-                                                                 default=False)
 
 
 def set_stance(stance: str) -> str:
@@ -53,11 +54,6 @@ def set_stance(stance: str) -> str:
         raise ValueError(f"unknown stance {stance!r}; valid stances: {', '.join(STANCES)}")
     prev, STANCE, FORCE_EAGER = STANCE, stance, stance == "force_eager"
     return prev
-
-
-def fullgraph(settings: CompileSettings) -> bool:
-    """Is a graph break an error here: fullgraph=True, or inside error_on_graph_break(True)."""
-    return settings.fullgraph or ERROR_ON_BREAK.get()
 
 
 def stats() -> dict:
@@ -73,7 +69,6 @@ def reset() -> None:
         c.n_compiled = 0
         c.dynamic_dims.clear()
     STATS.clear()
-
 
 
 class Entry:
@@ -209,12 +204,18 @@ class Runner:
     # ---- miss: compile or fall back ---------------------------------------------------------
     def miss(self, locals_):
         cache, settings = self.cache, self.settings
-        if global_state()[4]:
+        if global_state()[5]:
             # called under torch.func.vmap/grad/...: the arguments are functorch-wrapped tensors
             # (BatchedTensor has no storage for a kernel) and the graph's autograd.Function has
             # no functorch rule; Dynamo skips such frames too
             warn_once(f"functorch:{id(cache.code)}", f"{_where(cache.code)} is called under a "
                       "torch.func transform (vmap/grad/...); it runs eagerly there")
+            return self.run_eager(locals_)
+        if torch._C._len_torch_dispatch_stack():
+            # a user TorchDispatchMode is active: it must see each op as it runs (and would see
+            # capture's meta tensors), so nothing is compiled under it, as with torch.compile
+            warn_once(f"dispatch-mode:{id(cache.code)}", f"{_where(cache.code)} runs eagerly "
+                      f"while a TorchDispatchMode is active")
             return self.run_eager(locals_)
         failed = _first_failed_guard(cache.entries, self.fn, locals_)
         if cache.n_compiled >= settings.recompile_limit:
@@ -257,7 +258,6 @@ class Runner:
         if config.strict():
             raise InternalError(f"{_where(self.code)}: {reason}")
         STATS["fallbacks"] += 1
-        from .breaks import runs_eagerly
         runs_eagerly(f"raises:{id(self.code)}", self.code, self.code.co_firstlineno, reason)
         entry.reason = reason
         return r
@@ -266,7 +266,7 @@ class Runner:
         tr = Tracer(self.settings)
         try:
             try:
-                ret = self._trace(tr, locals_)
+                ret = self.trace(tr, locals_)
                 plan = finalize(tr, ret)
             finally:
                 torch._C._set_grad_enabled(tr.state0[0])
@@ -276,9 +276,9 @@ class Runner:
             STATS["unsupported"] += 1
             if fullgraph(self.settings):
                 raise
-            from .breaks import compile_break
             entry = compile_break(self, locals_, e)
             if entry is not None:
+                STATS["graph_breaks"] += 1
                 return entry
             if getattr(e, "raises", False):
                 # the frame raises on these inputs: eager raises the same exception from the
@@ -287,7 +287,6 @@ class Runner:
                 return build_entry(tr, None, self.argnames, eager=True, reason=_RAISES + str(e))
             STATS["fallbacks"] += 1
             why = f"\n(no graph break here: {e.no_break})" if getattr(e, "no_break", None) else ""
-            from .breaks import runs_eagerly
             runs_eagerly(f"unsupported:{id(self.code)}:{e.reason}", self.code,
                          self.code.co_firstlineno, f"{e}{why}")
             return build_entry(tr, None, self.argnames, eager=True, reason=str(e))
@@ -295,13 +294,21 @@ class Runner:
             if config.strict():
                 raise
             STATS["fallbacks"] += 1
-            from .breaks import runs_eagerly
             runs_eagerly(f"internal:{id(self.code)}", self.code, self.code.co_firstlineno,
                          f"internal error while capturing: {type(e).__name__}: {e}")
             return build_entry(tr, None, self.argnames, eager=True, reason=repr(e))
         return build_entry(tr, plan, self.argnames, settings=self.settings)
 
-    def _trace(self, tr: Tracer, locals_):
+    # ---- what breaks.compile_break uses of this layer ---------------------------------------
+    @property
+    def route(self):
+        """The dispatcher residual code sends its calls through (compiled as their own roots)."""
+        return functools.partial(dispatch, self.settings)
+
+    def make_entry(self, tr: Tracer, plan) -> Entry:
+        return build_entry(tr, plan, self.argnames, settings=self.settings)
+
+    def trace(self, tr: Tracer, locals_):
         tr.dynamic_dims = self.cache.dynamic_dims      # automatic dynamic: dims seen changing
         tr.guard("GLOBAL_STATE", None, tr.state0)
         co, fn = self.code, self.fn
@@ -553,12 +560,62 @@ def _dump(ddir, tr, plan, source, guards):
             fh.write(plan.gm.print_readable(print_output=False))
 
 
+# ---- residual calls ------------------------------------------------------------------------
+_DISPATCH: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+# modules whose functions a residual call runs as they are (torch, ember, the standard library)
+_EAGER_MODULES = frozenset(("torch", "ember", "builtins", "logging", "warnings", "numpy", "typing",
+                            "collections", "functools", "itertools", "inspect", "contextlib",
+                            "copy", "re", "importlib", "abc", "enum", "dataclasses", "operator",
+                            "math", "types", "os", "sys", "traceback", "threading", "tqdm"))
+
+
+def _runs_as_is(module_name) -> bool:
+    return not module_name or module_name.split(".")[0] in _EAGER_MODULES
+
+
+_GENERATOR_FLAGS = 0x20 | 0x80 | 0x100 | 0x200     # generator, coroutine, async generator
+
+
+def dispatch(settings, fn):
+    """What a residual call should call: Python functions and modules of user code and model
+    libraries (transformers, torchvision, ...) compiled as their own roots (cached per object);
+    torch, the standard library, builtins, generator functions and torch.compile'd callables
+    as they are."""
+    func = fn.__func__ if isinstance(fn, types.MethodType) else fn
+    if isinstance(func, types.FunctionType) and func.__code__.co_flags & _GENERATOR_FLAGS or \
+            compiled_by_torch(fn) or is_functorch(func):
+        return fn
+    region = getattr(fn, "_ember_region", False) is True   # nested_compile_region: compiled
+    if isinstance(fn, types.MethodType) and isinstance(func, types.FunctionType):
+        if _runs_as_is(func.__module__) and not region:
+            return fn
+        return compile_function(fn, settings)      # a Runner over the code's shared cache
+    if isinstance(fn, (types.FunctionType, torch.nn.Module)):
+        if not region and _runs_as_is(getattr(type(fn) if isinstance(fn, torch.nn.Module)
+                                              else fn, "__module__", None)):
+            return fn
+        per = _DISPATCH.setdefault(fn, {})
+        key = (settings.backend, settings.mode, settings.dynamic)
+        hit = per.get(key)
+        if hit is None:
+            hit = per[key] = (compile_module if isinstance(fn, torch.nn.Module)
+                              else compile_function)(fn, settings)
+        return hit
+    return fn
+
+
+
 # ---- public entry points --------------------------------------------------------------------
 def compile_function(fn, settings: CompileSettings):
     if isinstance(fn, types.MethodType) and isinstance(fn.__func__, types.FunctionType):
         return Runner(fn.__func__, settings, bound_self=fn.__self__)
     if isinstance(fn, types.FunctionType):
         return Runner(fn, settings)
+    if isinstance(fn, (types.BuiltinFunctionType, torch._ops.OpOverload,
+                       torch._ops.OpOverloadPacket)):
+        return Runner(_caller_of(fn), settings)     # torch.add, torch.ops.aten.add.Tensor
     call = getattr(type(fn), "__call__", None)
     if isinstance(call, types.FunctionType):
         return Runner(call, settings, bound_self=fn)
@@ -568,6 +625,17 @@ def compile_function(fn, settings: CompileSettings):
         warn_once(f"not-python:{name}", f"{name} is not a Python function; it runs eagerly")
         return fn(*args, **kwargs)
     return eager
+
+
+def _caller_of(fn):
+    """A Python function that calls `fn`, with a code object of its own (capture caches per
+    code object): compiling a builtin or an op compiles the call of it, one graph node."""
+    def call(*args, **kwargs):
+        return fn(*args, **kwargs)
+    name = getattr(fn, "__name__", type(fn).__name__)
+    call.__code__ = call.__code__.replace(co_name=f"call_{name}_{id(fn):x}",
+                                          co_qualname=f"<call of {name}>")
+    return call
 
 
 class ModuleRunner:

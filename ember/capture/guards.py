@@ -20,7 +20,7 @@ from .sources import Source
 
 # kind → rank: cheap checks first
 RANKS = {"GLOBAL_STATE": 0, "ID": 1, "TYPE": 2, "NONE": 2, "EQ": 3, "LEN": 3, "KEYS": 4,
-         "ALIAS": 5, "TENSOR": 6, "SHAPE": 6, "NO_ALIAS": 7,
+         "ALIAS": 5, "HASATTR": 5, "ABSENT": 5, "TENSOR": 6, "SHAPE": 6, "NO_ALIAS": 7,
          "NO_HOOKS": 7}
 
 
@@ -45,6 +45,11 @@ class Guard:
             return f"type({e}) is {bind(type(val))} and {e} == {bind(val)}"
         if k == "LEN":
             return f"len({e}) == {self.expected}"
+        if k == "HASATTR":          # an instance attribute of a tensor (x.tag = ...)
+            name, present = self.expected
+            return f"hasattr({e}, {name!r}) is {present}"
+        if k == "ABSENT":           # a class attribute not shadowed on the instance (forward)
+            return f"{self.source.attr!r} not in {self.source.base.expr()}.__dict__"
         if k == "KEYS":
             return f"list({e}) == {bind(list(self.expected))}"
         if k == "ALIAS":
@@ -102,7 +107,7 @@ class Guard:
             exp = "shares no memory with " + ", ".join(o.name() for o in exp)
         elif self.kind == "GLOBAL_STATE":
             exp = dict(zip(("grad_enabled", "inference_mode", "default_dtype", "autocast",
-                            "torch_func_transform"), exp))
+                            "dispatch_modes", "torch_func_transform"), exp))
         return f"{self.kind}: {name} {exp}"
 
 
@@ -126,15 +131,20 @@ def _dynamic_geometry(e: str, shape, order) -> str:
 _any_autocast = torch._C._is_any_autocast_enabled
 
 
+_dispatch_modes = torch._C._len_torch_dispatch_stack
+
+
 def global_state():
-    """(grad mode, inference mode, default dtype, autocast details or None, under a torch.func
-    transform): one cheap tuple."""
+    """(grad mode, inference mode, default dtype, autocast details or None, number of active
+    TorchDispatchModes, under a torch.func transform): one cheap tuple. A user dispatch mode
+    must see every op, so a call made under one misses every entry (and runs eagerly:
+    entry.Runner.miss); so does a call under a torch.func transform."""
     ac = None
     if _any_autocast():
         ac = tuple((d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d))
                    for d in ("cpu", "cuda"))
     return (torch.is_grad_enabled(), torch.is_inference_mode_enabled(),
-            torch.get_default_dtype(), ac, _functorch_stack() is not None)
+            torch.get_default_dtype(), ac, _dispatch_modes(), _functorch_stack() is not None)
 
 
 _functorch_stack = torch._C._functorch.peek_interpreter_stack

@@ -20,13 +20,7 @@ import weakref
 
 import torch
 
-_mm = torch.nn.modules.module
-
-
-def global_hooks_present() -> bool:
-    return bool(_mm._global_forward_hooks or _mm._global_forward_pre_hooks or
-                _mm._global_backward_hooks or _mm._global_backward_pre_hooks or
-                getattr(_mm, "_global_forward_hooks_always_called", None))
+from .controls import global_hooks_present
 
 
 def has_hooks(m: torch.nn.Module) -> bool:

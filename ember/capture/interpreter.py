@@ -326,7 +326,8 @@ class Tracer:
             self.guard("TYPE", source, t)
             return ObjV(value, source)
         if t in (set, frozenset):
-            self.guard("EQ", source, value)
+            # a copy: the guard compares the set's contents then with the caller's set later
+            self.guard("EQ", source, frozenset(value) if t is frozenset else set(value))
             return ObjV(value, source)
         self.guard("TYPE", source, t)
         return ObjV(value, source)

@@ -264,7 +264,7 @@ def _depths(items) -> list:
 def route_calls(code: types.CodeType, route) -> types.CodeType:
     """`code` with each call's callable passed through `route` just before its arguments are
     pushed. A frame's eager rest (a break in a loop, a try block, an unknown `with`) so still
-    sends user functions and modules through the dispatcher (breaks.dispatch), which compiles
+    sends user functions and modules through the dispatcher (entry.dispatch), which compiles
     them as their own roots.
 
     The callable's slot is found by stack depth, walking back along every path that reaches

@@ -12,6 +12,7 @@
   FuncV     a function created during the trace (MAKE_FUNCTION: lambdas, comprehensions, closures)
   MethodV   a bound method (function value + self value)
   PartialV  a functools.partial made in the trace
+  DecoratedV  a function decorated with a traced context manager (@torch.no_grad())
   CellV     a closure cell created during the trace
   IterV     an iterator over a materialized list of values
   GenV      a lazy iterator: a generator's suspended frame, or map/zip/... over one
@@ -23,6 +24,12 @@ Every value has `source` (None when created during the trace).
 from __future__ import annotations
 
 import torch
+
+
+def is_model_output(cls) -> bool:
+    """A transformers ModelOutput dataclass (matched by name: capture never imports it)."""
+    return any(k.__name__ == "ModelOutput" and k.__module__.startswith("transformers")
+               for k in cls.__mro__)
 
 
 class V:
@@ -210,6 +217,20 @@ class PartialV(V):
     def python_type(self):
         import functools
         return functools.partial
+
+
+class DecoratedV(V):
+    """`ctx(func)`: a function decorated with a context manager made in the trace
+    (`@torch.no_grad()` on a nested function); each call runs `func` inside a fresh copy."""
+    __slots__ = ("ctx", "func")
+    kind = "decorated"
+
+    def __init__(self, ctx, func: V):
+        self.ctx, self.func, self.source = ctx, func, None
+
+    def python_type(self):
+        import types
+        return types.FunctionType
 
 
 class MethodV(V):

@@ -8,7 +8,8 @@ from __future__ import annotations
 import operator
 import types
 
-from ..values import NULL, SYM_TYPES, DictV, DictViewV, ListV, NewObjV, ObjV, TensorV, TupleV, peek
+from ..values import (NULL, SYM_TYPES, DictV, DictViewV, ListV, NewObjV, ObjV, TensorV, TupleV,
+                      is_model_output, peek)
 from . import handler
 
 BINARY_OPS = [operator.add, operator.and_, operator.floordiv, operator.lshift, operator.matmul,
@@ -64,6 +65,13 @@ def binary(tr, op, a, b):
         if type(a) is not type(b):
             raise tr.unsupported("adding a list and a tuple", hint="fails eagerly")
         return type(a)(list(a.items) + list(b.items))
+    if isinstance(b, (ListV, TupleV)) and isinstance(a, ObjV) and plain is operator.mul:
+        a, b = b, a                                 # 4 * [x]
+    if isinstance(a, ListV) and isinstance(b, ObjV) and op is operator.imul:
+        from ..builtins import _mutate
+        _mutate(tr, a)                              # `l *= n` repeats the list in place
+        a.items[:] = a.items * b.value
+        return a
     if isinstance(a, (ListV, TupleV)) and isinstance(b, ObjV) and plain is operator.mul:
         return type(a)(list(a.items) * b.value)
     if op in (operator.eq, operator.ne) and _const_like(a) and _const_like(b):
@@ -232,8 +240,7 @@ def getitem(tr, c, k):
         return c.items[key]
     if isinstance(c, NewObjV):
         if c.dataclass:
-            from ..calls import _is_model_output
-            if _is_model_output(c.cls):
+            if is_model_output(c.cls):
                 key = real(tr, k)
                 if isinstance(key, str):
                     return c.attrs[key]
@@ -341,8 +348,7 @@ def setitem(tr, c, k, v):
     if isinstance(c, NewObjV):
         si = getattr(c.cls, "__setitem__", None)
         if c.dataclass:
-            from ..calls import _is_model_output
-            if _is_model_output(c.cls):
+            if is_model_output(c.cls):
                 c.attrs[real(tr, k)] = v
                 return
         if isinstance(si, types.FunctionType):

@@ -1,0 +1,288 @@
+"""Capture semantics found missing by PyTorch's own Dynamo tests (tests/peer/dynamo_runner.py),
+each minimized to the construct, checked against eager with graph/break/recompile counts."""
+from __future__ import annotations
+
+import torch
+
+import ember
+from ember import capture
+
+from .helpers import same
+
+
+def _counts():
+    return ember.stats()["counts"]
+
+
+def test_dynamo_graph_break_splits_the_graph():
+    import torch._dynamo
+
+    def f(x):
+        y = x.sin()
+        torch._dynamo.graph_break()
+        return y.cos() + 1
+
+    cf = ember.compile(f, backend="eager")
+    x = torch.randn(3)
+    for _ in range(2):
+        same(f(x), cf(x))
+    c = _counts()
+    assert c.get("graphs") == 2 and c.get("graph_breaks") == 1 and not c.get("recompiles"), c
+    e = capture.explain(f, x)
+    assert len(e.breaks) == 1 and "graph_break" in e.breaks[0].reason
+
+
+def test_set_from_closure_guarded_by_contents():
+    s = {1, 2}
+
+    def f(x):
+        return torch.cos(x) * len(s)
+
+    cf = ember.compile(f, backend="eager", fullgraph=True)
+    x = torch.rand(4)
+    same(f(x), cf(x))
+    s.add(3)                        # the guard compared the set with itself: stale len 2
+    same(f(x), cf(x))
+    same(f(x), cf(x))
+    c = _counts()
+    assert c.get("graphs") == 2 and c.get("recompiles") == 1, c
+
+
+def test_tensor_instance_attribute_guarded():
+    def f(x):
+        if hasattr(x, "tag"):
+            return x + x.tag
+        return x + 1
+
+    cf = ember.compile(f, backend="eager", fullgraph=True)
+    a = torch.ones(2, 2)
+    same(f(a), cf(a))
+    b = torch.ones(2, 2)
+    b.tag = 5
+    same(f(b), cf(b))               # hasattr was False on the first input, unguarded
+    same(f(a), cf(a))
+    c = _counts()
+    assert c.get("graphs") == 2 and c.get("recompiles") == 1, c
+    b.tag = 7                       # the value read is guarded too
+    same(f(b), cf(b))
+
+
+class _Prefixed:
+    """A user __setattr__/__getattr__ pair: attributes live under another name."""
+
+    def __setattr__(self, key, value):
+        super().__setattr__(f"pfx_{key}", value)
+
+    def __getattr__(self, key):
+        return self.__dict__[f"pfx_{key}"]
+
+
+def test_user_setattr_getattr_on_caller_object():
+    def f(obj):
+        obj.y = obj.x + 1
+
+    cf = ember.compile(f, backend="eager", fullgraph=True)
+    a, b = _Prefixed(), _Prefixed()
+    a.x = b.x = torch.randn(4)
+    f(a)
+    cf(b)
+    assert set(vars(b)) == set(vars(a)) == {"pfx_x", "pfx_y"}
+    same(a.y, b.y)
+    assert _counts().get("graphs") == 1
+
+
+def test_user_setattr_on_object_made_in_frame():
+    def f(x):
+        obj = _Prefixed()
+        obj.x = x
+        obj.y = obj.x + 1
+        return obj
+
+    cf = ember.compile(f, backend="eager", fullgraph=True)
+    x = torch.randn(4)
+    got = cf(x)
+    assert set(vars(got)) == {"pfx_x", "pfx_y"} and got.x is x
+    same(f(x).y, got.y)
+
+
+def test_overridden_module_call():
+    class M(torch.nn.Module):
+        def __call__(self, x):
+            return 5 * self.forward(x)
+
+        def forward(self, x):
+            return x * 3
+
+    m = M()
+
+    def f(x):
+        return m(x)
+
+    cf = ember.compile(f, backend="eager", fullgraph=True)
+    x = torch.ones(4)
+    same(f(x), cf(x))
+    assert _counts().get("graphs") == 1
+
+
+def test_monkeypatched_forward_recompiles():
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return torch.cos(x)
+
+    m = M()
+
+    def f(x):
+        return m(x)
+
+    cf = ember.compile(f, backend="eager")
+    x = torch.randn(5)
+    same(f(x), cf(x))
+    m.forward = lambda x: torch.sin(x)      # an instance attribute now shadows the method
+    same(f(x), cf(x))
+    same(f(x), cf(x))
+    c = _counts()
+    assert c.get("graphs") == 2 and c.get("recompiles") == 1, c
+
+
+def test_builtin_called_with_bad_arguments_raises_as_eager():
+    def f(x):
+        x = x.sin()
+        if isinstance(x, torch.Tensor, invalid=True):
+            x = x.sin()
+        return x
+
+    cf = ember.compile(f, backend="eager")
+    x = torch.randn(4)
+    for g in (f, cf):
+        try:
+            g(x)
+        except TypeError as e:
+            assert "keyword" in str(e)
+        else:
+            raise AssertionError(f"{g} did not raise")
+
+
+def test_pow_with_symbolic_int_exponent():
+    def f(a, b):
+        return torch.pow(a, b)
+
+    cf = ember.compile(f, backend="eager", fullgraph=True, dynamic=True)
+    x = torch.ones(2, 2) * 1.5
+    for b in (2, 3):
+        same(f(x, b), cf(x, b))
+    assert _counts().get("graphs") == 1
+
+
+def test_user_dispatch_mode_sees_every_op():
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen = []
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(func)
+            return func(*args, **(kwargs or {}))
+
+    def f(x):
+        return torch.add(x, x).sin()
+
+    cf = ember.compile(f, backend="eager")
+    x = torch.ones(3)
+    same(f(x), cf(x))                           # compiled outside the mode
+    with Record():
+        same(f(x), cf(x))                       # the entry's global-state guard misses
+    assert seen.count(torch.ops.aten.add.Tensor) == 2, seen
+    c = _counts()
+    assert c.get("graphs") == 1 and c.get("eager_calls") == 1, c
+
+
+def test_compile_a_builtin_or_an_op():
+    x = torch.randn(5)
+    for f in (torch.ops.aten.add.Tensor, torch.add, torch.ops.aten.mul):
+        cf = ember.compile(f, backend="eager", fullgraph=True)
+        same(f(x, x), cf(x, x))
+        same(f(x, x), cf(x, x))
+    c = _counts()
+    assert c.get("graphs") == 3 and not c.get("recompiles"), c
+
+
+def test_context_manager_as_decorator_of_nested_function():
+    def f(x):
+        @torch.no_grad()
+        def inner(y):
+            return (y + 1) * 2
+
+        z = inner(x)
+        return z, z.requires_grad, x.sin()
+
+    cf = ember.compile(f, backend="eager", fullgraph=True)
+    x = torch.randn(3, requires_grad=True)
+    e, g = f(x), cf(x)
+    same(e[0], g[0])
+    assert e[1] is g[1] is False
+    assert g[2].requires_grad               # grad mode is back on after the decorated call
+    assert _counts().get("graphs") == 1
+
+
+def test_dict_fromkeys_on_dict_classes():
+    import collections
+
+    def f(x, y):
+        d = dict.fromkeys(["a", "b"])
+        d1 = dict.fromkeys(d, x + 1)
+        d2 = collections.defaultdict.fromkeys(iter(d1), x - 2)
+        d3 = collections.OrderedDict.fromkeys(("a", "b"), value=y)
+        d2.setdefault("a", 10)
+        return d1["a"] * d2["b"] + d2["a"] + d3["b"], type(d2), type(d3), list(d)
+
+    cf = ember.compile(f, backend="eager", fullgraph=True)
+    x, y = torch.randn(3), torch.randn(3)
+    e, g = f(x, y), cf(x, y)
+    same(e[0], g[0])
+    assert e[1:] == g[1:]
+    assert _counts().get("graphs") == 1
+
+
+def test_torch_check_with_a_message_function():
+    limit = 3
+
+    def f(x):
+        torch._check(x.shape[0] > limit, lambda: f"{limit} is too big")
+        return x + 1
+
+    for dynamic in (False, True):
+        ember.reset()
+        cf = ember.compile(f, backend="eager", fullgraph=True, dynamic=dynamic)
+        for n in (5, 7):
+            x = torch.randn(n)
+            same(f(x), cf(x))
+        assert _counts().get("graphs") == (1 if dynamic else 2)
+
+
+def test_list_repetition_both_sides_and_in_place():
+    def f(x):
+        a = 3 * [x]
+        b = [x, x + 1]
+        alias = b
+        b *= 2                      # in place: the alias sees it
+        return sum(a), len(alias), alias[3]
+
+    cf = ember.compile(f, backend="eager", fullgraph=True)
+    x = torch.randn(3)
+    same(f(x), cf(x))
+
+
+def test_lru_cache_function_is_traced():
+    import functools
+
+    @functools.lru_cache
+    def scaled(x, k):
+        return torch.sin(x * k)
+
+    def f(x):
+        return scaled(x, 2) + 1
+
+    cf = ember.compile(f, backend="eager", fullgraph=True)
+    x = torch.randn(3)
+    same(f(x), cf(x))
+    assert _counts().get("graphs") == 1
