@@ -314,6 +314,11 @@ class Tracer(TorchDispatchMode):
             out = func(*margs, **mkwargs)
             if func is torch.ops.aten.convolution.default and self.device.type == "cpu":
                 out = _cpu_conv_layout(margs[0], out)
+            for t in tree_flatten(out)[0]:
+                if isinstance(t, torch.Tensor) and t.layout != torch.strided:
+                    # a sparse gradient (gather/embedding sparse_grad=True), to_sparse, ...
+                    raise Unsupported(f"ember.aot: {func} makes a {t.layout} tensor (only "
+                                      "strided tensors are compiled)")
             return out, margs, mkwargs
         except NotImplementedError as e:
             # no meta kernel: the output's shape cannot be known without running the op
