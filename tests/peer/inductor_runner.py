@@ -340,7 +340,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--config", choices=CONFIGS)
     p.add_argument("--shard", default="1/1", help="i/n: every n-th test from the i-th")
-    p.add_argument("-k", default=None, help="substring of the test ids to run")
+    p.add_argument("-k", default=None, help="substrings (comma-separated) of the test ids to run")
     p.add_argument("--update", action="store_true", help="write the results to the expected file")
     p.add_argument("--report", action="store_true", help="print pass rates from the expected file")
     p.add_argument("--out", default=None, help="JSON-lines scratch file")
@@ -358,7 +358,7 @@ def main(argv=None) -> int:
         return _apply(a.config, results, update=True)
     ids = _collect(sys.executable)
     if a.k:
-        ids = [t for t in ids if a.k in t]
+        ids = [t for t in ids if any(k in t for k in a.k.split(","))]
     i, n = (int(x) for x in a.shard.split("/"))
     ids = ids[i - 1::n]
     out = Path(a.out or f"/tmp/ember-peer-{a.config}-{os.getpid()}.jsonl")
