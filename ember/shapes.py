@@ -198,7 +198,9 @@ class SymNode:
     def ceil(self): return self.wrap_int(math.ceil(self.guard_float()))
     def floor(self): return self.wrap_int(math.floor(self.guard_float()))
     def trunc(self): return self.wrap_int(math.trunc(self.guard_float()))
-    def round(self, ndigits=None): return self.wrap_int(round(self.guard_float()))
+    def round(self, ndigits=None):       # round(x, n) stays a float (was an int: wrong value)
+        v = self.guard_float()
+        return self.wrap_int(round(v)) if ndigits is None else self.wrap_float(round(v, ndigits))
 
     # ---- comparisons and logic ----
     def eq(self, o): return self._new(sympy.Eq(self.expr, o.expr), bool)

@@ -22,6 +22,7 @@ from ..logging import get_logger
 from .joint import Traced, trace_program
 from .partition import partition
 from .runtime import InferenceRuntime, TrainingRuntime
+from .foreign import ForeignShapes, adopt, guard_check, is_foreign
 from .tracer import graph_device, specs_of
 
 
@@ -50,8 +51,23 @@ def trace_aten(fn, args, decompositions=None) -> fx.GraphModule:
 def aot_compile(gm, example_inputs, *, fw_compiler, bw_compiler=None, decompositions=None,
                 partitioner="min_cut"):
     """See docs/design/001-stage-contracts.md (backends → aot)."""
-    start = time.perf_counter()
+    kw = dict(fw_compiler=fw_compiler, bw_compiler=bw_compiler, decompositions=decompositions,
+              partitioner=partitioner)
+    if isinstance(gm, fx.GraphModule) and is_foreign(gm, example_inputs):
+        def build(inputs):        # Dynamo's dynamic shapes, on ember's shape env (foreign.py)
+            env, specs, ex, sources = adopt(gm, inputs)
+            runtime = _compile(gm, ex, specs, **kw)
+            check = guard_check(env, sources)
+            env.frozen = True    # a later size decision (lazy backward) is refused, not unchecked
+            return check, runtime
+        return ForeignShapes(build).add(*build(list(example_inputs)))
     specs = specs_of(example_inputs, gm if isinstance(gm, fx.GraphModule) else None)
+    return _compile(gm, example_inputs, specs, **kw)
+
+
+def _compile(gm, example_inputs, specs, *, fw_compiler, bw_compiler, decompositions,
+             partitioner):
+    start = time.perf_counter()
     device = graph_device(example_inputs)
     joint = torch.is_grad_enabled() and any(
         isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs)

@@ -60,7 +60,9 @@ def _size_binder(traced: Traced, args):
 
 def _rebuild_outputs(traced: Traced, args, slots) -> list:
     outs: list = []
-    sizes = _size_binder(traced, args) if any(s.kind == "view" for s in traced.outputs) else None
+    sizes = _size_binder(traced, args) if any(
+        s.kind == "view" or isinstance(s.value, (torch.SymInt, torch.SymFloat))
+        for s in traced.outputs) else None
     for spec in traced.outputs:
         kind = spec.kind
         if kind == "graph":
@@ -72,8 +74,8 @@ def _rebuild_outputs(traced: Traced, args, slots) -> list:
             outs.append(_apply_views(src, spec.views, sizes))
         elif kind == "dup":
             outs.append(outs[spec.index])
-        else:
-            outs.append(spec.value)
+        else:       # a size output (a SymInt) is this call's value of it, a Python number
+            outs.append(sizes(spec.value) if sizes is not None else spec.value)
     return outs
 
 

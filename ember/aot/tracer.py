@@ -72,6 +72,13 @@ class OutputSpec:
     requires_grad: bool = False
 
 
+def _is_factory(func) -> bool:
+    """`func` takes a `device` keyword and no tensor argument (a factory)."""
+    sch = func._schema
+    return any(a.name == "device" and a.kwarg_only for a in sch.arguments) and not any(
+        isinstance(a.type, torch.TensorType) for a in sch.arguments)
+
+
 def _skey(t: torch.Tensor) -> int:
     return t.untyped_storage()._cdata
 
@@ -327,10 +334,19 @@ class Tracer(TorchDispatchMode):
     def _run_meta(self, func, args, kwargs):
         margs = tree_map(self._meta_arg, args)
         mkwargs = tree_map(self._meta_arg, kwargs)
+        if mkwargs.get("device") is None and _is_factory(func):
+            # a factory without a device (aten.full(size, v) in a graph) would run its CPU
+            # kernel, which refuses symbolic sizes: make it on meta (recorded as self.device)
+            mkwargs["device"] = META
         try:
             out = func(*margs, **mkwargs)
             if func is torch.ops.aten.convolution.default and self.device.type == "cpu":
                 out = _cpu_conv_layout(margs[0], out)
+            for t in tree_flatten(out)[0]:
+                if isinstance(t, torch.Tensor) and t.layout != torch.strided:
+                    # a sparse gradient (gather/embedding sparse_grad=True), to_sparse, ...
+                    raise Unsupported(f"ember.aot: {func} makes a {t.layout} tensor (only "
+                                      "strided tensors are compiled)")
             return out, margs, mkwargs
         except NotImplementedError as e:
             # no meta kernel: the output's shape cannot be known without running the op
@@ -670,7 +686,15 @@ class LiftTensorLiterals(TorchFunctionMode):
             # `x[[1, 2]]`: indexing turns the list into an index tensor on x's device the same
             # way; make it a real tensor first
             args = (args[0], _index_literals(args[1])) + tuple(args[2:])
-        return func(*args, **kwargs)
+        try:
+            return func(*args, **kwargs)
+        except RuntimeError as e:
+            # a composite that reads tensor values ("cannot repeat_interleave a meta tensor
+            # without output_size"): a data-dependent size, refused like .item()
+            if "meta tensor" in str(e):
+                raise Unsupported(f"ember.aot: {getattr(func, '__name__', func)} needs tensor "
+                                  f"values to know its output size ({e})") from e
+            raise
 
 
 def _cpu_fused_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,

@@ -349,6 +349,8 @@ def index_printer(div: str, integer: Callable[[int], str] = str) -> Callable[[An
         if isinstance(e, sympy.floor):     # a size from shape arithmetic: floor(a / b)
             num, den = sympy.fraction(sympy.together(e.args[0]))
             return f"({pr(num)} {div} {pr(den)})"
+        if isinstance(e, sympy.Mod) and e.args[0].is_nonnegative and e.args[1].is_positive:
+            return f"({pr(e.args[0])} % {pr(e.args[1])})"     # a size's Python %: same sign
         if isinstance(e, (sympy.Max, sympy.Min)):
             f = "std::max<int64_t>" if div == "/" else ("max" if isinstance(e, sympy.Max) else "min")
             if div == "/" and isinstance(e, sympy.Min):

@@ -52,6 +52,8 @@ LOOP_VAR = re.compile(r"v\d+")
 # integer ops that fault on a zero divisor (a masked-off lane may hold any value)
 INT_TRAPS = {"floordiv", "truncdiv", "remainder", "fmod", "truediv"}
 
+INT_DIV = re.compile(r"ember::i(truncdiv|mod|floordiv|remainder)\(")
+
 CPP = {
     "neg": "(-{0})", "abs": "ember::abs_({0})", "exp": "ember::exp({0})", "exp2": "std::exp2({0})",
     "expm1": "ember::expm1({0})", "log": "ember::log({0})", "log2": "std::log2({0})",
@@ -87,7 +89,9 @@ CPP_INT = {
     "add": "ember::wadd({0}, {1})", "sub": "ember::wsub({0}, {1})",
     "mul": "ember::wmul({0}, {1})", "square": "ember::wmul({0}, {0})",
     "neg": "ember::wneg({0})", "abs": "ember::wabs({0})", "pow": "ember::ipow({0}, {1})",
-    "fmod": "({0} % {1})", "lshift": "ember::ishl({0}, {1})", "rshift": "ember::ishr({0}, {1})",
+    "fmod": "ember::imod({0}, {1})", "truncdiv": "ember::itruncdiv({0}, {1})",
+    "floordiv": "ember::ifloordiv({0}, {1})", "remainder": "ember::iremainder({0}, {1})",
+    "lshift": "ember::ishl({0}, {1})", "rshift": "ember::ishr({0}, {1})",
 }
 
 
@@ -836,5 +840,7 @@ def generate_tu(kernels, deps, buffers: dict) -> tuple[str, dict]:
         cg = KernelCodegen(k, buffers)
         with set_handler(cg.h):
             out.append(cg.generate(args))
+        if INT_DIV.search(out[-1]):     # load() checks ember_take_zero_div after its calls
+            out.append(f'extern "C" const int {k.name}_zero_div = 1;')
         signatures[k.name] = args + cg.size_params
     return "\n".join(out), signatures

@@ -46,14 +46,8 @@ template <typename T> static inline T bitwise_not(T a) { return ~a; }
 static inline bool bitwise_not(bool a) { return !a; }
 template <typename T> static inline T reciprocal(T a) { return T(1) / a; }
 template <typename T> static inline T rsqrt(T a) { return T(1) / std::sqrt(a); }
-template <typename T> static inline T floordiv(T a, T b) {
-    T q = a / b; return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
-}
 static inline float floordiv(float a, float b) { return std::floor(a / b); }
 static inline double floordiv(double a, double b) { return std::floor(a / b); }
-template <typename T> static inline T remainder(T a, T b) {
-    T r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
-}
 static inline float remainder(float a, float b) {
     float r = std::fmod(a, b); return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
 }
@@ -88,6 +82,29 @@ template <typename T> static inline T ishr(T a, T b) {
     if (b < 0 || static_cast<int64_t>(b) >= w - (std::is_signed_v<T> ? 1 : 0))
         return std::is_signed_v<T> ? static_cast<T>(a < 0 ? -1 : 0) : T(0);
     return static_cast<T>(a >> b);
+}
+// integer division: eager raises RuntimeError("ZeroDivisionError") on a zero divisor, and x86
+// traps (SIGFPE kills the process); so a zero divisor sets this flag and gives 0, and the
+// caller raises after the kernel (runtime/build.py). MIN / -1 wraps, as eager's does.
+static int zero_div = 0;
+template <typename T> static inline bool div_ok(T b) {
+    if (b == 0) { __atomic_store_n(&zero_div, 1, __ATOMIC_RELAXED); return false; }
+    return true;
+}
+template <typename T> static inline T itruncdiv(T a, T b) {
+    if (!div_ok(b)) return T(0);
+    return (std::is_signed_v<T> && b == T(-1)) ? wneg(a) : static_cast<T>(a / b);
+}
+template <typename T> static inline T imod(T a, T b) {      // C's %: eager's fmod
+    if (!div_ok(b)) return T(0);
+    return (std::is_signed_v<T> && b == T(-1)) ? T(0) : static_cast<T>(a % b);
+}
+template <typename T> static inline T ifloordiv(T a, T b) {
+    T q = itruncdiv(a, b);
+    return (b != 0 && imod(a, b) != 0 && ((a < 0) != (b < 0))) ? static_cast<T>(q - 1) : q;
+}
+template <typename T> static inline T iremainder(T a, T b) {
+    T r = imod(a, b); return (r != 0 && ((r < 0) != (b < 0))) ? static_cast<T>(r + b) : r;
 }
 
 // ---- vectorizable float math ----
@@ -206,6 +223,10 @@ template <typename T> static inline T exp(T x) { return std::exp(x); }
 template <typename T> static inline T log(T x) { return std::log(x); }
 
 }  // namespace ember
+
+extern "C" int ember_take_zero_div() {
+    return __atomic_exchange_n(&ember::zero_div, 0, __ATOMIC_RELAXED);
+}
 
 #pragma omp declare reduction(emax : float : omp_out = ember::max_nan(omp_out, omp_in)) initializer(omp_priv = -std::numeric_limits<float>::infinity())
 #pragma omp declare reduction(emin : float : omp_out = ember::min_nan(omp_out, omp_in)) initializer(omp_priv = std::numeric_limits<float>::infinity())

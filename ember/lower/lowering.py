@@ -213,7 +213,9 @@ class GraphLowering:
                 if node.target is operator.getitem:
                     value = args[0][args[1]]
                 else:
-                    rule = RULES.get(node.target)
+                    # complex values: kernels are written for real dtypes, so an op that
+                    # reads or makes one runs as an aten extern (view_as_real leaves the realm)
+                    rule = None if _touches_complex(node) else RULES.get(node.target)
                     value = rule(self, node, *args, **kwargs) if rule is not None else None
                     if value is NotImplemented or rule is None:
                         value = self.fallback(node, args, kwargs)
@@ -262,6 +264,13 @@ class GraphLowering:
             out = view if view is not None else dense_view(self.add_computed(
                 Pointwise(out.size, out.dtype, out.loader()), stride=want))
         return out.arg()
+
+
+def _touches_complex(node: torch.fx.Node) -> bool:
+    vals = [meta_of(a) for a in node.all_input_nodes]
+    out = meta_of(node)
+    vals += list(out) if isinstance(out, (list, tuple)) else [out]
+    return any(isinstance(v, torch.Tensor) and v.is_complex() for v in vals)
 
 
 def _output_stride(meta):

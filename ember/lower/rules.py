@@ -62,6 +62,8 @@ def broadcast_loader(x, size, dtype=None) -> Callable:
 def _meta_arg(x):
     if isinstance(x, TensorValue):
         return torch.empty((1,) * len(x.size) if x.size else (), dtype=x.dtype, device="meta")
+    if isinstance(x, sympy.Basic):      # a size expression (a SymInt/SymFloat in the graph)
+        return 1 if x.is_integer else 1.0
     return x
 
 

@@ -83,6 +83,20 @@ def load(path: Path, signatures: dict) -> dict:
         # buffer pointers, then int64 sizes (dynamic shapes: names s0, s1, ...)
         fn.argtypes = [ctypes.c_int64 if SIZE_NAME.fullmatch(a) else ctypes.c_void_p for a in args]
         fn.restype = None
+        if hasattr(lib, f"{name}_zero_div"):
+            fn.errcheck = _zero_div_check(lib.ember_take_zero_div)
         fns[name] = fn
     fns["__lib__"] = lib
     return fns
+
+
+def _zero_div_check(take):
+    """A kernel with integer division flags a zero divisor instead of trapping (cpp_prelude):
+    raise what eager raises."""
+    take.restype = ctypes.c_int
+
+    def check(result, func, args):
+        if take():
+            raise RuntimeError("ZeroDivisionError")
+        return result
+    return check

@@ -253,3 +253,16 @@ def test_mutating_a_view_of_an_input_that_requires_grad_is_refused():
         gm = torch.fx.symbolic_trace(fn)
         x = torch.randn(1, 64).requires_grad_(True).add(1)
         aot_compile_fn(gm, [x], fw_compiler=lambda g, ex: g, bw_compiler=lambda g, ex: g)
+
+
+def test_sparse_gradient_is_refused_loudly():
+    # Inductor's test_gather3: gather(sparse_grad=True)'s backward makes a sparse COO gradient;
+    # the tracer crashed reading its storage (NotImplementedError), now a clear Unsupported
+    a = torch.randn(4, 5, requires_grad=True)
+    b = torch.randint(5, (4, 1))
+    with pytest.raises(Unsupported, match="sparse_coo"):
+        run = lambda gm, ex: gm.forward  # noqa: E731
+        aot_compile(lambda a, b: (torch.gather(a, 1, b, sparse_grad=True),), [a, b],
+                    fw_compiler=run, bw_compiler=run)
+    with pytest.raises(Unsupported, match="sparse"):
+        trace_aten(lambda x: (x.to_sparse(),), [torch.randn(3, 3)])

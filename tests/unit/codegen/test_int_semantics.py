@@ -60,3 +60,32 @@ def test_int64_fmod_exact_for_large_values():
     a = torch.tensor([2 ** 62 + 1, -(2 ** 62) - 3], dtype=torch.int64)
     b = torch.tensor([7, 7], dtype=torch.int64)
     check(torch.fmod, a, b, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", (torch.uint8, torch.int16, torch.int32, torch.int64))
+def test_int_division_by_zero_raises_like_eager(dtype):
+    # a zero divisor trapped (SIGFPE killed the process); eager raises "ZeroDivisionError"
+    from tests.unit.lower.helpers import compile_fn
+    a = torch.tensor([7, 6, 5, 4], dtype=dtype)
+    b = torch.tensor([2, 0, 3, 1], dtype=dtype)
+    ok = b.clamp(min=1)
+    for fn in (lambda a, b: a // b, lambda a, b: torch.remainder(a, b),
+               lambda a, b: torch.fmod(a, b), lambda a, b: torch.div(a, b, rounding_mode="trunc")):
+        with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+            fn(a, b)
+        run, _ = compile_fn(fn, a, b)
+        with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+            run(a, b)
+        torch.testing.assert_close(run(a, ok)[0], fn(a, ok), atol=0, rtol=0)   # still usable
+    run, _ = compile_fn(lambda a: a // 0, a)                              # a constant divisor
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        run(a)
+
+
+def test_int_min_by_minus_one_wraps():
+    # x86 traps on MIN / -1 (eager's own kernel does too); the kernel wraps instead
+    from tests.unit.lower.helpers import compile_fn
+    a = torch.tensor([-2 ** 63, 9], dtype=torch.int64)
+    b = torch.tensor([-1, -1], dtype=torch.int64)
+    q, r = compile_fn(lambda a, b: (a // b, torch.fmod(a, b)), a, b)[0](a, b)
+    assert q.tolist() == [-2 ** 63, -9] and r.tolist() == [0, 0]
