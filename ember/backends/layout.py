@@ -130,6 +130,10 @@ def plan(gm: fx.GraphModule, example_inputs, options: dict, consts=None) -> bool
     if why is not None:
         perf_log.info("layout: kept as captured: %s", why)
         return False
+    eager = eager_layouts(gm, example_inputs)
+    if eager is None:
+        perf_log.info("layout: kept as captured: the graph does not run on meta tensors")
+        return False
     g = gm.graph
     n_conv = 0
     for conv in list(g.nodes):
@@ -150,12 +154,14 @@ def plan(gm: fx.GraphModule, example_inputs, options: dict, consts=None) -> bool
                                                    groups, attr, scalars, ""))
         last = act if act is not None else conv
         new.meta["example_value"] = _val(last)
+        if last in eager:
+            eager[new] = eager[last]
         last.replace_all_uses_with(new)
         if act is not None:
             g.erase_node(act)
         g.erase_node(conv)
         n_conv += 1
-    _restore_outputs(g)
+    _restore_outputs(g, eager)
     g.lint()
     gm.recompile()
     counters.bump("channels_last_graphs")
@@ -163,14 +169,55 @@ def plan(gm: fx.GraphModule, example_inputs, options: dict, consts=None) -> bool
     return True
 
 
-def _restore_outputs(g: fx.Graph) -> None:
-    """Give each computed 4-D output the memory format its captured value had."""
+class _EagerLayouts(fx.Interpreter):
+    """Runs the graph on meta tensors, giving conv outputs the layout the CPU kernel returns
+    (the meta kernel says contiguous): channels-last when the input or the weight is."""
+
+    def run_node(self, n):
+        out = super().run_node(n)
+        if n.op == "call_function" and n.target in (F.conv2d, CONV_POINTWISE) and \
+                isinstance(out, torch.Tensor) and out.dim() == 4:
+            x, w = n.args[0], n.args[1]
+            x, w = self.env.get(x, x), self.env.get(w, w)
+            if any(isinstance(t, torch.Tensor) and t.dim() == 4 and
+                   _channels_last(t) for t in (x, w)) and _channels_last(out, sizes_only=True):
+                out = out.contiguous(memory_format=CL)
+        self.values[n] = out
+        return out
+
+
+def _channels_last(t: torch.Tensor, sizes_only=False) -> bool:
+    """Whether `t` is (or, sizes_only, could be told to be) stored channels-last."""
+    n, c, h, w = t.shape
+    if c == 1 or h * w == 1:
+        return False
+    return sizes_only or t.is_contiguous(memory_format=CL)
+
+
+def eager_layouts(gm: fx.GraphModule, example_inputs) -> dict | None:
+    """node → a meta tensor with the strides eager CPU PyTorch gives it; None if the graph
+    cannot run on meta tensors."""
+    interp = _EagerLayouts(gm)
+    interp.values = {}
+    metas = [torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
+             if isinstance(x, torch.Tensor) else x for x in example_inputs]
+    try:
+        with torch.no_grad():
+            interp.run(*metas)
+    except Exception as exc:  # noqa: BLE001 - any failure keeps the captured layout
+        perf_log.info("layout: meta run failed: %s", exc)
+        return None
+    return interp.values
+
+
+def _restore_outputs(g: fx.Graph, eager: dict) -> None:
+    """Give each computed 4-D output the memory format eager gives it."""
     out = next(n for n in reversed(g.nodes) if n.op == "output")
 
     def restore(v):
         if not isinstance(v, fx.Node) or v.op == "placeholder":
             return v
-        ev = _val(v)
+        ev = eager.get(v)
         if not isinstance(ev, torch.Tensor) or ev.dim() != 4:
             return v
         fmt = torch.contiguous_format if ev.is_contiguous() else \
