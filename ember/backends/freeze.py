@@ -42,6 +42,7 @@ import torch.nn.functional as F
 from .. import counters
 from ..logging import get_logger
 from . import layout
+from .speed import _RANDOM
 
 perf_log = get_logger("perf")
 
@@ -50,7 +51,6 @@ BUDGET_FRACTION = 0.25          # ... or this fraction of the module state, if l
 _STATE_SOURCE = re.compile(r"\]\.|\._parameters\[|\._buffers\[|\._modules\[")
 _REAL = (torch.Tensor, torch.nn.Parameter) + (
     (torch.nn.parameter.Buffer,) if hasattr(torch.nn.parameter, "Buffer") else ())
-_RANDOM = re.compile(r"rand|dropout|bernoulli|normal|multinomial|uniform|poisson|exponential")
 
 
 # ---- which inputs are constants -----------------------------------------------------------------

@@ -78,17 +78,24 @@ def _conv_args(node: fx.Node):
             _pair(a["dilation"]), a["groups"])
 
 
-def _fused_activation(conv: fx.Node):
-    """(activation node, attr, scalars) when the conv's only user is a fusable activation."""
-    if len(conv.users) != 1:
+def _fused_activation(conv: fx.Node, order: dict):
+    """(activation node, attr, scalars) when a fusable activation reads the conv's output
+    first: as its only user, or in place (`F.relu(y, inplace=True)`, `y.relu_()`) before the
+    conv's other users read the activated tensor."""
+    if not conv.users:
         return None
-    (act,) = conv.users
+    act = min(conv.users, key=lambda n: order.get(n, len(order)))
+    name = act.target if act.op == "call_method" else getattr(act.target, "__name__", "")
+    inplace = act.kwargs.get("inplace") is True or name.endswith("_")
+    if len(conv.users) != 1 and not inplace:
+        return None
     key = act.target if act.op == "call_function" else \
         (act.target.rstrip("_") if act.op == "call_method" else None)
-    if act.op == "call_function" and getattr(act.target, "__name__", "").endswith("_"):
-        key = getattr(F, act.target.__name__.rstrip("_"), None)   # F.relu_, F.hardtanh_
+    if act.op == "call_function" and name.endswith("_"):
+        key = getattr(F, name.rstrip("_"), None)   # F.relu_, F.hardtanh_
     entry = _UNARY.get(key)
-    if entry is None or not act.args or act.args[0] is not conv:
+    if entry is None or not act.args or act.args[0] is not conv or \
+            any(a is conv for a in (*act.args[1:], *act.kwargs.values())):
         return None
     try:
         return act, entry[0], entry[1](act.args, act.kwargs)
@@ -135,13 +142,14 @@ def plan(gm: fx.GraphModule, example_inputs, options: dict, consts=None) -> bool
         perf_log.info("layout: kept as captured: the graph does not run on meta tensors")
         return False
     g = gm.graph
+    order = {n: i for i, n in enumerate(g.nodes)}
     n_conv = 0
     for conv in list(g.nodes):
         args = _conv_args(conv)
         if args is None:
             continue
         x, w, b, padding, stride, dilation, groups = args
-        fused = _fused_activation(conv)
+        fused = _fused_activation(conv, order)
         act, attr, scalars = fused if fused else (None, "none", [])
         with g.inserting_before(conv):
             xcl = g.call_method("contiguous", (x,), {"memory_format": CL})
@@ -156,9 +164,10 @@ def plan(gm: fx.GraphModule, example_inputs, options: dict, consts=None) -> bool
         new.meta["example_value"] = _val(last)
         if last in eager:
             eager[new] = eager[last]
-        last.replace_all_uses_with(new)
-        if act is not None:
+        if act is not None:                  # an in-place act: the conv's users read it too
+            act.replace_all_uses_with(new)
             g.erase_node(act)
+        conv.replace_all_uses_with(new)
         g.erase_node(conv)
         n_conv += 1
     _restore_outputs(g, eager)
