@@ -143,3 +143,25 @@ def test_fuzz_conv_bn_pool(seed):
             compare(m, ref, x, False)
         compare(ember.compile(copy.deepcopy(ref).train()), copy.deepcopy(ref).train(), x, True)
     assert count("fallbacks") == 0
+
+
+def test_nhwc_value_reduced_in_the_same_kernel():
+    """ResNet's tail: conv → BN → + residual → relu → mean over H, W. The pointwise part is
+    stored channels-last and read by the reduction of the same kernel: its per-row scratch
+    array must not be indexed with the channels-last strides (schedule/memory.py; it wrote
+    C x H x W floats into an H x W array and crashed)."""
+    torch.manual_seed(0)
+
+    class Tail(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(64, 64, 3, padding=1, bias=False)
+            self.bn = nn.BatchNorm2d(64)
+
+        def forward(self, x):
+            return F.relu(self.bn(self.conv(x)) + x).mean((2, 3))
+
+    ref = Tail().eval()
+    m = ember.compile(copy.deepcopy(ref))
+    compare(m, ref, torch.randn(4, 64, 4, 4), False)
+    assert count("channels_last_graphs") == 1
