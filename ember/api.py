@@ -418,6 +418,7 @@ def stats() -> dict:
     """Counters since the last reset: {"counts": {...}, "compile_seconds": {stage: s}}.
 
     counts: graphs (captured and compiled), recompiles, breaks, fallbacks (capture and backend),
+    frozen_graphs / refolds / channels_last_graphs (backends/freeze.py, layout.py),
     eager_calls, kernel_graphs / graph_cache_hits / kernels (the C++/Triton backend).
     compile_seconds: per stage, exclusive (capture, aot, codegen, backend:<name> for the rest)."""
     from . import counters

@@ -9,12 +9,27 @@ from ..aot import aot_compile
 from ..fallback import fall_back, stage
 from ..decomp import get_decompositions
 from ..lower import compile_aten_graph
-from .speed import speed_checked
+from . import layout
+from .freeze import copy_module, freeze
+from .speed import speed_checked    # never slower than eager
 
 
 def ember_backend(gm, example_inputs, **kwargs):
     options = kwargs.get("options") or {}
     _refuse_implicit_autocast(gm)
+    # inference graphs: frozen weights (freeze.py) and channels-last convs (layout.py)
+    frozen = freeze(gm, example_inputs, options, lambda g, ex: _compile(g, ex, options))
+    if frozen is not None:
+        return speed_checked(gm, frozen, example_inputs, {**options, "plan": "frozen"})
+    work = copy_module(gm)
+    if not layout.plan(work, example_inputs, options):
+        work = gm
+    plan = {**options, "plan": "channels_last"} if work is not gm else options
+    return speed_checked(gm, _compile(work, example_inputs, options), example_inputs, plan)
+
+
+def _compile(gm, example_inputs, options):
+    """aot → decompositions → kernels for the torch-level graph `gm`."""
 
     def compiler(g, ex):            # forward now, backward lazily at the first backward
         with counters.timed("codegen"):
@@ -31,7 +46,7 @@ def ember_backend(gm, example_inputs, **kwargs):
     with counters.timed("aot"), stage("aot"):
         compiled = aot_compile(gm, example_inputs, fw_compiler=compiler, bw_compiler=bw_compiler,
                                decompositions=get_decompositions())
-    return speed_checked(gm, compiled, example_inputs, options)    # never slower than eager
+    return compiled
 
 
 def _refuse_implicit_autocast(gm) -> None:

@@ -29,7 +29,8 @@ BUILTIN_OPTIONS: dict[str, tuple[str, ...]] = {
     "eager": ("ddp_split",),
     "aot_eager": ("partitioner", "ddp_split"),
     "ember": ("fusion", "cpu_codegen", "mode", "triton.autotune", "triton.welford",
-              "triton.max_persistent", "triton.rblock", "ddp_split", "speed_check"),
+              "triton.max_persistent", "triton.rblock", "ddp_split", "speed_check",
+              "freeze", "layout"),
 }
 _USER: dict[str, Callable] = {}
 _RESOLVED: dict[str, Callable] = {}

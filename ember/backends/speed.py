@@ -61,7 +61,9 @@ def enabled(options: dict) -> bool:
 def eligible(gm, compiled) -> str | None:
     """None if the graph may be timed both ways, else why not."""
     from ..aot.runtime import InferenceRuntime, TrainingRuntime
-    if not isinstance(compiled, (InferenceRuntime, TrainingRuntime)):
+    from .freeze import FrozenRuntime
+    if not isinstance(compiled, (InferenceRuntime, TrainingRuntime, FrozenRuntime)) or \
+            compiled.traced is None:
         return "not an aot runtime"
     if compiled.traced.symbols:
         return "dynamic sizes"

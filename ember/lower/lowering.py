@@ -222,6 +222,9 @@ class GraphLowering:
                 self.env[node] = value
                 if node in out_strides and isinstance(value, (Pending, Reindex)):
                     value.preferred_stride = out_strides[node]   # store it once, in that layout
+                elif isinstance(value, Pending) and _channels_last_meta(meta_of(node)):
+                    # a channels-last region (backends/layout.py): keep it NHWC when stored
+                    value.preferred_stride = as_sizes(meta_of(node).stride())
                 self.maybe_realize(node, value)
             elif node.op == "output":
                 outs = torch.fx.node.map_arg(node.args[0], self.env.__getitem__)
@@ -278,6 +281,15 @@ def _output_stride(meta):
     if isinstance(meta, torch.Tensor) and _dense_permutation(meta):
         return as_sizes(meta.stride())
     return None
+
+
+def _channels_last_meta(meta) -> bool:
+    """A dense channels-last 4-D meta whose channels and spatial extent tell it apart."""
+    if not isinstance(meta, torch.Tensor) or meta.dim() != 4 or \
+            any(isinstance(x, torch.SymInt) for x in (*meta.shape, *meta.stride())):
+        return False
+    n, c, h, w = meta.shape
+    return c > 1 and h * w > 1 and meta.stride() == (h * w * c, 1, w * c, c)
 
 
 def _gapped_stride(meta):

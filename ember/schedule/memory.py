@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..codegen.common import is_symbolic
+from ..codegen.common import contiguous_strides, is_symbolic
 from .deps import tensor_args
 from .fuse import ExternStep, Kernel
 
@@ -68,7 +68,10 @@ def mark_locals(steps, deps, keep: set) -> None:
                 for s_ in inner:
                     size *= s_
                 # (a symbolic row size would be a variable-length array: keep it in memory)
-                if inner and not is_symbolic(size) and size <= ROW_LOCAL_MAX and step.outer:
+                # (the row array is indexed by the stored index: only a row-major layout,
+                # not a channels-last one, keeps a row's elements within [0, size))
+                if inner and not is_symbolic(size) and size <= ROW_LOCAL_MAX and step.outer \
+                        and tuple(n.stride) == tuple(contiguous_strides(n.size)):
                     step.local.add(n.name)
                     step.row_local[n.name] = size
                 continue

@@ -1,0 +1,335 @@
+"""Backend "ember", freezing: in an inference graph, module parameters and buffers are constants.
+
+When the graph runs with grad disabled and none of its module-state inputs requires grad (or
+under `options={"freeze": True}`, never for a training graph), the torch-level graph is rewritten
+before aot (docs/design/024-layout-and-freezing.md):
+  1. BatchNorm in eval mode after a conv/linear whose output only it reads is folded into that
+     conv/linear's weight and bias (computed in float64, stored in the weight's dtype);
+  2. the layout pass (layout.py) turns conv2d into oneDNN channels-last convolutions;
+  3. every node computed from constants only (the folded weights, transposes, casts,
+     concatenated weights) moves to a *constant graph*, run eagerly once; the rest, the *main
+     graph*, takes the constant graph's outputs as extra inputs and is compiled as usual.
+
+Stale weights: the constants are the user's own tensors, held with their identity, version
+counter and data pointer at fold time. Every call compares them (an optimizer step, `.copy_()`
+or `load_state_dict` bumps the version; `module.to()` / `param.data = ...` moves the data
+pointer; assigning a new Parameter changes the identity) and refolds when any differs, so a
+frozen graph never answers from stale weights. Refolding reruns only the constant graph (and
+recompiles the main graph if the folded tensors' sizes, strides or dtypes changed).
+
+Memory: the user's tensors are never freed; the folded ones (a BN-folded weight is a copy) are
+extra. A graph whose folded constants would take more than FOLD_BUDGET of new memory (the
+larger of 256 MiB and a quarter of the module state's bytes) is not frozen.
+
+Which inputs are module state: `nn.Parameter`s, and inputs whose capture source names a module
+attribute (ember's `meta["ember_source"]`, Dynamo's `meta["grapharg"].source`).
+
+Consumes: the captured torch-level fx.GraphModule and its (real) example inputs. Produces: a
+FrozenRuntime with the captured graph's calling convention, or None (not frozen).
+"""
+from __future__ import annotations
+
+import inspect
+import operator
+import re
+import time
+import types
+
+import torch
+import torch.fx as fx
+import torch.nn.functional as F
+
+from .. import counters
+from ..logging import get_logger
+from . import layout
+from .speed import _RANDOM
+
+perf_log = get_logger("perf")
+
+MIN_BUDGET = 256 << 20          # bytes of new constants always allowed ...
+BUDGET_FRACTION = 0.25          # ... or this fraction of the module state, if larger
+_STATE_SOURCE = re.compile(r"\]\.|\._parameters\[|\._buffers\[|\._modules\[")
+_REAL = (torch.Tensor, torch.nn.Parameter) + (
+    (torch.nn.parameter.Buffer,) if hasattr(torch.nn.parameter, "Buffer") else ())
+
+
+# ---- which inputs are constants -----------------------------------------------------------------
+def _source_name(node: fx.Node) -> str:
+    src = node.meta.get("ember_source")
+    if src is None:
+        src = getattr(getattr(node.meta.get("grapharg"), "source", None), "name", None)
+        src = src() if callable(src) else src
+    return src or ""
+
+
+def module_state_inputs(gm: fx.GraphModule, example_inputs) -> list[int]:
+    """Positions of the placeholders that hold module parameters and buffers."""
+    phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    return [i for i, (n, x) in enumerate(zip(phs, example_inputs))
+            if isinstance(x, torch.Tensor) and
+            (isinstance(x, torch.nn.Parameter) or _STATE_SOURCE.search(_source_name(n)))]
+
+
+def wants_freeze(gm, options: dict, example_inputs, consts: list[int]) -> str | None:
+    """None if this graph is frozen, else why not (for the perf log)."""
+    choice = options.get("freeze")
+    if choice is False:
+        return "options freeze=False"
+    if not consts:
+        return "no module state among the inputs"
+    tensors = [x for x in example_inputs if isinstance(x, torch.Tensor)]
+    if torch.is_grad_enabled() and any(x.requires_grad for x in tensors):
+        return "a training graph"
+    if layout.symbolic(gm):
+        return "dynamic sizes"
+    if any(type(example_inputs[i]) not in _REAL for i in consts):
+        return "the example inputs are not real tensors"
+    if choice:
+        return None
+    if torch.is_grad_enabled():
+        return "grad enabled"
+    if any(example_inputs[i].requires_grad for i in consts):
+        return "parameters require grad (options freeze=True freezes anyway)"
+    return None
+
+
+# ---- BatchNorm folding --------------------------------------------------------------------------
+def _bn_scale(var, bn_w, eps):
+    s = torch.rsqrt(var.double() + eps)
+    return s if bn_w is None else s * bn_w.double()
+
+
+def bn_folded_weight(w, var, bn_w, eps):
+    s = _bn_scale(var, bn_w, eps)
+    return (w.double() * s.reshape(-1, *[1] * (w.dim() - 1))).to(w.dtype)
+
+
+def bn_folded_bias(w, b, mean, var, bn_w, bn_b, eps):
+    s = _bn_scale(var, bn_w, eps)
+    out = ((b.double() if b is not None else 0.0) - mean.double()) * s
+    if bn_b is not None:
+        out = out + bn_b.double()
+    return out.to(w.dtype)
+
+
+_BN_SIG = inspect.signature(F.batch_norm)
+_CONV_SIG = inspect.signature(lambda input, weight, bias=None, *a: None)
+_FOLDS_INTO = {F.conv1d, F.conv2d, F.conv3d, F.linear}
+
+
+def _bind(sig, node):
+    try:
+        b = sig.bind(*node.args, **node.kwargs)
+    except TypeError:
+        return None
+    b.apply_defaults()
+    return b.arguments
+
+
+def fold_batchnorm(gm: fx.GraphModule, consts: set) -> int:
+    """Fold eval-mode F.batch_norm into the conv/linear before it (in place); how many."""
+    folded = 0
+    for bn in list(gm.graph.nodes):
+        if bn.op != "call_function" or bn.target is not F.batch_norm:
+            continue
+        a = _bind(_BN_SIG, bn)
+        if a is None or a["training"] is not False:
+            continue
+        conv = a["input"]
+        if not isinstance(conv, fx.Node) or conv.op != "call_function" or \
+                conv.target not in _FOLDS_INTO or len(conv.users) != 1:
+            continue
+        c = _bind(_CONV_SIG, conv)
+        if c is None:
+            continue
+        w, b = c["weight"], c["bias"]
+        params = [w, b, a["running_mean"], a["running_var"], a["weight"], a["bias"]]
+        if not all(p is None or p in consts for p in params) or w is None or \
+                a["running_mean"] is None or a["running_var"] is None:
+            continue
+        if conv.target is F.linear and _val(conv) is not None and _val(conv).dim() != 2:
+            continue                     # BatchNorm1d over (N, C, L) normalizes another dim
+        eps = a["eps"]
+        with gm.graph.inserting_before(conv):
+            nw = gm.graph.call_function(bn_folded_weight, (w, a["running_var"], a["weight"], eps))
+            nb = gm.graph.call_function(bn_folded_bias, (w, b, a["running_mean"],
+                                                        a["running_var"], a["weight"],
+                                                        a["bias"], eps))
+        nw.meta["example_value"] = _val(w)
+        nb.meta["example_value"] = torch.empty(_val(w).shape[0], dtype=_val(w).dtype,
+                                               device="meta")
+        consts.update((nw, nb))
+        conv.args = (conv.args[0], nw, nb, *conv.args[3:])
+        conv.kwargs = {k: v for k, v in conv.kwargs.items() if k not in ("weight", "bias")}
+        bn.replace_all_uses_with(conv)
+        gm.graph.erase_node(bn)
+        folded += 1
+    return folded
+
+
+def _val(node):
+    return node.meta.get("example_value") if isinstance(node, fx.Node) else None
+
+
+# ---- the constant graph --------------------------------------------------------------------------
+def _mutates(node: fx.Node) -> bool:
+    name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
+    return (name.endswith("_") and not name.endswith("__")) or node.kwargs.get("inplace") is True
+
+
+def constant_nodes(gm: fx.GraphModule, consts: set) -> set:
+    """`consts` (placeholders and folded nodes) plus every node computed from them only."""
+    out = set(consts)
+    for n in gm.graph.nodes:
+        if n in out or n.op not in ("call_function", "call_method") or not n.all_input_nodes:
+            continue
+        name = str(getattr(n.target, "__name__", n.target))
+        if all(i in out for i in n.all_input_nodes) and not _mutates(n) and \
+                not _RANDOM.search(name) and isinstance(_val(n), torch.Tensor):
+            out.add(n)
+    return out
+
+
+def mutated_constant(gm: fx.GraphModule, const: set) -> bool:
+    """Whether a non-constant node writes in place into a constant (then nothing is frozen)."""
+    return any(n not in const and _mutates(n) and n.args and n.args[0] in const
+               for n in gm.graph.nodes)
+
+
+def split_constants(gm: fx.GraphModule, const: set):
+    """(constant graph, main graph, main's inputs from gm's placeholders, boundary nodes)."""
+    phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    boundary = [n for n in gm.graph.nodes if n in const and
+                any(u not in const for u in n.users)]
+    cg = fx.Graph()
+    env: dict = {}
+    for n in phs:
+        if n in const:
+            env[n] = cg.placeholder(n.name)
+    for n in gm.graph.nodes:
+        if n in const and n.op != "placeholder":
+            env[n] = cg.node_copy(n, lambda x: env[x])
+    cg.output(tuple(env[n] for n in boundary))
+    mg = fx.Graph()
+    menv: dict = {}
+    live = [i for i, n in enumerate(phs) if n not in const]
+    for i in live:
+        menv[phs[i]] = mg.node_copy(phs[i], lambda x: menv[x])
+    for k, n in enumerate(boundary):
+        p = mg.placeholder(f"frozen_{k}_{n.name}")
+        p.meta["example_value"] = _val(n)
+        menv[n] = p
+    for n in gm.graph.nodes:
+        if n.op != "placeholder" and n not in const:
+            menv[n] = mg.node_copy(n, lambda x: menv[x])
+    const_gm = fx.GraphModule(gm, cg, class_name="EmberConstants")
+    main_gm = fx.GraphModule(gm, mg, class_name="EmberFrozen")
+    main_gm.meta.update(gm.meta)
+    return const_gm, main_gm, live
+
+
+# ---- runtime -------------------------------------------------------------------------------------
+class FrozenRuntime:
+    """Calls the compiled main graph with the folded constants; refolds when a constant input
+    is not the tensor it was, or its version counter or data pointer moved."""
+
+    def __init__(self, const_gm, const_idx, live_idx, compile_main, args):
+        self.const_gm, self.const_idx, self.live_idx = const_gm, const_idx, live_idx
+        self.compile_main = compile_main
+        self.refolds = 0
+        self.main = self.traced = None
+        self._fold(args)
+
+    def build(self, args) -> None:
+        """Compile the main graph for the folded constants of `args`."""
+        self.main = self.compile_main(self.main_args(args))
+        self.specs = self._specs()
+        inner = getattr(self.main, "traced", None)       # the speed check reads .traced
+        self.traced = None if inner is None else types.SimpleNamespace(
+            symbols=inner.symbols, mutated=[self.live_idx[i] for i in inner.mutated])
+
+    def _fold(self, args) -> None:
+        self.held = tuple(args[i] for i in self.const_idx)
+        self.stamp = [(t._version, t.data_ptr()) for t in self.held]
+        with torch.no_grad():
+            self.folded = list(self.const_gm(*self.held))
+
+    def _specs(self):
+        return [(f.shape, f.stride(), f.dtype, f.device) for f in self.folded]
+
+    def main_args(self, args) -> list:
+        return [args[i] for i in self.live_idx] + self.folded
+
+    def fresh(self, args) -> bool:
+        cur = [args[i] for i in self.const_idx]
+        return all(map(operator.is_, cur, self.held)) and \
+            [(t._version, t.data_ptr()) for t in cur] == self.stamp
+
+    def __call__(self, *args):
+        if not self.fresh(args):
+            self._fold(args)
+            self.refolds += 1
+            counters.bump("refolds")
+            perf_log.info("frozen constants changed: refolded (%d)", self.refolds)
+            if self._specs() != self.specs:
+                self.build(args)
+        return self.main(*self.main_args(args))
+
+
+def new_bytes(folded, held) -> int:
+    """Bytes of the folded constants that are not storage of the user's tensors."""
+    own = {t.untyped_storage().data_ptr() for t in held}
+    seen, total = set(), 0
+    for f in folded:
+        p = f.untyped_storage().data_ptr()
+        if p not in own and p not in seen:
+            seen.add(p)
+            total += f.untyped_storage().nbytes()
+    return total
+
+
+def freeze(gm: fx.GraphModule, example_inputs, options: dict, compile_fn):
+    """A FrozenRuntime for `gm`, or None when the graph is not frozen. `compile_fn(g, ex)`
+    compiles a torch-level graph (the main graph) the usual way."""
+    idx = module_state_inputs(gm, example_inputs)
+    why = wants_freeze(gm, options, example_inputs, idx)
+    if why is None:
+        start = time.perf_counter()
+        work = copy_module(gm)
+        phs = [n for n in work.graph.nodes if n.op == "placeholder"]
+        consts = {phs[i] for i in idx}
+        n_bn = fold_batchnorm(work, consts)
+        layout.plan(work, example_inputs, options, consts=consts)
+        const = constant_nodes(work, consts)
+        if mutated_constant(work, const):
+            why = "the graph writes into a module's parameter or buffer"
+    if why is not None:
+        perf_log.info("not frozen: %s", why)
+        return None
+    const_gm, main_gm, live = split_constants(work, const)
+    rt = FrozenRuntime(const_gm, [i for i, n in enumerate(phs) if n in const], live,
+                       lambda ex: compile_fn(main_gm, ex), list(example_inputs))
+    extra = new_bytes(rt.folded, rt.held)
+    budget = max(MIN_BUDGET, BUDGET_FRACTION * sum(t.untyped_storage().nbytes() for t in rt.held))
+    if extra > budget:
+        perf_log.info("not frozen: folded constants would add %d MiB (budget %d MiB)",
+                      extra >> 20, int(budget) >> 20)
+        return None
+    rt.build(list(example_inputs))
+    if rt.traced is not None and any(i >= len(live) for i in rt.main.traced.mutated):
+        perf_log.info("not frozen: the graph writes into a folded constant")
+        return None
+    counters.bump("frozen_graphs")
+    perf_log.info("frozen: %d constant inputs, %d BatchNorms folded, %d folded tensors "
+                  "(+%d KiB), %.0f ms", len(rt.held), n_bn, len(rt.folded), extra >> 10,
+                  (time.perf_counter() - start) * 1e3)
+    return rt
+
+
+def copy_module(gm: fx.GraphModule) -> fx.GraphModule:
+    """A copy of `gm` whose graph a pass may rewrite (nodes' meta shared, not copied)."""
+    g = fx.Graph()
+    g.output(g.graph_copy(gm.graph, {}))
+    out = fx.GraphModule(gm, g, class_name=type(gm).__name__)
+    out.meta.update(gm.meta)
+    return out

@@ -1,0 +1,240 @@
+"""Backend "ember", layout planning: inference convolutions run channels-last on oneDNN.
+
+On CPU, oneDNN convolutions are fastest on channels-last (NHWC) activations, and its fused
+`mkldnn::_convolution_pointwise` op (public, what torch exposes for CPU inference) also applies
+the activation after the conv in the same pass. For an inference graph (no input requires grad
+while grad is enabled; the op has no derivative) this pass rewrites, in the torch-level graph,
+
+    y = act(conv2d(x, w, b, stride, padding, dilation, groups))
+ →  y = mkldnn._convolution_pointwise(x.contiguous(channels_last), w, b, ..., "act")
+
+so conv outputs are channels-last and the pointwise work, BatchNorm, pooling, interpolation and
+cat after them keep that layout (their traced strides follow their inputs'). A conversion is
+inserted only where a conv's input is not channels-last already: the graph input once, and
+again after an op that returns a contiguous tensor (a channel shuffle's `.contiguous()`).
+Every 4-D graph output comes back in the layout the captured graph had (NCHW in → NCHW out,
+channels_last in → channels_last out). With frozen weights (freeze.py) the weights are also
+converted to channels-last once, in the constant graph.
+
+Cost rule (docs/design/024-layout-and-freezing.md): rewrite when the graph is an inference graph
+on CPU with at least one float32 conv2d that has integer padding; `options={"layout":
+"contiguous"}` turns it off. Layout-sensitive ops (as_strided, storage/stride queries) keep the
+whole graph in the captured layout: their arguments were computed for the captured strides.
+
+Consumes and produces: a torch-level fx.GraphModule (rewritten in place).
+"""
+from __future__ import annotations
+
+import torch
+import torch.fx as fx
+import torch.nn.functional as F
+
+from .. import counters, shapes
+from ..logging import get_logger
+
+perf_log = get_logger("perf")
+
+CONV_POINTWISE = torch.ops.mkldnn._convolution_pointwise.default
+CL = torch.channels_last
+
+#: activations oneDNN applies inside the conv: target → (attr, scalars from the call)
+_UNARY = {
+    torch.relu: ("relu", lambda a, k: []), F.relu: ("relu", lambda a, k: []),
+    "relu": ("relu", lambda a, k: []),
+    torch.sigmoid: ("sigmoid", lambda a, k: []), "sigmoid": ("sigmoid", lambda a, k: []),
+    torch.tanh: ("tanh", lambda a, k: []), "tanh": ("tanh", lambda a, k: []),
+    F.silu: ("swish", lambda a, k: []), F.hardswish: ("hardswish", lambda a, k: []),
+    F.hardsigmoid: ("hardsigmoid", lambda a, k: []),
+    F.relu6: ("hardtanh", lambda a, k: [0.0, 6.0]),
+    F.hardtanh: ("hardtanh", lambda a, k: [float(a[1] if len(a) > 1 else k.get("min_val", -1.0)),
+                                           float(a[2] if len(a) > 2 else k.get("max_val", 1.0))]),
+}
+_LAYOUT_SENSITIVE = {"as_strided", "as_strided_", "set_", "data_ptr", "untyped_storage",
+                     "storage_offset", "stride", "is_contiguous"}
+
+
+def _val(node):
+    return node.meta.get("example_value") if isinstance(node, fx.Node) else None
+
+
+def _pair(v):
+    return [int(v)] * 2 if isinstance(v, int) else [int(x) for x in v]
+
+
+def _conv_args(node: fx.Node):
+    """(x, w, b, padding, stride, dilation, groups) of an eligible conv2d call, else None."""
+    if node.op != "call_function" or node.target is not F.conv2d:
+        return None
+    names = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
+    a = dict(zip(names, (None, None, None, 1, 0, 1, 1)))
+    a.update(zip(names, node.args))
+    a.update(node.kwargs)
+    x, w = _val(a["input"]), _val(a["weight"])
+    if not isinstance(x, torch.Tensor) or not isinstance(w, torch.Tensor) or x.dim() != 4 or \
+            x.dtype != torch.float32 or w.dtype != torch.float32 or \
+            isinstance(a["padding"], str) or not isinstance(a["groups"], int):
+        return None
+    return (a["input"], a["weight"], a["bias"], _pair(a["padding"]), _pair(a["stride"]),
+            _pair(a["dilation"]), a["groups"])
+
+
+def _fused_activation(conv: fx.Node, order: dict):
+    """(activation node, attr, scalars) when a fusable activation reads the conv's output
+    first: as its only user, or in place (`F.relu(y, inplace=True)`, `y.relu_()`) before the
+    conv's other users read the activated tensor."""
+    if not conv.users:
+        return None
+    act = min(conv.users, key=lambda n: order.get(n, len(order)))
+    name = act.target if act.op == "call_method" else getattr(act.target, "__name__", "")
+    inplace = act.kwargs.get("inplace") is True or name.endswith("_")
+    if len(conv.users) != 1 and not inplace:
+        return None
+    key = act.target if act.op == "call_function" else \
+        (act.target.rstrip("_") if act.op == "call_method" else None)
+    if act.op == "call_function" and name.endswith("_"):
+        key = getattr(F, name.rstrip("_"), None)   # F.relu_, F.hardtanh_
+    entry = _UNARY.get(key)
+    if entry is None or not act.args or act.args[0] is not conv or \
+            any(a is conv for a in (*act.args[1:], *act.kwargs.values())):
+        return None
+    try:
+        return act, entry[0], entry[1](act.args, act.kwargs)
+    except (TypeError, ValueError):
+        return None
+
+
+def symbolic(gm: fx.GraphModule) -> bool:
+    """Whether capture traced some input with symbolic sizes (dynamic shapes)."""
+    return any(isinstance(v, torch.SymInt) or isinstance(v, torch.Tensor) and
+               shapes.is_symbolic(v) for v in (_val(n) for n in gm.graph.nodes
+                                                if n.op == "placeholder"))
+
+
+def why_not(gm: fx.GraphModule, example_inputs, options: dict) -> str | None:
+    """None if the graph is rewritten channels-last, else why not."""
+    if options.get("layout", "auto") in ("contiguous", False):
+        return "options layout=contiguous"
+    tensors = [x for x in example_inputs if isinstance(x, torch.Tensor)]
+    if torch.is_grad_enabled() and any(x.requires_grad for x in tensors):
+        return "a training graph"
+    if not tensors or any(x.device.type != "cpu" for x in tensors):
+        return "not a CPU graph"
+    if symbolic(gm):
+        return "dynamic sizes"
+    for n in gm.graph.nodes:
+        name = n.target if isinstance(n.target, str) else getattr(n.target, "__name__", "")
+        if n.op in ("call_function", "call_method") and name in _LAYOUT_SENSITIVE:
+            return f"a layout-sensitive op ({name})"
+    if not any(_conv_args(n) for n in gm.graph.nodes):
+        return "no float32 conv2d"
+    return None
+
+
+def plan(gm: fx.GraphModule, example_inputs, options: dict, consts=None) -> bool:
+    """Rewrite `gm` in place (see the module docstring); whether it was rewritten. `consts`:
+    nodes holding frozen weights, converted to channels-last once, in the constant graph."""
+    why = why_not(gm, example_inputs, options)
+    if why is not None:
+        perf_log.info("layout: kept as captured: %s", why)
+        return False
+    eager = eager_layouts(gm, example_inputs)
+    if eager is None:
+        perf_log.info("layout: kept as captured: the graph does not run on meta tensors")
+        return False
+    g = gm.graph
+    order = {n: i for i, n in enumerate(g.nodes)}
+    n_conv = 0
+    for conv in list(g.nodes):
+        args = _conv_args(conv)
+        if args is None:
+            continue
+        x, w, b, padding, stride, dilation, groups = args
+        fused = _fused_activation(conv, order)
+        act, attr, scalars = fused if fused else (None, "none", [])
+        with g.inserting_before(conv):
+            xcl = g.call_method("contiguous", (x,), {"memory_format": CL})
+            xcl.meta["example_value"] = _val(x)       # example values stay the captured ones
+            if consts is not None and w in consts:
+                w = g.call_method("contiguous", (w,), {"memory_format": CL})
+                w.meta["example_value"] = _val(w.args[0]).contiguous(memory_format=CL)
+                consts.add(w)
+            new = g.call_function(CONV_POINTWISE, (xcl, w, b, padding, stride, dilation,
+                                                   groups, attr, scalars, ""))
+        last = act if act is not None else conv
+        new.meta["example_value"] = _val(last)
+        if last in eager:
+            eager[new] = eager[last]
+        if act is not None:                  # an in-place act: the conv's users read it too
+            act.replace_all_uses_with(new)
+            g.erase_node(act)
+        conv.replace_all_uses_with(new)
+        g.erase_node(conv)
+        n_conv += 1
+    _restore_outputs(g, eager)
+    g.lint()
+    gm.recompile()
+    counters.bump("channels_last_graphs")
+    perf_log.info("layout: %d conv2d run channels-last on oneDNN", n_conv)
+    return True
+
+
+class _EagerLayouts(fx.Interpreter):
+    """Runs the graph on meta tensors, giving conv outputs the layout the CPU kernel returns
+    (the meta kernel says contiguous): channels-last when the input or the weight is."""
+
+    def run_node(self, n):
+        out = super().run_node(n)
+        if n.op == "call_function" and n.target in (F.conv2d, CONV_POINTWISE) and \
+                isinstance(out, torch.Tensor) and out.dim() == 4:
+            x, w = n.args[0], n.args[1]
+            x, w = self.env.get(x, x), self.env.get(w, w)
+            if any(isinstance(t, torch.Tensor) and t.dim() == 4 and
+                   _channels_last(t) for t in (x, w)) and _channels_last(out, sizes_only=True):
+                out = out.contiguous(memory_format=CL)
+        self.values[n] = out
+        return out
+
+
+def _channels_last(t: torch.Tensor, sizes_only=False) -> bool:
+    """Whether `t` is (or, sizes_only, could be told to be) stored channels-last."""
+    n, c, h, w = t.shape
+    if c == 1 or h * w == 1:
+        return False
+    return sizes_only or t.is_contiguous(memory_format=CL)
+
+
+def eager_layouts(gm: fx.GraphModule, example_inputs) -> dict | None:
+    """node → a meta tensor with the strides eager CPU PyTorch gives it; None if the graph
+    cannot run on meta tensors."""
+    interp = _EagerLayouts(gm)
+    interp.values = {}
+    metas = [torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
+             if isinstance(x, torch.Tensor) else x for x in example_inputs]
+    try:
+        with torch.no_grad():
+            interp.run(*metas)
+    except Exception as exc:  # noqa: BLE001 - any failure keeps the captured layout
+        perf_log.info("layout: meta run failed: %s", exc)
+        return None
+    return interp.values
+
+
+def _restore_outputs(g: fx.Graph, eager: dict) -> None:
+    """Give each computed 4-D output the memory format eager gives it."""
+    out = next(n for n in reversed(g.nodes) if n.op == "output")
+
+    def restore(v):
+        if not isinstance(v, fx.Node) or v.op == "placeholder":
+            return v
+        ev = eager.get(v)
+        if not isinstance(ev, torch.Tensor) or ev.dim() != 4:
+            return v
+        fmt = torch.contiguous_format if ev.is_contiguous() else \
+            CL if ev.is_contiguous(memory_format=CL) else None
+        if fmt is None:
+            return v
+        with g.inserting_before(out):
+            r = g.call_method("contiguous", (v,), {"memory_format": fmt})
+        r.meta["example_value"] = ev
+        return r
+    out.args = (fx.node.map_aggregate(out.args[0], restore),)

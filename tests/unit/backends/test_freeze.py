@@ -1,0 +1,190 @@
+"""Freezing (ember/backends/freeze.py): parameters and buffers as constants in inference graphs.
+
+Values are compared with eager at atol=rtol=1e-4 (float32): folding BatchNorm into the conv
+weight changes rounding (the fold itself is computed in float64)."""
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+
+import ember
+from ember.backends import freeze as fz
+
+TOL = dict(atol=1e-4, rtol=1e-4)
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn1 = nn.BatchNorm2d(8)
+        self.conv2 = nn.Conv2d(8, 8, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(8)
+        self.fc = nn.Linear(8, 6)
+        self.bn3 = nn.BatchNorm1d(6)
+
+    def forward(self, x):
+        y = torch.relu(self.bn1(self.conv1(x)))
+        y = self.bn2(self.conv2(y)) + y
+        y = torch.nn.functional.adaptive_avg_pool2d(y, 1).flatten(1)
+        return self.bn3(self.fc(y))
+
+
+def make(seed=0):
+    torch.manual_seed(seed)
+    m = Net()
+    for mod in m.modules():           # non-trivial statistics, so a stale fold shows
+        if isinstance(mod, (nn.BatchNorm1d, nn.BatchNorm2d)):
+            mod.running_mean.uniform_(-1, 1)
+            mod.running_var.uniform_(0.5, 2)
+            mod.weight.data.uniform_(0.5, 1.5)
+            mod.bias.data.uniform_(-0.5, 0.5)
+    return m.eval()
+
+
+def count(name):
+    return ember.stats()["counts"].get(name, 0)
+
+
+def frozen_pair(**options):
+    m = make()
+    ref = copy.deepcopy(m)
+    for p in m.parameters():
+        p.requires_grad_(False)
+    return ember.compile(m, options=options), ref
+
+
+def check(m, ref, x):
+    with torch.no_grad():
+        out = m(x)
+        torch.testing.assert_close(out, ref(x), **TOL)
+    return out
+
+
+def test_frozen_when_grad_off_and_params_frozen():
+    m, ref = frozen_pair()
+    x = torch.randn(2, 3, 10, 10)
+    check(m, ref, x)
+    check(m, ref, x)
+    assert count("frozen_graphs") == 1
+
+
+def test_not_frozen_when_params_require_grad():
+    m = make()
+    ref = copy.deepcopy(m)
+    m = ember.compile(m)
+    check(m, ref, torch.randn(2, 3, 10, 10))
+    assert count("frozen_graphs") == 0
+
+
+def test_batchnorm_folded_away():
+    m = make()
+    g = torch.fx.Graph()                  # the captured form: call_function conv2d, batch_norm
+    x, w, rm, rv, bw, bb = (g.placeholder(n) for n in ("x", "w", "rm", "rv", "bw", "bb"))
+    c = g.call_function(torch.conv2d, (x, w, None))
+    b = g.call_function(torch.nn.functional.batch_norm, (c, rm, rv, bw, bb, False, 0.1, 1e-5))
+    g.output(b)
+    ex = [torch.randn(1, 3, 5, 5), m.conv1.weight.detach(), m.bn1.running_mean,
+          m.bn1.running_var, m.bn1.weight.detach(), m.bn1.bias.detach()]
+    for n, v in zip(g.nodes, ex):
+        n.meta["example_value"] = v
+    gm = torch.fx.GraphModule(torch.nn.Module(), g)
+    want = gm(*ex)
+    consts = {n for n in g.nodes if n.op == "placeholder" and n.name != "x"}
+    assert fz.fold_batchnorm(gm, consts) == 1
+    gm.recompile()
+    assert not any(n.target is torch.nn.functional.batch_norm for n in g.nodes)
+    torch.testing.assert_close(gm(*ex), want, **TOL)
+
+
+@pytest.mark.parametrize("route", ["optimizer", "load_state_dict", "copy_", "to_channels_last",
+                                   "data_assign", "new_parameter", "double"])
+def test_weight_changed_after_freezing_is_never_stale(route):
+    m, ref = frozen_pair(freeze=True)
+    x = torch.randn(2, 3, 10, 10)
+    check(m, ref, x)
+    other = make(seed=1)
+    with torch.no_grad():
+        if route == "optimizer":
+            for mod in (m, ref):
+                for p in mod.parameters():        # a frozen param may still be stepped
+                    p.grad = torch.ones_like(p)
+                torch.optim.SGD(mod.parameters(), lr=0.1).step()
+        elif route == "load_state_dict":
+            m.load_state_dict(other.state_dict())
+            ref.load_state_dict(other.state_dict())
+        elif route == "copy_":
+            for mod in (m, ref):
+                mod.conv2.weight.copy_(other.conv2.weight)
+                mod.bn2.running_var.copy_(other.bn2.running_var)
+        elif route == "to_channels_last":
+            m.to(memory_format=torch.channels_last)
+            ref.to(memory_format=torch.channels_last)
+            for mod in (m, ref):           # and a new value, so staleness would show
+                mod.bn1.running_mean.add_(1)
+        elif route == "data_assign":
+            m.conv1.weight.data = other.conv1.weight.data.clone()
+            ref.conv1.weight.data = other.conv1.weight.data.clone()
+        elif route == "new_parameter":
+            m.conv1.weight = nn.Parameter(other.conv1.weight.clone(), requires_grad=False)
+            ref.conv1.weight = nn.Parameter(other.conv1.weight.clone())
+        elif route == "double":
+            m.double()
+            ref.double()
+            x = x.double()
+    check(m, ref, x)
+    check(m, ref, x)
+    assert count("frozen_graphs") >= 1
+
+
+def test_frozen_runtime_refolds_without_recompiling():
+    m, ref = frozen_pair(freeze=True)
+    x = torch.randn(2, 3, 10, 10)
+    check(m, ref, x)
+    graphs = count("graphs")
+    for step in range(3):
+        with torch.no_grad():
+            m.bn1.running_mean.add_(0.5)
+            ref.bn1.running_mean.add_(0.5)
+        check(m, ref, x)
+    assert count("refolds") == 3 and count("graphs") == graphs
+
+
+def test_training_after_inference_call_unaffected():
+    torch.manual_seed(0)
+    m = make().train()
+    ref = copy.deepcopy(m)
+    m = ember.compile(m, options={"freeze": True})
+    x = torch.randn(4, 3, 10, 10)
+    m.eval()
+    ref.eval()
+    check(m, ref, x)
+    assert count("frozen_graphs") == 1
+    m.train()
+    ref.train()
+    for mod in (m, ref):
+        mod.zero_grad()
+        mod(x).sum().backward()
+    for (name, a), b in zip(m.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, **TOL, msg=name)
+    for (name, a), b in zip(m.named_buffers(), ref.buffers()):
+        torch.testing.assert_close(a, b, **TOL, msg=name)
+    assert count("frozen_graphs") == 1
+    check(m.eval(), ref.eval(), x)              # back to inference: BN stats moved → refold
+
+
+def test_freeze_false_option_and_training_graph_refused():
+    m, ref = frozen_pair(freeze=False)
+    check(m, ref, torch.randn(2, 3, 10, 10))
+    assert count("frozen_graphs") == 0
+    assert fz.wants_freeze(torch.fx.symbolic_trace(nn.Identity()), {"freeze": True},
+                           [nn.Parameter(torch.ones(2))], [0]) == "a training graph"
+
+
+def test_memory_budget(monkeypatch):
+    monkeypatch.setattr(fz, "MIN_BUDGET", 0)
+    monkeypatch.setattr(fz, "BUDGET_FRACTION", 0.01)     # any folded copy is over budget
+    m, ref = frozen_pair(freeze=True)
+    check(m, ref, torch.randn(2, 3, 10, 10))
+    assert count("frozen_graphs") == 0

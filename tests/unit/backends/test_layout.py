@@ -1,0 +1,167 @@
+"""Layout planning (ember/backends/layout.py): inference convs run channels-last on oneDNN;
+outputs come back in the layout eager returns; training graphs keep their values and grads."""
+import copy
+import random
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import ember
+
+TOL = dict(atol=1e-4, rtol=1e-4)
+GRAD_TOL = dict(atol=1e-3, rtol=1e-4)    # a conv bias before training-mode BN: its grad is
+                                         # ~0 by cancellation, noise ~1e-4 x the other grads
+FORMATS = [torch.contiguous_format, torch.channels_last]
+
+
+def count(name):
+    return ember.stats()["counts"].get(name, 0)
+
+
+class Block(nn.Module):
+    """conv+BN+act, depthwise conv, pooling, interpolation, cat, a channel shuffle, residual."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 3, stride=2, padding=1)
+        self.bn = nn.BatchNorm2d(8)
+        self.dw = nn.Conv2d(8, 8, 3, padding=1, groups=8)
+        self.pw = nn.Conv2d(16, 8, 1)
+        self.head = nn.Conv2d(8, 4, 1)
+
+    def forward(self, x):
+        y = F.relu(self.bn(self.stem(x)))
+        z = F.hardswish(self.dw(y))
+        p = F.interpolate(F.max_pool2d(z, 2), scale_factor=2, mode="nearest")
+        c = torch.cat([y, p], 1)
+        n, ch, h, w = c.shape
+        c = c.view(n, 2, ch // 2, h, w).transpose(1, 2).contiguous().view(n, ch, h, w)
+        y = torch.sigmoid(self.pw(c)) * y + y
+        return self.head(y), y.mean((2, 3))
+
+
+def run(m, x, train):
+    if not train:
+        with torch.no_grad():
+            return m(x), None
+    x = x.detach().requires_grad_()
+    outs = m(x)
+    sum(o.float().pow(2).sum() for o in outs).backward()
+    return outs, x.grad
+
+
+def layout(t):
+    """Strides where they matter (a size-1 dim's stride is arbitrary)."""
+    return [st for sz, st in zip(t.shape, t.stride()) if sz != 1]
+
+
+def compare(m, ref, x, train):
+    outs, gx = run(m, x, train)
+    want, want_gx = run(ref, x, train)
+    for o, w in zip(outs, want):
+        torch.testing.assert_close(o, w, **TOL)
+        assert layout(o) == layout(w), (o.stride(), w.stride())
+    if train:
+        torch.testing.assert_close(gx, want_gx, **GRAD_TOL)
+        assert layout(gx) == layout(want_gx)
+        for (name, a), b in zip(m.named_parameters(), ref.parameters()):
+            torch.testing.assert_close(a.grad, b.grad, **GRAD_TOL, msg=name)
+            assert layout(a.grad) == layout(b.grad), name
+
+
+@pytest.mark.parametrize("fmt", FORMATS, ids=["nchw", "channels_last"])
+@pytest.mark.parametrize("train", [False, True], ids=["infer", "train"])
+def test_output_layout_matches_eager(fmt, train):
+    torch.manual_seed(0)
+    ref = Block().train(train)
+    m = ember.compile(copy.deepcopy(ref))
+    x = torch.randn(2, 3, 16, 16).contiguous(memory_format=fmt)
+    compare(m, ref, x, train)
+    compare(m, ref, x, train)
+    assert count("channels_last_graphs") == (0 if train else 1)
+    assert count("graphs") == 1 and count("fallbacks") == 0
+
+
+def test_layout_option_off():
+    torch.manual_seed(0)
+    ref = Block().eval()
+    m = ember.compile(copy.deepcopy(ref), options={"layout": "contiguous"})
+    compare(m, ref, torch.randn(2, 3, 16, 16), False)
+    assert count("channels_last_graphs") == 0
+
+
+def test_layout_sensitive_graph_kept():
+    def f(w, x):
+        y = torch.conv2d(x, w, padding=1)
+        return y.as_strided((2, 4), (1, 2))        # reads storage: eager's layout only
+    w, x = torch.randn(4, 3, 3, 3), torch.randn(1, 3, 4, 4)
+    with torch.no_grad():
+        torch.testing.assert_close(ember.compile(f)(w, x), f(w, x), **TOL)
+    assert count("channels_last_graphs") == 0
+
+
+def random_net(rng: random.Random) -> nn.Module:
+    layers, c = [], 3
+    for _ in range(rng.randint(2, 5)):
+        kind = rng.choice(["conv", "conv", "dw", "bn", "pool", "avg", "act"])
+        if kind == "conv":
+            out, k = rng.choice([4, 8, 12]), rng.choice([1, 3, 5])
+            layers.append(nn.Conv2d(c, out, k, stride=rng.choice([1, 2]), padding=k // 2,
+                                    bias=rng.random() < 0.5))
+            c = out
+        elif kind == "dw":
+            layers.append(nn.Conv2d(c, c, 3, padding=1, groups=c))
+        elif kind == "bn":
+            layers.append(nn.BatchNorm2d(c))
+        elif kind == "pool":
+            layers.append(nn.MaxPool2d(2, ceil_mode=rng.random() < 0.5))
+        elif kind == "avg":
+            layers.append(nn.AvgPool2d(3, stride=1, padding=1))
+        else:
+            layers.append(rng.choice([nn.ReLU(), nn.ReLU6(), nn.SiLU(), nn.Hardswish(),
+                                      nn.Sigmoid(), nn.Tanh()]))
+    layers.insert(0, nn.Conv2d(3, 3, 1))
+    return nn.Sequential(*layers)
+
+
+@pytest.mark.parametrize("seed", [*range(3), *(pytest.param(s, marks=pytest.mark.slow)
+                                                for s in range(3, 12))])
+def test_fuzz_conv_bn_pool(seed):
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    ref = random_net(rng).eval()
+    for mod in ref.modules():
+        if isinstance(mod, nn.BatchNorm2d):
+            mod.running_mean.uniform_(-1, 1)
+            mod.running_var.uniform_(0.5, 2)
+    frozen = copy.deepcopy(ref).requires_grad_(False)
+    for fmt in FORMATS:
+        x = torch.randn(2, 3, 13, 16).contiguous(memory_format=fmt)
+        for m in (ember.compile(copy.deepcopy(ref)), ember.compile(copy.deepcopy(frozen))):
+            compare(m, ref, x, False)
+        compare(ember.compile(copy.deepcopy(ref).train()), copy.deepcopy(ref).train(), x, True)
+    assert count("fallbacks") == 0
+
+
+def test_nhwc_value_reduced_in_the_same_kernel():
+    """ResNet's tail: conv → BN → + residual → relu → mean over H, W. The pointwise part is
+    stored channels-last and read by the reduction of the same kernel: its per-row scratch
+    array must not be indexed with the channels-last strides (schedule/memory.py; it wrote
+    C x H x W floats into an H x W array and crashed)."""
+    torch.manual_seed(0)
+
+    class Tail(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(64, 64, 3, padding=1, bias=False)
+            self.bn = nn.BatchNorm2d(64)
+
+        def forward(self, x):
+            return F.relu(self.bn(self.conv(x)) + x).mean((2, 3))
+
+    ref = Tail().eval()
+    m = ember.compile(copy.deepcopy(ref))
+    compare(m, ref, torch.randn(4, 64, 4, 4), False)
+    assert count("channels_last_graphs") == 1
