@@ -74,6 +74,9 @@ def parser(command: str | None = None) -> argparse.ArgumentParser:
         p.add_argument("--timeout", type=float, default=900.0, help="seconds per model subprocess")
         p.add_argument("--json", default=None, help="write JSON lines here")
         p.add_argument("--plot", default=None, help="write a PNG here (matplotlib)")
+        p.add_argument("--from-json", nargs="+", default=None, metavar="FILE",
+                       help="run nothing: print the table and summary (and --plot) of saved "
+                            "JSON lines, e.g. the shards of one broad run")
         p.add_argument("--quick", action="store_true", help="3 small models, for CI smoke tests")
         p.add_argument("--list", action="store_true", help="list the selected models and exit")
         p.add_argument("--no-memory", action="store_true", help="skip the peak-memory pass")

@@ -159,9 +159,13 @@ def measure(name: str, cache: str, compilers: list[str], args) -> list[dict]:
                    speedup=statistics.median(e / t for e, t in zip(t_full["eager"], t_full[c])),
                    graphs_after_first=(counters[c].graphs - rec["graphs_first"])
                    if counters[c] else 0)
-        if c == "ember":
+        if c == "ember":          # a graph that fell back while timing makes the row a fallback
             import ember
             rec["ember_stats"] = ember.stats()
+            fallbacks = rec["ember_stats"]["counts"].get("fallbacks", 0)
+            if fallbacks and rec["status"] == "pass":
+                rec["status"] = "fallback"
+                rec["error"] = f"{fallbacks} graph(s) ran eagerly (ember.stats())"
     return [recs[c] for c in names]
 
 

@@ -441,6 +441,8 @@ def run_suite_cli(args, argv: list[str]) -> int:
     """`ember bench` (suite mode): select, run, print the table and summary, write JSON/PNG."""
     from . import report
     from .suites import REGISTRY, select
+    if args.from_json:
+        return report.from_json(args.from_json, args.plot)
     suite = args.suite
     try:
         specs = select(suite, args.models, args.quick, args.family, args.shard)
