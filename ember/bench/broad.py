@@ -1,6 +1,6 @@
 """The broad model suite for ember bench (`ember bench --suite broad`): realistic sizes, offline.
 
-Registers ~70 `ModelSpec`s of suite "broad" into `suites.REGISTRY` (names start with "b_", apart
+Registers ~70 `ModelSpec`s of suite "broad" into `spec.REGISTRY` (names start with "b_", apart
 from the smaller suites' models of the same architecture), each with a `family`
 (tv_cls, tv_seg, timm, hf_encoder, hf_decoder, hf_seq2seq, hf_vision_audio, custom). Every model
 is built from code or a config with random weights (torchvision weights=None and
@@ -23,7 +23,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from .suites import ModelSpec, REGISTRY
+from .spec import REGISTRY, ModelSpec
 
 FAMILIES = ("tv_cls", "tv_seg", "timm", "hf_encoder", "hf_decoder", "hf_seq2seq",
             "hf_vision_audio", "custom")

@@ -12,27 +12,15 @@ name only, in parts with --family / --shard, and is not part of "all" either.
 """
 from __future__ import annotations
 
-import dataclasses
 import re
 from typing import Callable
 
 import torch
 from torch import nn
 
+from . import broad  # noqa: F401 - registers the broad suite
+from .spec import REGISTRY, ModelSpec
 
-@dataclasses.dataclass(frozen=True)
-class ModelSpec:
-    name: str
-    suite: str
-    build: Callable[[], nn.Module]
-    inputs: Callable[[], tuple]      # positional args; call under a fixed seed
-    kwargs: Callable[[], dict] = dict
-    quick: bool = False
-    note: str = ""
-    family: str = ""                 # a sub-group of the suite, for --family and geomeans
-
-
-REGISTRY: dict[str, ModelSpec] = {}
 SUITES = ("torchvision", "timm", "hf", "synthetic", "broad", "test", "test_hang")
 HIDDEN = ("test", "test_hang")
 NOT_IN_ALL = (*HIDDEN, "broad")
@@ -395,6 +383,3 @@ def count() -> dict[str, int]:
     for s in REGISTRY.values():
         out[s.suite] = out.get(s.suite, 0) + 1
     return out
-
-
-from . import broad  # noqa: E402,F401 - registers the broad suite (it imports ModelSpec from here)
