@@ -3,9 +3,8 @@
 Consumes: a model config (random weights, nothing downloaded), a cache kind (dynamic: the
 default DynamicCache that grows every token; static: `cache_implementation="static"`, fixed
 shapes) and the compilers to compare. Produces one record per (model, cache, compiler): first
-generate seconds (compile included), the median time of a prefill-only call (`max_new_tokens=1`)
-and of a full generate (`--new-tokens` tokens), tokens/s of the whole generate and of the decode
-steps alone ((N - 1) / (t_N - t_1)), the speedup vs eager (median of paired per-round ratios,
+generate seconds (compile included), the median time of a generate (prefill of `--prompt` tokens
++ `--new-tokens` decode steps) and its tokens/s, the speedup vs eager (median of paired per-round ratios,
 order reversed every round), how many graphs each backend compiled in the first generate and
 during the timed rounds (a recompile per generated token shows here), and whether the greedy
 tokens equal eager's.
@@ -133,15 +132,13 @@ def measure(name: str, cache: str, compilers: list[str], args) -> list[dict]:
         models[c] = model
     order = list(models)
     t_full = {c: [] for c in order}
-    t_pre = {c: [] for c in order}
     try:
-        for c in order:                     # one untimed call of each length (static cache reset)
-            generate(models[c], 1)
+        for c in order:                     # one untimed warm-up call
+            generate(models[c], args.new_tokens)
+        # Always the same length: generate() reuses a static cache between calls, and a shorter
+        # call in between (to time the prefill alone) made the next one index past its end.
         for r in range(args.reps):
             for c in (order if r % 2 == 0 else order[::-1]):
-                t0 = time.perf_counter()
-                generate(models[c], 1)
-                t_pre[c].append(time.perf_counter() - t0)
                 t0 = time.perf_counter()
                 generate(models[c], args.new_tokens)
                 t_full[c].append(time.perf_counter() - t0)
@@ -152,9 +149,8 @@ def measure(name: str, cache: str, compilers: list[str], args) -> list[dict]:
     n = args.new_tokens
     for c in order:
         rec = recs[c]
-        full, pre = statistics.median(t_full[c]), statistics.median(t_pre[c])
-        rec.update(generate_s=full, prefill_s=pre, tokens_per_s=n / full,
-                   decode_tokens_per_s=(n - 1) / (full - pre) if full > pre else None,
+        full = statistics.median(t_full[c])
+        rec.update(generate_s=full, tokens_per_s=n / full,
                    times=[round(t, 5) for t in t_full[c]],
                    speedup=statistics.median(e / t for e, t in zip(t_full["eager"], t_full[c])),
                    graphs_after_first=(counters[c].graphs - rec["graphs_first"])
@@ -170,18 +166,17 @@ def measure(name: str, cache: str, compilers: list[str], args) -> list[dict]:
 
 
 def table(records: list[dict]) -> str:
-    heads = ("model", "compiler", "status", "tokens", "first_s", "prefill_ms", "gen_ms", "tok/s",
-             "decode tok/s", "speedup", "graphs", "+graphs", "error")
+    heads = ("model", "compiler", "status", "tokens", "first_s", "gen_ms", "tok/s", "speedup",
+             "graphs", "+graphs", "error")
     rows = []
     for r in records:
         def f(key, fmt):
             v = r.get(key)
             return "-" if v is None else fmt.format(v)
         rows.append((r["model"], r["compiler"], r.get("status", "?"), r.get("tokens_match", "-"),
-                     f("first_generate_s", "{:.1f}"), f("prefill_s", "{:.1f}") if r.get(
-                         "prefill_s") is None else f"{r['prefill_s'] * 1e3:.1f}",
+                     f("first_generate_s", "{:.1f}"),
                      "-" if r.get("generate_s") is None else f"{r['generate_s'] * 1e3:.0f}",
-                     f("tokens_per_s", "{:.1f}"), f("decode_tokens_per_s", "{:.1f}"),
+                     f("tokens_per_s", "{:.1f}"),
                      f("speedup", "{:.2f}x"), f("graphs_first", "{}"),
                      f("graphs_after_first", "{}"), (r.get("error") or "")[:60]))
     widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(heads)]
