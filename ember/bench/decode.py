@@ -132,19 +132,26 @@ def measure(name: str, cache: str, compilers: list[str], args) -> list[dict]:
         models[c] = model
     order = list(models)
     t_full = {c: [] for c in order}
-    try:
-        for c in order:                     # one untimed warm-up call
+
+    def timed(c) -> bool:
+        """One generate of compiler `c`, timed; a failure fails that compiler's row only."""
+        t0 = time.perf_counter()
+        try:
             generate(models[c], args.new_tokens)
-        # Always the same length: generate() reuses a static cache between calls, and a shorter
-        # call in between (to time the prefill alone) made the next one index past its end.
-        for r in range(args.reps):
-            for c in (order if r % 2 == 0 else order[::-1]):
-                t0 = time.perf_counter()
-                generate(models[c], args.new_tokens)
-                t_full[c].append(time.perf_counter() - t0)
-    except Exception as exc:  # noqa: BLE001
-        for c in order:
+        except Exception as exc:  # noqa: BLE001
             recs[c].update(status="fail", error="timing: " + describe_exception(exc))
+            order.remove(c)
+            return False
+        t_full[c].append(time.perf_counter() - t0)
+        return True
+    # Always the same length: generate() sizes a static cache from the longest call so far.
+    for c in list(order):                  # one untimed warm-up call each
+        if timed(c):
+            t_full[c].clear()
+    for r in range(args.reps):
+        for c in (list(order) if r % 2 == 0 else order[::-1]):
+            timed(c)
+    if "eager" not in order:
         order = []
     n = args.new_tokens
     for c in order:
