@@ -185,7 +185,8 @@ def measure(spec, mode: str, compiler_names: list[str], reps: int, warmup: int, 
     from .suites import instantiate
 
     env = hygiene.describe()
-    base = {"model": spec.name, "suite": spec.suite, "mode": mode, "threads": env["threads"],
+    base = {"model": spec.name, "suite": spec.suite, "family": spec.family or spec.suite,
+            "note": spec.note, "mode": mode, "threads": env["threads"],
             "allocator": env["allocator"], "env": env, "reps": reps, "warmup": warmup}
     names = ["eager"] + [c for c in compiler_names if c != "eager"]
     t_start = time.perf_counter()
@@ -387,7 +388,8 @@ def run_one(spec, mode: str, opts, env: dict) -> list[dict]:
         status = "timeout" if outcome and outcome.startswith("timeout") else "crash"
         for c in names:
             if c not in have:
-                records.append({"model": spec.name, "suite": spec.suite, "mode": mode,
+                records.append({"model": spec.name, "suite": spec.suite,
+                                "family": spec.family or spec.suite, "note": spec.note, "mode": mode,
                                 "compiler": c, "status": status,
                                 "error": f"{outcome or 'no result'}; log: {_tail(log)}",
                                 "wall_s": wall})
@@ -439,8 +441,14 @@ def run_suite_cli(args, argv: list[str]) -> int:
     """`ember bench` (suite mode): select, run, print the table and summary, write JSON/PNG."""
     from . import report
     from .suites import REGISTRY, select
+    if args.from_json:
+        return report.from_json(args.from_json, args.plot)
     suite = args.suite
-    specs = select(suite, args.models, args.quick)
+    try:
+        specs = select(suite, args.models, args.quick, args.family, args.shard)
+    except ValueError as exc:
+        print(exc, file=sys.stderr)
+        return 2
     if args.include_test_models and suite != "test":
         specs += select("test", args.models)
     if not specs:
@@ -448,7 +456,7 @@ def run_suite_cli(args, argv: list[str]) -> int:
         return 2
     if args.list:
         for s in specs:
-            print(f"{s.name:32} {s.suite}")
+            print(f"{s.name:36} {s.suite:11} {s.family:15} {s.note}".rstrip())
         print(f"{len(specs)} models (registry: {len(REGISTRY)})")
         return 0
     args.compilers = [c.strip() for c in args.compilers.split(",") if c.strip()]

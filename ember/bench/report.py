@@ -6,6 +6,7 @@ TTY, in CI logs and pasted into an issue.
 """
 from __future__ import annotations
 
+import json
 import math
 import statistics
 from collections import defaultdict
@@ -141,6 +142,8 @@ def summary(records: list[dict]) -> str:
             g = geomean(pairs)
             lines.append(f"  ember vs torch.compile {mode}: geomean {g:.2f}x over {len(pairs)} "
                          f"models that pass both (>1 = ember faster)")
+    lines += _family_lines(records)
+    lines += _work_list(records)
     paths = defaultdict(int)
     for r in records:
         if r["compiler"] == "ember" and r.get("path"):
@@ -151,6 +154,46 @@ def summary(records: list[dict]) -> str:
     if env:
         lines.append(f"  threads {env.get('threads')}, allocator {env.get('allocator')}")
     return "\n".join(lines)
+
+
+def _family_lines(records: list[dict]) -> list[str]:
+    """Per family and mode: ember's and torch.compile's geomean vs eager, ember vs torch.compile."""
+    families = sorted({r.get("family") for r in records if r.get("family")})
+    if len(families) < 2:
+        return []
+    lines = ["  per family (geomean over passing rows; n = rows):"]
+    for mode in sorted({r["mode"] for r in records}):
+        for fam in families:
+            recs = [r for r in records if r["mode"] == mode and r.get("family") == fam]
+            parts = []
+            for comp, label in (("ember", "ember"), ("torch", "torch.compile")):
+                ok = [r for r in recs if r["compiler"] == comp and r.get("status") == "pass"]
+                g = geomean(r.get("speedup") for r in ok)
+                if g:
+                    parts.append(f"{label} {g:.2f}x eager (n={len(ok)})")
+            vs = _ember_vs_torch(recs, mode)
+            if vs:
+                parts.append(f"ember/torch.compile {geomean(vs):.2f}x (n={len(vs)})")
+            if parts:
+                lines.append(f"    {mode:5} {fam:16} " + ", ".join(parts))
+    return lines
+
+
+def _work_list(records: list[dict]) -> list[str]:
+    """Every ember row slower than eager, and every ember row that did not pass, with its error."""
+    slow = sorted((r for r in records if r["compiler"] == "ember" and r.get("status") == "pass"
+                   and r.get("speedup") is not None and r["speedup"] < 1.0),
+                  key=lambda r: r["speedup"])
+    bad = [r for r in records if r["compiler"] == "ember" and r.get("status") != "pass"]
+    lines = []
+    if slow:
+        lines.append(f"  ember slower than eager ({len(slow)}): " + ", ".join(
+            f"{r['model']} {r['mode']} {r['speedup']:.2f}x" for r in slow))
+    if bad:
+        lines.append(f"  ember not passing ({len(bad)}):")
+        lines += [f"    {r['model']} {r['mode']}: {STATUS_SHORT.get(r.get('status'), r.get('status'))}"
+                  f" {(r.get('error') or '')[:140]}" for r in bad]
+    return lines
 
 
 def _ember_vs_torch(records: list[dict], mode: str) -> list[float]:
@@ -213,3 +256,21 @@ def plot(records: list[dict], path: str) -> str:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return f"plot written to {path}"
+
+
+def from_json(paths: list[str], plot_path: str | None = None) -> int:
+    """`ember bench --from-json FILE...`: the table and summary of saved records (later wins)."""
+    latest: dict[tuple, dict] = {}
+    for path in paths:
+        with open(path) as f:
+            for line in f:
+                if line.strip():
+                    r = json.loads(line)
+                    latest[(r["model"], r["mode"], r["compiler"])] = r
+    records = list(latest.values())
+    print(table(records))
+    print()
+    print(summary(records))
+    if plot_path:
+        print(plot(records, plot_path))
+    return 0

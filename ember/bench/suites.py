@@ -7,31 +7,23 @@ compute the same function in training too (their RNG streams differ by design).
 
 Suites: torchvision, timm, hf (transformers from configs), synthetic; "test" holds models for
 the harness's own tests (one raises, one kills its process) and is never part of "all".
+"broad" (broad.py: ~70 models at realistic sizes, 224x224 images, sequences 128-512) is run by
+name only, in parts with --family / --shard, and is not part of "all" either.
 """
 from __future__ import annotations
 
-import dataclasses
 import re
 from typing import Callable
 
 import torch
 from torch import nn
 
+from . import broad  # noqa: F401 - registers the broad suite
+from .spec import REGISTRY, ModelSpec
 
-@dataclasses.dataclass(frozen=True)
-class ModelSpec:
-    name: str
-    suite: str
-    build: Callable[[], nn.Module]
-    inputs: Callable[[], tuple]      # positional args; call under a fixed seed
-    kwargs: Callable[[], dict] = dict
-    quick: bool = False
-    note: str = ""
-
-
-REGISTRY: dict[str, ModelSpec] = {}
-SUITES = ("torchvision", "timm", "hf", "synthetic", "test", "test_hang")
+SUITES = ("torchvision", "timm", "hf", "synthetic", "broad", "test", "test_hang")
 HIDDEN = ("test", "test_hang")
+NOT_IN_ALL = (*HIDDEN, "broad")
 
 
 def _add(spec: ModelSpec) -> None:
@@ -289,18 +281,40 @@ _add(ModelSpec("test_hangs", "test_hang", Hangs, lambda: (torch.randn(2, 4),)))
 
 
 # --------------------------------------------------------------------------------- selection
-def select(suite: str = "all", pattern: str | None = None, quick: bool = False) -> list[ModelSpec]:
-    """Models of `suite` ("all" = every suite but the hidden test ones) matching `pattern`."""
+def select(suite: str = "all", pattern: str | None = None, quick: bool = False,
+           family: str | None = None, shard: str | None = None) -> list[ModelSpec]:
+    """Models of `suite` ("all" = every suite but the hidden and broad ones) matching `pattern`.
+
+    `family`: comma list of families (`ModelSpec.family`, e.g. "timm,tv_seg"); `shard` "K/N":
+    every N-th model from the K-th (1-based) of the filtered list, so shards mix families.
+    """
     if suite not in (*SUITES, "all"):
         raise ValueError(f"unknown suite {suite!r}; valid: {', '.join(SUITES)}, all")
     specs = [s for s in REGISTRY.values()
-             if (s.suite == suite or (suite == "all" and s.suite not in HIDDEN))]
+             if (s.suite == suite or (suite == "all" and s.suite not in NOT_IN_ALL))]
     if quick:
         specs = [s for s in specs if s.quick] or specs[:3]
     if pattern:
         rx = re.compile(pattern)
         specs = [s for s in specs if rx.search(s.name)]
+    if family:
+        wanted = {f.strip() for f in family.split(",") if f.strip()}
+        specs = [s for s in specs if s.family in wanted]
+    if shard:
+        k, n = parse_shard(shard)
+        specs = specs[k - 1::n]
     return specs
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """"K/N" -> (K, N) with 1 <= K <= N."""
+    try:
+        k, n = (int(v) for v in text.split("/"))
+    except ValueError:
+        raise ValueError(f"--shard wants K/N (e.g. 2/8), got {text!r}") from None
+    if not 1 <= k <= n:
+        raise ValueError(f"--shard {text}: need 1 <= K <= N")
+    return k, n
 
 
 def quiet_randomness(model: nn.Module) -> nn.Module:
@@ -369,4 +383,3 @@ def count() -> dict[str, int]:
     for s in REGISTRY.values():
         out[s.suite] = out.get(s.suite, 0) + 1
     return out
-
