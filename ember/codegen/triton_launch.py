@@ -31,7 +31,7 @@ import torch
 from .. import config
 from ..errors import EmberError, InternalError, Unsupported
 from ..logging import get_logger
-from .common import SIZE_PARAM, hint, is_symbolic
+from ..loopir.index import SIZE_NAME, hint, is_symbolic
 from .triton import MAX_PERSISTENT, LOOP_RBLOCK, generate_kernels, module_source
 from .wrapper import WrapperCodegen, grad_free
 
@@ -165,7 +165,7 @@ class Launcher:
         """A size expression at this call's sizes (the size parameters among the args)."""
         if not is_symbolic(x):
             return x
-        vals = {n: args[i] for i, n in enumerate(self.ks.args) if SIZE_PARAM.fullmatch(n)}
+        vals = {n: args[i] for i, n in enumerate(self.ks.args) if SIZE_NAME.fullmatch(n)}
         return int(x.xreplace({s: vals[s.name] for s in x.free_symbols}))
 
     def grid(self, cfg, args=()):

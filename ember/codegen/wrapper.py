@@ -14,8 +14,8 @@ import sympy
 import torch
 
 from ..errors import Unsupported
-from ..runtime.build import SIZE_NAME
-from .common import IndentedBuffer, numel, py_repr
+from ..loopir.index import SIZE_NAME, numel
+from .common import IndentedBuffer, py_repr
 
 
 def grad_free(call):

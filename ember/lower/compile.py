@@ -16,7 +16,7 @@ import time
 import torch
 
 from .. import config, shapes
-from ..codegen.common import size_hints
+from ..loopir.index import size_hints
 from ..codegen.cpp import generate_tu
 from ..codegen.wrapper import WrapperCodegen, grad_free
 from ..fallback import fall_back, stage
@@ -27,7 +27,7 @@ from ..schedule.deps import node_deps
 from ..schedule.fuse import ExternStep, Kernel, fuse
 from ..schedule.memory import (can_write_in_place, mark_locals, plan_memory, step_reads,
                                step_writes)
-from .ir import TensorArg
+from ..loopir.nodes import TensorArg
 from .lowering import GraphLowering
 
 code_log = get_logger("output_code")

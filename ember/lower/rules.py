@@ -17,8 +17,10 @@ from typing import Callable
 import sympy
 import torch
 
-from ..codegen.common import compute_dtype, numel, ops
-from .ir import Pending, Pointwise, Reduction, Reindex, TensorValue, View, as_sizes
+from ..loopir.index import numel
+from ..loopir.ops import compute_dtype, ops
+from ..loopir.nodes import Pointwise, Reduction
+from .ir import Pending, Reindex, TensorValue, View, as_sizes
 
 aten = torch.ops.aten
 prims = torch.ops.prims

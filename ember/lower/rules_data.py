@@ -11,9 +11,10 @@ from __future__ import annotations
 import sympy
 import torch
 
-from ..codegen.common import (FloorDiv, ModularIndexing, compute_dtype, contiguous_strides, hint,
-                             numel, ops)
-from .ir import (InputBuffer, Pending, Pointwise, Reindex, TensorValue, View, as_size, as_sizes, meta_sizes,
+from ..loopir.index import FloorDiv, ModularIndexing, contiguous_strides, hint, numel
+from ..loopir.ops import compute_dtype, ops
+from ..loopir.nodes import InputBuffer, Pointwise
+from .ir import (Pending, Reindex, TensorValue, View, as_size, as_sizes, meta_sizes,
                  meta_strided)
 from .rules import RULES, broadcast_loader, out_meta, rule
 from ..errors import Unsupported

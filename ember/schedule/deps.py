@@ -14,7 +14,8 @@ import itertools
 
 import sympy
 
-from ..codegen.common import set_handler, sym
+from ..loopir.index import sym
+from ..loopir.ops import OpsHandler, set_handler
 
 
 @dataclasses.dataclass
@@ -24,7 +25,7 @@ class NodeDeps:
     indirect: bool = False
 
 
-class DepsHandler:
+class DepsHandler(OpsHandler):
     def __init__(self):
         self.reads: dict = {}
         self.writes: dict = {}
@@ -46,8 +47,8 @@ class DepsHandler:
     def masked(self, mask, body, other):
         return body()
 
-    def __getattr__(self, name):
-        return lambda *a, **k: None
+    def default(self, name, *args, **kwargs):
+        return None
 
 
 def loop_vars(n, start=0):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..codegen.common import is_symbolic
+from ..loopir.index import is_symbolic
 from .deps import tensor_args
 from .fuse import ExternStep, Kernel
 
