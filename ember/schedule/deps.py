@@ -9,20 +9,13 @@ Consumes: lower's ComputedBuffer / ExternBuffer nodes (duck-typed). Produces: `N
 """
 from __future__ import annotations
 
-import dataclasses
 import itertools
 
 import sympy
 
 from ..loopir.index import sym
 from ..loopir.ops import OpsHandler, set_handler
-
-
-@dataclasses.dataclass
-class NodeDeps:
-    reads: dict            # buffer name -> set of index exprs (None for externs: whole buffer)
-    write_index: object    # sympy expr in v-vars (None for externs)
-    indirect: bool = False
+from ..loopir.plan import NodeDeps
 
 
 class DepsHandler(OpsHandler):

@@ -164,7 +164,7 @@ def generate(name: str) -> list[tuple[str, str]]:
     import ember
     from ember.aot import aot_compile
     from ember.decomp import get_decompositions
-    from ember.lower import compile_aten_graph
+    from ember.backends.ember import compile_aten_graph
 
     make_fn, make_args, dynamic, train, options = _cases()[name]
     graphs = []
