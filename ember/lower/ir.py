@@ -14,7 +14,7 @@ from typing import Callable, Optional
 import sympy
 import torch
 
-from ..loopir.index import contiguous_strides, is_symbolic, sym
+from ..loopir.index import FloorDiv, ModularIndexing, contiguous_strides, hint, is_symbolic, numel, sym
 from ..loopir.nodes import Buffer, Pointwise, TensorArg
 from ..shapes import expr_of
 
@@ -134,3 +134,64 @@ def index_vars(prefix: str, n: int) -> list:
 
 def is_contiguous(size, stride) -> bool:
     return all(st == cst for s, st, cst in zip(size, stride, contiguous_strides(size)) if s != 1)
+
+
+# --- views as values (shared by the view rules and the reductions) ---------------------------
+
+def meta_view(x: View, fn):
+    """Apply a view op to a meta tensor with x's layout; the resulting (size, stride, offset)."""
+    r = fn(meta_strided(x.size, x.stride, x.offset))
+    return View(x.buffer, as_sizes(r.shape), as_sizes(r.stride()), as_size(r.storage_offset()))
+
+
+def view_impl(x, size):
+    size = as_sizes(size)
+    if -1 in size:
+        known = numel([s for s in size if s != -1])
+        size = tuple(numel(x.size) // known if s == -1 else s for s in size)
+    if tuple(x.size) == size:
+        return x
+    if isinstance(x, View):
+        try:
+            return meta_view(x, lambda t: t.view(meta_sizes(size)))
+        except RuntimeError:
+            pass
+    return Reindex(x, size, _reshape_index(tuple(x.size), size), view_fn=lambda t: t.view(meta_sizes(size)))
+
+
+def _reshape_index(old, new):
+    """index over `new` → index over `old` via matching dimension groups."""
+    groups, i, j = [], 0, 0
+    while i < len(old) or j < len(new):
+        gi, gj = [], []
+        pi = pj = 1
+        while True:
+            if pi == pj and (gi or gj) and (i >= len(old) or old[i] != 1 or pi != 1) and (
+                    j >= len(new) or new[j] != 1 or pj != 1):
+                break
+            if (hint(pi) <= hint(pj) or j >= len(new)) and i < len(old):
+                gi.append(i); pi *= old[i]; i += 1
+            elif j < len(new):
+                gj.append(j); pj *= new[j]; j += 1
+            else:
+                break
+        groups.append((gi, gj))
+
+    def reindex(index):
+        out = [sympy.Integer(0)] * len(old)
+        for gi, gj in groups:
+            flat = sympy.Integer(0)
+            for jj, st in zip(gj, contiguous_strides([new[k] for k in gj])):
+                flat = flat + index[jj] * st
+            sts = contiguous_strides([old[k] for k in gi])
+            for n, (ii, st) in enumerate(zip(gi, sts)):
+                if old[ii] == 1:
+                    continue
+                if len(gi) == 1:
+                    out[ii] = flat
+                elif n == 0:
+                    out[ii] = FloorDiv(flat, sympy.sympify(st))
+                else:
+                    out[ii] = ModularIndexing(flat, sympy.sympify(st), sympy.sympify(old[ii]))
+        return out
+    return reindex

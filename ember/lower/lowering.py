@@ -21,7 +21,7 @@ import torch.fx
 
 from .. import shapes
 from ..loopir.index import contiguous_strides
-from ..loopir.ops import compute_dtype, count_body, ops
+from ..loopir.ops import count_body
 from ..errors import InternalError
 from ..logging import get_logger
 from ..loopir.nodes import (Buffer, ComputedBuffer, ExternBuffer, InputBuffer, MultiOutput,
