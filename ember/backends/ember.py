@@ -35,6 +35,7 @@ from ..loopir.printer import plan_summary, print_lowered, print_plan
 from ..lower.lowering import GraphLowering
 from ..runtime import graph_cache
 from ..runtime.build import build_async, load
+from ..runtime.cudagraphs import cudagraphify
 from ..schedule import schedule
 from .speed import speed_checked
 
@@ -108,9 +109,10 @@ def compile_aten_graph(gm, example_inputs, *, options=None):
                  "fallbacks": list(plan.fallbacks), "nodes": len(plan.nodes)}
         if use_triton:
             with stage("codegen"):
-                run = triton_launch.compile_plan(plan, example_inputs,
-                                                 triton_launch.graph_devices(gm, example_inputs),
-                                                 options, stats)
+                run = triton_launch.compile_plan(
+                    plan, triton_launch.graph_devices(gm, example_inputs), options, stats)
+            if run.ember_stats["device"] == "cuda" and options.get("mode") == "reduce-overhead":
+                run = cudagraphify(run, list(example_inputs))
             with _lock:
                 STATS.append(run.ember_stats)
             return run

@@ -259,7 +259,7 @@ def options_autotune(options) -> bool:
     return bool(options.get("triton.autotune", options.get("mode") == "max-autotune"))
 
 
-def compile_plan(plan, example_inputs, devices: set, options, stats: dict):
+def compile_plan(plan, devices: set, options, stats: dict):
     """The Triton path of the kernel backend: kernels and the wrapper (kernels called on
     tensors) generated from the plan, loaded and made callable (same convention as C++)."""
     device = "cuda" if "cuda" in devices else "cpu"
@@ -311,9 +311,6 @@ def compile_plan(plan, example_inputs, devices: set, options, stats: dict):
     run.ember_wrapper = wsrc
     run.ember_triton_source = msrc
     run.ember_launchers = launchers
-    if device == "cuda" and options.get("mode") == "reduce-overhead":
-        from ..runtime.cudagraphs import cudagraphify
-        run = cudagraphify(run, list(example_inputs))
     return run
 
 
