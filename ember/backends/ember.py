@@ -95,8 +95,8 @@ def compile_aten_graph(gm, example_inputs, *, options=None):
         entry = graph_cache.load(key) if key else None
         if entry is not None:
             return _from_graph_cache(entry, gm)
-        debug.dump("aten", gm.code, summary=f"aten graph given to ember.lower, "
-                                           f"{len(gm.graph.nodes)} nodes")
+        debug.dump("aot", gm.code, summary=f"the aten graph given to the kernel backend, "
+                                          f"{len(gm.graph.nodes)} nodes")
         with stage("lower"):
             g = GraphLowering(gm, example_inputs).run()
         if debug.active():

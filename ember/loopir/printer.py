@@ -125,7 +125,7 @@ def print_lowered(inputs, nodes, outputs) -> str:
     for n in nodes:
         lines.append("")
         lines.extend([_extern(n)] if n.kind == "extern" else _body(n))
-    lines += ["", f"# returns ({', '.join(_arg(o) for o in outputs)})"]
+    lines += ["", f"# returns {_arg(tuple(outputs))}"]
     return "\n".join(lines) + "\n"
 
 
@@ -154,7 +154,7 @@ def print_plan(plan) -> str:
         dying = plan.memory.frees.get(i, [])
         if dying:
             lines.append(f"del {', '.join(dying)}  # last use")
-    lines.append(f"return ({', '.join(_arg(o) for o in plan.outputs)})")
+    lines.append(f"return {_arg(tuple(plan.outputs))}")
     return "\n".join(lines) + "\n"
 
 

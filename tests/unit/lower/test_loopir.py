@@ -65,7 +65,7 @@ def test_layernorm_prints_from_loop_ir_to_plan(tmp_path, monkeypatch):
     torch.testing.assert_close(run(x, w, b)[0], _layernorm(x, w, b), atol=1e-5, rtol=1e-5)
     (folder,) = (tmp_path / "debug").iterdir()
     names = sorted(p.name for p in folder.iterdir())
-    assert names == ["01_aten.py", "02_lower.py", "03_schedule.py", "04_kernels.cpp",
+    assert names == ["01_aot.py", "02_lower.py", "03_schedule.py", "04_kernels.cpp",
                      "05_wrapper.py"], names
     lowered = (folder / "02_lower.py").read_text()
     first = lowered.splitlines()[0]
