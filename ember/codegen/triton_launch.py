@@ -1,11 +1,13 @@
 """Stage 6/7, Triton: load generated kernels, choose launch configs, build the graph callable.
 
 `compile_plan(plan, ...)` is the Triton twin of the C++ path of the kernel backend
-(ember.backends.kernels): same plan, the same wrapper generated from it (`WrapperCodegen` with
+(ember.backends.ember): same plan, the same wrapper generated from it (`WrapperCodegen` with
 kernels called on tensors instead of `data_ptr()`s, allocations on the graph's device), Triton
-kernels instead of a C++ TU. Launch configs come from heuristics (`heuristic_configs`) or, with autotuning on
-(options mode="max-autotune" or "triton.autotune"), from timing 2–6 candidates once per kernel
-source + argument shapes and caching the winner on disk (`<cache>/triton/autotune/<key>.json`).
+kernels instead of a C++ TU. Launch configs come from heuristics (`heuristic_configs`) or, with
+autotuning on (options mode="max-autotune" or "triton.autotune"), from timing 2–6 candidates once
+per kernel source + argument shapes and caching the winner on disk
+(`<cache>/triton/autotune/<key>.json`). The backend wraps CUDA graphs around the result in
+mode="reduce-overhead" (runtime.cudagraphs).
 
 Device selection (`selected`): CUDA graphs run here; CPU graphs only with
 options["cpu_codegen"] == "triton", which needs TRITON_INTERPRET=1 (Triton's CPU interpreter).

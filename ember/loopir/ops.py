@@ -58,7 +58,7 @@ class _Ops:
 
     def __getattr__(self, name: str) -> Callable:
         if name not in OPS:
-            raise AttributeError(f"ops.{name} is not a loop-IR op (declared in ember/loopir/ops.py)")
+            raise AttributeError(f"ops.{name} is not a loop-IR op (see OPS in ember/loopir/ops.py)")
 
         def call(*args, **kwargs):
             return getattr(_handler.get(), name)(*args, **kwargs)
