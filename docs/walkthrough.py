@@ -6,8 +6,10 @@
 It sets EMBER_DEBUG_DIR to a temporary folder, runs one training step (forward, backward) through
 `ember.compile`, checks the result against eager PyTorch, and prints the files each stage wrote:
 the guards and captured FX graph (capture), the joint/partitioned aten graphs (aot, after the
-decompositions), and the generated C++ and Python wrapper (codegen). tests/test_walkthrough.py
-runs it, so this document cannot go stale.
+decompositions), then per graph (graph_<n>/) the aten graph the kernel backend got, the loop IR
+(`# after lower:`: one `def` per computed buffer, its body as `ops` calls), the schedule
+(`# after schedule:`: kernels, externs and where each buffer dies), and the generated C++ and
+Python wrapper (codegen). tests/test_walkthrough.py runs it, so this document cannot go stale.
 """
 from __future__ import annotations
 
@@ -15,6 +17,9 @@ import os
 import sys
 import tempfile
 from pathlib import Path
+
+# the ember of the tree this file is in (not whichever one is installed)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def main(brief: bool = False) -> int:

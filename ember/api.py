@@ -403,7 +403,7 @@ def reset() -> None:
     """Drop every cache: captured frames, compiled graphs, warn-once memory, counters."""
     from . import counters
     from .logging import reset_warnings
-    from .lower import STATS as graph_stats
+    from .backends.ember import STATS as graph_stats
     from .runtime import cache as disk_cache
     from .backends import speed
     capture.reset()
@@ -422,7 +422,7 @@ def stats() -> dict:
     eager_calls, kernel_graphs / graph_cache_hits / kernels (the C++/Triton backend).
     compile_seconds: per stage, exclusive (capture, aot, codegen, backend:<name> for the rest)."""
     from . import counters
-    from .lower import STATS as graph_stats
+    from .backends.ember import STATS as graph_stats
     snap = counters.snapshot()
     counts = collections.Counter(snap["counts"])
     counts.update({k: v for k, v in capture.stats().items() if isinstance(v, int)})

@@ -1,9 +1,11 @@
 """EMBER_DEBUG_DIR: every compile writes each stage's IR as a readable file.
 
 Layout: `$EMBER_DEBUG_DIR/graph_<n>/<k>_<stage>.<ext>`, one folder per graph handed to a backend,
-files numbered in the order the stages ran. Each file starts with a header line:
-`# <stage>: <summary>`. Stages call `dump(stage, text, summary=...)`; outside a graph scope (or
-without EMBER_DEBUG_DIR) it does nothing.
+files numbered in the order the stages ran (a backward graph compiled later joins its forward's
+folder when compiled inside the same scope). Each file starts with a header line
+`# after <stage>: <summary>` (`//` for C++), or is a printed IR that starts with its own header
+(`summary=None`). Stages call `dump(stage, text, summary=...)`; outside a graph scope (or without
+EMBER_DEBUG_DIR) it does nothing.
 """
 from __future__ import annotations
 
@@ -47,12 +49,18 @@ def current_folder() -> Path | None:
     return scope.folder if scope else None
 
 
-def dump(stage: str, text: str, *, summary: str = "", ext: str = "py") -> Path | None:
+def dump(stage: str, text: str, *, summary: str | None = "", ext: str = "py") -> Path | None:
     scope = _scope.get()
     if scope is None:
         return None
     scope.folder.mkdir(parents=True, exist_ok=True)
     path = scope.folder / f"{next(scope.files):02d}_{stage}.{ext}"
     comment = "//" if ext in ("cpp", "c", "h") else "#"
-    path.write_text(f"{comment} {stage}: {summary}\n{text}")
+    header = "" if summary is None else f"{comment} after {stage}: {summary}\n"
+    path.write_text(header + text)
     return path
+
+
+def active() -> bool:
+    """Is a dump being written? (Printing an IR costs time: print only when it is.)"""
+    return _scope.get() is not None

@@ -1,6 +1,8 @@
-"""The tree's boundaries, checked with `ast`: no forbidden torch internals in product code,
-imports between stage packages flow one way (capture → backends → aot → decomp → lower →
-schedule → codegen → runtime), and no import cycle among module-level imports."""
+"""The tree's boundaries, checked with `ast` over every import, function-local ones included: no
+forbidden torch internals in product code, imports between stage packages flow one way (capture →
+backends → aot → decomp → lower → schedule → codegen → runtime), the kernel backend's stages
+(lower, schedule, codegen, runtime) share only the loop IR (ember.loopir) and never import each
+other (ember.backends.ember runs them in turn), and no import cycles."""
 from __future__ import annotations
 
 import ast
@@ -12,6 +14,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1] / "ember"
 STAGES = ["capture", "backends", "aot", "decomp", "lower", "schedule", "codegen", "runtime"]
 SHARED = {"config", "errors", "logging", "counters", "progress", "debug"}
+#: the loop IR: what lower produces, schedule plans, codegen prints and runtime launches
+IR = "loopir"
+BACKEND_STAGES = ("lower", "schedule", "codegen", "runtime")
 # Tooling that may use anything (benchmarks measure against torch.compile); nothing imports it.
 TOOLING = {"bench"}
 TOP = {"__init__", "api", "cli", "__main__"}   # the public surface and its entry points
@@ -100,6 +105,17 @@ def test_imports_flow_one_way(path):
         dst_area = _area(mod)
         if dst_area == src_area or dst_area in SHARED:
             continue
+        if dst_area == IR:
+            if src_area not in BACKEND_STAGES + ("backends",):
+                bad.append(f"{path}:{line}: {src_area} imports the loop IR ({mod})")
+            continue
+        if src_area == IR:
+            bad.append(f"{path}:{line}: the loop IR imports {mod} (it imports shared modules only)")
+            continue
+        if src_area in BACKEND_STAGES and dst_area in BACKEND_STAGES:
+            bad.append(f"{path}:{line}: {src_area} imports {dst_area} ({mod}); the kernel "
+                       "backend's stages share only ember.loopir")
+            continue
         if dst_area in TOOLING or dst_area in TOP:
             bad.append(f"{path}:{line}: product code imports {mod}")
         elif src_area in SHARED:
@@ -109,17 +125,53 @@ def test_imports_flow_one_way(path):
     assert not bad, "\n".join(bad)
 
 
-def test_no_module_level_import_cycles():
+def _import_graph() -> nx.DiGraph:
+    """module -> modules it imports, anywhere in the file (function-local imports too)."""
     names = {_module_name(p) for p in ROOT.rglob("*.py")}
     graph = nx.DiGraph()
     for path in ROOT.rglob("*.py"):
         src = _module_name(path)
-        for _, mod in _imports(path, top_level_only=True):
+        for _, mod in _imports(path):
             # `from pkg import name` may name a submodule or an attribute; keep real modules only.
             if mod in names and mod != src and not src.startswith(mod + "."):
                 graph.add_edge(src, mod)
-    cycles = list(nx.simple_cycles(graph))
+    return graph
+
+
+#: cycles known and accepted, with the reason
+KNOWN_CYCLES = {
+    frozenset({"ember.codegen.triton", "ember.codegen.triton_welford"}):
+        "triton_welford.py is the Welford part of triton.py's kernel codegen, split out for "
+        "length: it uses triton's emit helpers and triton's codegen calls it",
+}
+
+
+def _cycles(graph, inside: str | None = None, outside: str | None = None) -> list:
+    out = []
+    for scc in nx.strongly_connected_components(graph):
+        if len(scc) < 2 or frozenset(scc) in KNOWN_CYCLES:
+            continue
+        areas = {_area(m) for m in scc}
+        if (inside and areas != {inside}) or (outside and outside in areas):
+            continue
+        out.append(sorted(scc))
+    return out
+
+
+def test_no_import_cycles_outside_capture():
+    cycles = _cycles(_import_graph(), outside="capture")
     assert not cycles, f"import cycles: {cycles[:5]}"
+
+
+@pytest.mark.xfail(strict=True, reason="capture's cache/residual layers are pulled into its "
+                   "interpreter's cycle by calls.py -> entry.global_hooks_present, effects.py -> "
+                   "calls._is_model_output and breaks.py <-> entry.py (issue 25, capture's part)")
+def test_capture_cache_and_residual_layers_sit_above_the_interpreter():
+    """The interpreter core may be one cycle (opcode handlers call back into it); the layers
+    built on it (entry: cache and guards; breaks: residual code) must not be part of it."""
+    layers = {"ember.capture.entry", "ember.capture.breaks"}
+    bad = [c for c in _cycles(_import_graph(), inside="capture") if layers & set(c)]
+    assert not bad, f"capture layers in an import cycle: {bad}"
 
 
 def test_checker_catches_violations(tmp_path):

@@ -1,17 +1,52 @@
-"""Backend "ember" (the default): capture → aot → decomps → loop IR, fusion, generated kernels."""
+"""Backend "ember" (the default): capture → aot → decomps → loop IR, fusion, generated kernels.
+
+`ember_backend` runs aot with `compile_aten_graph` as its forward/backward compiler: the kernel
+backend's pipeline, one function read top to bottom,
+
+    lower (aten graph → loop IR) → dump → schedule (→ Plan) → dump → codegen (C++ TU or Triton
+    kernels, and the Python wrapper, from the plan) → dump → runtime (build in a worker thread,
+    disk cache, load at the first call)
+
+Each dump goes to EMBER_DEBUG_DIR/graph_<n>/ (ember.debug), so LayerNorm can be followed from
+the aten graph through `after lower:` and `after schedule:` to the C++ kernel
+(docs/design/025-loop-ir.md). EMBER_LOGS=output_code prints the generated sources.
+
+Consumes: aten graph (docs/design/001). Produces: callable(*inputs) -> tuple of tensors.
+"""
 from __future__ import annotations
+
+import itertools
+import threading
+import time
 
 import torch
 
-from .. import counters
+from .. import counters, debug, shapes
 from ..errors import Unsupported
 from ..aot import aot_compile
+from ..codegen import triton_launch
+from ..codegen.cpp import generate_tu
+from ..codegen.wrapper import WrapperCodegen, grad_free
 from ..fallback import fall_back, stage
 from ..decomp import get_decompositions
-from ..lower import compile_aten_graph
+from ..logging import get_logger
+from ..loopir.index import size_hints
+from ..loopir.printer import plan_summary, print_lowered, print_plan
+from ..lower.lowering import GraphLowering
+from ..runtime import graph_cache
+from ..runtime.build import build_async, load
+from ..runtime.cudagraphs import cudagraphify
+from ..schedule import schedule
 from . import layout
 from .freeze import copy_module, freeze
 from .speed import speed_checked    # never slower than eager
+
+code_log = get_logger("output_code")
+perf_log = get_logger("perf")
+_ids = itertools.count()
+_lock = threading.Lock()
+#: one dict per compiled graph (kernels, externs, fallbacks); tests read and clear it
+STATS: list = []
 
 
 def ember_backend(gm, example_inputs, **kwargs):
@@ -62,3 +97,112 @@ def _refuse_implicit_autocast(gm) -> None:
             raise Unsupported("an autocast region in a graph from another capture (its casts "
                               "are implicit; ember traces on meta tensors, which autocast "
                               "does not see)", hint="use ember.compile, or autocast outside")
+
+
+def compile_aten_graph(gm, example_inputs, *, options=None):
+    """The kernel backend: aten graph → callable running generated kernels."""
+    options = options or {}
+    env = shapes.env_of(*[n.meta.get("val") for n in gm.graph.find_nodes(op="placeholder")])
+    with size_hints(env.hints if env is not None else {}), debug.graph_scope():
+        t0 = time.perf_counter()
+        use_triton = triton_launch.selected(gm, example_inputs, options)  # raises on mixed devices
+        key = None if use_triton else graph_cache.graph_key(gm, options)
+        entry = graph_cache.load(key) if key else None
+        if entry is not None:
+            return _from_graph_cache(entry, gm)
+        debug.dump("aot", gm.code, summary=f"the aten graph given to the kernel backend, "
+                                          f"{len(gm.graph.nodes)} nodes")
+        with stage("lower"):
+            g = GraphLowering(gm, example_inputs).run()
+        if debug.active():
+            debug.dump("lower", print_lowered(g.inputs, g.nodes, g.outputs), summary=None)
+        with stage("schedule"):
+            plan = schedule(g, fusion=options.get("fusion", True))
+        if debug.active():
+            debug.dump("schedule", print_plan(plan), summary=None)
+        stats = {"kernels": len(plan.kernels), "externs": len(plan.externs),
+                 "fallbacks": list(plan.fallbacks), "nodes": len(plan.nodes)}
+        if use_triton:
+            with stage("codegen"):
+                run = triton_launch.compile_plan(
+                    plan, triton_launch.graph_devices(gm, example_inputs), options, stats)
+            if run.ember_stats["device"] == "cuda" and options.get("mode") == "reduce-overhead":
+                run = cudagraphify(run, list(example_inputs))
+            with _lock:
+                STATS.append(run.ember_stats)
+            return run
+        with stage("codegen"):
+            source, sigs = generate_tu(plan.kernels, plan.deps, plan.buffers)
+            wrapper = WrapperCodegen(plan, sigs)
+            wsrc = wrapper.generate()
+        stats = {"graph": next(_ids), **stats}
+        with _lock:
+            STATS.append(stats)
+        _report(stats["graph"], plan, source if plan.kernels else "", wsrc)
+        if key and not any(b.constant is not None for b in plan.inputs):
+            graph_cache.store(key, {"wrapper": wsrc, "source": source if plan.kernels else "",
+                                    "sigs": sigs, "ops": wrapper.ops, "stats": stats})
+        future = build_async(source) if plan.kernels else None
+        perf_log.info("graph %d: %s, fallbacks %s, lowered in %.3fs", stats["graph"],
+                      plan_summary(plan), list(plan.fallbacks), time.perf_counter() - t0)
+        return _Compiled(wsrc, wrapper.globals, future, sigs, stats, gm).entry()
+
+
+def _from_graph_cache(entry, gm):
+    stats = dict(entry["stats"], graph=next(_ids), cached=True)
+    with _lock:
+        STATS.append(stats)
+    globs = {"torch": torch, "empty_strided": torch.empty_strided, "as_strided": torch.as_strided}
+    globs.update({k: graph_cache.resolve_op(v) for k, v in entry["ops"].items()})
+    future = build_async(entry["source"]) if entry["source"] else None
+    perf_log.info("graph %d: graph cache hit (%d kernels), fallbacks %s", stats["graph"],
+                  stats["kernels"], stats["fallbacks"])
+    return _Compiled(entry["wrapper"], globs, future, entry["sigs"], stats, gm).entry()
+
+
+class _Compiled:
+    """The wrapper, made callable at the first call: that waits for the kernels' build. A
+    build that fails (g++ error, no compiler) makes this graph run its aten graph eagerly."""
+
+    def __init__(self, wsrc, globs, future, sigs, stats, gm):
+        self.wsrc, self.globs, self.future, self.sigs, self.stats = wsrc, globs, future, sigs, stats
+        self.gm = gm
+        self.call = self._first_call
+        self.lock = threading.Lock()
+
+    def _first_call(self, args):
+        with self.lock:
+            if self.call == self._first_call:
+                try:
+                    with stage("build"):
+                        self.call = self._load()
+                except Exception as exc:  # noqa: BLE001 - the fallback policy
+                    fall_back("ember", exc)
+                    self.call = self._eager
+        return self.call(args)
+
+    def _load(self):
+        globs = dict(self.globs)
+        if self.future is not None:
+            globs.update(load(self.future.result(), self.sigs))
+        exec(compile(self.wsrc, f"<ember wrapper {self.stats['graph']}>", "exec"), globs)
+        return globs["call"]
+
+    def _eager(self, args):
+        out = self.gm(*args)
+        return tuple(out) if isinstance(out, (list, tuple)) else (out,)
+
+    def entry(self):
+        run = grad_free(lambda args: self.call(args))   # self.call changes after the first call
+        run.ember_stats = self.stats
+        run.ember_wrapper = self.wsrc
+        return run
+
+
+def _report(gid, plan, source, wsrc):
+    if code_log.isEnabledFor(20):
+        code_log.info("graph %d C++:\n%s\ngraph %d wrapper:\n%s", gid, source, gid, wsrc)
+    if source:
+        debug.dump("kernels", source, summary=f"{len(plan.kernels)} C++ kernels, graph {gid}",
+                   ext="cpp")
+    debug.dump("wrapper", wsrc, summary=f"Python wrapper, {len(plan.steps)} steps, graph {gid}")

@@ -19,10 +19,10 @@ import re
 import sympy
 import torch
 
-from .common import (BINARY, COMPARE, CTYPE, UNARY, FloorDiv, IndentedBuffer, ModularIndexing,
-                     SIZE_PARAM, compute_dtype, hint, index_printer, is_symbolic, numel,
-                     simplify_index,
-                     set_handler, sym)
+from ..loopir.index import (SIZE_NAME, FloorDiv, ModularIndexing, hint, is_symbolic, numel,
+                            simplify_index, sym)
+from ..loopir.ops import BINARY, COMPARE, UNARY, OpsHandler, compute_dtype, set_handler
+from .common import CTYPE, IndentedBuffer, index_printer
 from .cpp_prelude import PRELUDE
 
 PARALLEL_MIN_WORK = 32768
@@ -390,7 +390,7 @@ def _red_clause(rtypes_accs) -> str:
 
 # --- loop planning: order and merge dims ---------------------------------------------------
 
-class IndexCollector:
+class IndexCollector(OpsHandler):
     """Records every index expression a body uses (loads, stores, index_expr)."""
 
     def __init__(self, ranges: dict):
@@ -417,8 +417,8 @@ class IndexCollector:
         self.n += 1
         return sym(f"indirect{self.n}")
 
-    def __getattr__(self, name):
-        return lambda *a, **k: None
+    def default(self, name, *args, **kwargs):
+        return None
 
 
 def collect(fn, ranges: dict) -> IndexCollector:
@@ -541,7 +541,7 @@ class KernelCodegen:
         code.writeline("}")
         text = code.getvalue()
         # dynamic shapes: the size symbols the body uses are int64 parameters after the buffers
-        self.size_params = sorted(set(SIZE_PARAM.findall(text)), key=lambda n: int(n[1:]))
+        self.size_params = sorted(set(SIZE_NAME.findall(text)), key=lambda n: int(n[1:]))
         sizes = "".join(f", int64_t {n}" for n in self.size_params)
         return text.replace("/*SIZES*/", sizes, 1)
 

@@ -30,8 +30,9 @@ import math
 import sympy
 import torch
 
-from .common import (BINARY, COMPARE, SIZE_PARAM, UNARY, IndentedBuffer, compute_dtype, hint,
-                     index_printer, is_symbolic, numel, py_repr, set_handler, sym)
+from ..loopir.index import SIZE_NAME, hint, is_symbolic, numel, sym
+from ..loopir.ops import BINARY, COMPARE, UNARY, OpsHandler, compute_dtype, set_handler
+from .common import IndentedBuffer, index_printer, py_repr
 
 MAX_PERSISTENT = 1024      # rows up to this many elements are reduced in one block
 LOOP_RBLOCK = 512          # column block of looped reductions
@@ -558,7 +559,7 @@ class TritonKernelCodegen:
         elided = self.elide_dead_stores(set(dead) | set(self.scratch))
         body = code.getvalue()
         # dynamic shapes: the size symbols the body uses are scalar parameters after the buffers
-        sizes = sorted(set(SIZE_PARAM.findall(body)), key=lambda n: int(n[1:]))
+        sizes = sorted(set(SIZE_NAME.findall(body)), key=lambda n: int(n[1:]))
         params = params[:len(args)] + sizes + params[len(args):]   # (the launcher appends scratch)
         header = f"@triton.jit\ndef {k.name}({', '.join(params)}):\n"
         return TritonKernelSource(k.name, header + body, list(args) + sizes,
@@ -686,7 +687,7 @@ def _final(acc, rt, dt) -> str:
     return f"tl.min(tl.where({pick}, {acc}_i, {INT32_LIMIT - 1}), 1)[:, None]"
 
 
-class _ReadCollector:
+class _ReadCollector(OpsHandler):
     def __init__(self):
         self.names = set()
 
@@ -699,8 +700,8 @@ class _ReadCollector:
     def indirect_indexing(self, value, size, check=True):
         return sym("ind")
 
-    def __getattr__(self, name):
-        return lambda *a, **k: None
+    def default(self, name, *args, **kwargs):
+        return None
 
 
 def _reads(node, xv, rv, stage) -> set:

@@ -1,16 +1,18 @@
 """Stage 6/7, Triton: load generated kernels, choose launch configs, build the graph callable.
 
-`compile_steps(...)` is the Triton twin of the C++ path in ember.lower.compile: same lowering,
-fusion and memory plan, the same wrapper (`WrapperCodegen`, with kernels called on tensors
-instead of `data_ptr()`s and allocations on the graph's device), Triton kernels instead of a
-C++ TU. Launch configs come from heuristics (`heuristic_configs`) or, with autotuning on
-(options mode="max-autotune" or "triton.autotune"), from timing 2–6 candidates once per kernel
-source + argument shapes and caching the winner on disk (`<cache>/triton/autotune/<key>.json`).
+`compile_plan(plan, ...)` is the Triton twin of the C++ path of the kernel backend
+(ember.backends.ember): same plan, the same wrapper generated from it (`WrapperCodegen` with
+kernels called on tensors instead of `data_ptr()`s, allocations on the graph's device), Triton
+kernels instead of a C++ TU. Launch configs come from heuristics (`heuristic_configs`) or, with
+autotuning on (options mode="max-autotune" or "triton.autotune"), from timing 2–6 candidates once
+per kernel source + argument shapes and caching the winner on disk
+(`<cache>/triton/autotune/<key>.json`). The backend wraps CUDA graphs around the result in
+mode="reduce-overhead" (runtime.cudagraphs).
 
 Device selection (`selected`): CUDA graphs run here; CPU graphs only with
 options["cpu_codegen"] == "triton", which needs TRITON_INTERPRET=1 (Triton's CPU interpreter).
 
-Consumes: lowering result, steps, memory plan, NodeDeps, buffers. Produces: callable(*inputs).
+Consumes: the schedule's Plan. Produces: callable(*inputs).
 """
 from __future__ import annotations
 
@@ -21,17 +23,16 @@ import importlib.util
 import itertools
 import json
 import os
-import re
 import tempfile
 import threading
 import time
 
 import torch
 
-from .. import config
+from .. import config, debug
 from ..errors import EmberError, InternalError, Unsupported
 from ..logging import get_logger
-from .common import SIZE_PARAM, hint, is_symbolic
+from ..loopir.index import SIZE_NAME, hint, is_symbolic
 from .triton import MAX_PERSISTENT, LOOP_RBLOCK, generate_kernels, module_source
 from .wrapper import WrapperCodegen, grad_free
 
@@ -165,7 +166,7 @@ class Launcher:
         """A size expression at this call's sizes (the size parameters among the args)."""
         if not is_symbolic(x):
             return x
-        vals = {n: args[i] for i, n in enumerate(self.ks.args) if SIZE_PARAM.fullmatch(n)}
+        vals = {n: args[i] for i, n in enumerate(self.ks.args) if SIZE_NAME.fullmatch(n)}
         return int(x.xreplace({s: vals[s.name] for s in x.free_symbols}))
 
     def grid(self, cfg, args=()):
@@ -256,43 +257,27 @@ def _time_call(fn, args) -> float:
 
 # --- the graph callable --------------------------------------------------------------------
 
-_CALL = re.compile(r"^(\s*)(kernel\d+)\((.*)\)$")
-
-
-def tensor_calls(wsrc: str, kernel_names) -> str:
-    """The C++ wrapper passes `buf.data_ptr()`; Triton kernels take the tensors themselves."""
-    out = []
-    for line in wsrc.split("\n"):
-        m = _CALL.match(line)
-        if m and m.group(2) in kernel_names:
-            line = f"{m.group(1)}{m.group(2)}({m.group(3).replace('.data_ptr()', '')})"
-        out.append(line)
-    return "\n".join(out)
-
-
 def options_autotune(options) -> bool:
     return bool(options.get("triton.autotune", options.get("mode") == "max-autotune"))
 
 
-def compile_steps(g, steps, plan, deps, buffers, options, *, step_reads, step_writes,
-                  inplace_ok, kernels, stats):
-    """The Triton path of compile_aten_graph. Returns the callable (same convention as C++)."""
-    devs = graph_devices_of(g, options)
-    device = "cuda" if "cuda" in devs else "cpu"
+def compile_plan(plan, devices: set, options, stats: dict):
+    """The Triton path of the kernel backend: kernels and the wrapper (kernels called on
+    tensors) generated from the plan, loaded and made callable (same convention as C++)."""
+    device = "cuda" if "cuda" in devices else "cpu"
     interpret = interpreting() or device == "cpu"
-    outs = {o.buffer.name for o in g.outputs if hasattr(o, "buffer")}
-    index = {id(st): i for i, st in enumerate(steps)}
-    dead = {k.name: {n for n in step_writes(k) if plan.last_use.get(n) == index[id(k)]
-                     and n not in outs} for k in kernels}
-    sources = generate_kernels(kernels, deps, buffers, dead=dead,
+    outs = {o.buffer.name for o in plan.outputs if hasattr(o, "buffer")}
+    kernels = plan.kernels
+    dead = {s.name: {n for n in plan.writes[i] if plan.memory.last_use.get(n) == i
+                     and n not in outs} for i, s in enumerate(plan.steps) if s in kernels}
+    sources = generate_kernels(kernels, plan.deps, plan.buffers, dead=dead,
                                welford=bool(options.get("triton.welford", True)),
                                max_persistent=int(options.get("triton.max_persistent",
                                                               MAX_PERSISTENT)),
                                interpret=interpret)
     sigs = {s.name: s.args for s in sources}
-    wrapper = WrapperCodegen(g.inputs, steps, plan, sigs, buffers, g.outputs, step_reads,
-                             step_writes, inplace_ok=inplace_ok)
-    wsrc = tensor_calls(wrapper.generate(), set(sigs))
+    wrapper = WrapperCodegen(plan, sigs, pointers=False)
+    wsrc = wrapper.generate()
     msrc = module_source(sources) if sources else ""
     gid = next(_ids)
     stats = dict(stats, backend="triton", device=device,
@@ -300,7 +285,11 @@ def compile_steps(g, steps, plan, deps, buffers, options, *, step_reads, step_wr
                  looped=sum(s.kind == "reduction" and not s.persistent for s in sources),
                  elided_stores=sum(len(s.elided) for s in sources),
                  welford=sum(s.welford for s in sources))
-    _report(gid, msrc, wsrc)
+    if code_log.isEnabledFor(20):
+        code_log.info("graph %d Triton:\n%s\ngraph %d wrapper:\n%s", gid, msrc, gid, wsrc)
+    if msrc:
+        debug.dump("kernels", msrc, summary=f"{len(sources)} Triton kernels")
+    debug.dump("wrapper", wsrc, summary=f"Triton wrapper, {len(plan.steps)} steps")
     globs = dict(wrapper.globals)
     if device == "cuda":
         globs["empty_strided"] = functools.partial(torch.empty_strided, device="cuda")
@@ -310,11 +299,12 @@ def compile_steps(g, steps, plan, deps, buffers, options, *, step_reads, step_wr
         autotune = options_autotune(options)
         loop_rblock = int(options.get("triton.rblock", LOOP_RBLOCK))
         for s in sources:
+            k = next(k for k in kernels if k.name == s.name)
             launchers[s.name] = Launcher(getattr(mod, s.name), s,
                                          heuristic_configs(s, loop_rblock), autotune=autotune,
-                                         writes=step_writes_of(s, kernels),
-                                         scratch=[(n, buffers[n].size, buffers[n].stride,
-                                                   buffers[n].dtype, n not in s.elided)
+                                         writes=[n.name for n in k.nodes if n.name not in k.local],
+                                         scratch=[(n, plan.buffers[n].size, plan.buffers[n].stride,
+                                                   plan.buffers[n].dtype, n not in s.elided)
                                                   for n in s.scratch])
     globs.update(launchers)
     exec(compile(wsrc, f"<ember triton wrapper {gid}>", "exec"), globs)
@@ -323,35 +313,8 @@ def compile_steps(g, steps, plan, deps, buffers, options, *, step_reads, step_wr
     run.ember_wrapper = wsrc
     run.ember_triton_source = msrc
     run.ember_launchers = launchers
-    if device == "cuda" and options.get("mode") == "reduce-overhead":
-        from ..runtime.cudagraphs import cudagraphify
-        run = cudagraphify(run, g)
     return run
 
 
-def graph_devices_of(g, options) -> set:
-    devs = set()
-    gm = getattr(g, "gm", None)
-    if gm is not None:
-        devs = graph_devices(gm, getattr(g, "example_inputs", []))
-    return devs
-
-
-def step_writes_of(ks, kernels) -> list:
-    k = next(k for k in kernels if k.name == ks.name)
-    return [n.name for n in k.nodes if n.name not in k.local]
-
-
-def _report(gid, msrc, wsrc):
-    if code_log.isEnabledFor(20):
-        code_log.info("graph %d Triton:\n%s\ngraph %d wrapper:\n%s", gid, msrc, gid, wsrc)
-    d = config.debug_dir()
-    if d is not None:
-        d.mkdir(parents=True, exist_ok=True)
-        if msrc:
-            (d / f"triton_graph{gid}_kernels.py").write_text(msrc)
-        (d / f"triton_graph{gid}_wrapper.py").write_text(f"# ember Triton wrapper {gid}\n{wsrc}")
-
-
-__all__ = ["selected", "compile_steps", "Launcher", "Config", "heuristic_configs",
+__all__ = ["selected", "compile_plan", "Launcher", "Config", "heuristic_configs",
            "interpreting", "InternalError"]

@@ -14,11 +14,11 @@ from __future__ import annotations
 import sympy
 import torch
 
-from .common import set_handler
+from ..loopir.ops import OpsHandler, set_handler
 from .triton import TVal, _full2, _loop_var, _open_rloop, _reads, _row_rnumel
 
 
-class _TreeHandler:
+class _TreeHandler(OpsHandler):
     """Bodies as nested tuples, to compare two bodies structurally."""
 
     def load(self, name, index):
@@ -36,8 +36,8 @@ class _TreeHandler:
     def masked(self, mask, body, other):
         raise _NoMatch
 
-    def __getattr__(self, name):
-        return lambda *args: (name,) + args
+    def default(self, name, *args):
+        return (name,) + args
 
 
 class _NoMatch(Exception):

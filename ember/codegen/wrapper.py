@@ -5,7 +5,7 @@ Generates straight-line `call(args)`: unpack and check inputs (size/stride), all
 arguments), call externs (aten `out=` variants where they exist), free each buffer after its
 last use and hand freed buffers of the same size/stride/dtype to later allocations.
 
-Consumes: steps (schedule), MemoryPlan, kernel signatures, inputs/outputs of the lowering.
+Consumes: the schedule's Plan (ember.loopir.plan), kernel signatures.
 Produces: (python source, globals needed by it other than the kernels).
 """
 from __future__ import annotations
@@ -14,8 +14,8 @@ import sympy
 import torch
 
 from ..errors import Unsupported
-from ..runtime.build import SIZE_NAME
-from .common import IndentedBuffer, numel, py_repr
+from ..loopir.index import SIZE_NAME, numel
+from .common import IndentedBuffer, py_repr
 
 
 def grad_free(call):
@@ -61,16 +61,14 @@ def _sig(buf):
 
 
 class WrapperCodegen:
-    def __init__(self, inputs, steps, plan, signatures, buffers, outputs, step_reads, step_writes,
-                 inplace_ok=None):
-        self.inputs, self.steps, self.plan = inputs, steps, plan
-        self.signatures, self.buffers, self.outputs = signatures, buffers, outputs
-        self.step_reads, self.step_writes = step_reads, step_writes
+    def __init__(self, plan, signatures, *, pointers: bool = True):
+        self.inputs, self.steps, self.plan = plan.inputs, plan.steps, plan
+        self.signatures, self.buffers, self.outputs = signatures, plan.buffers, plan.outputs
+        self.pointers = pointers    # C++ kernels take data_ptr()s; Triton kernels the tensors
         self.globals: dict = {"torch": torch, "empty_strided": torch.empty_strided,
                               "as_strided": torch.as_strided}
         self.owned: set = set()   # buffers we allocated (safe to reuse)
         self.donated: set = set()  # buffers whose memory an output took over (in place)
-        self.inplace_ok = inplace_ok or (lambda step, src, dst: False)
         self.code = IndentedBuffer()
         self.ops: dict = {}        # global name -> "namespace::op.overload" (for the graph cache)
 
@@ -121,7 +119,7 @@ class WrapperCodegen:
             pooled: dict = {}       # freed buffer -> where its `del` goes if nothing reuses it
             for i, step in enumerate(self.steps):
                 self._step(i, step, pool)
-                for name in self.plan.frees.get(i, []):
+                for name in self.plan.memory.frees.get(i, []):
                     buf = self.buffers.get(name)
                     if name in self.donated:
                         code.writeline(f"del {name}")
@@ -180,12 +178,12 @@ class WrapperCodegen:
         code = self.code
         node = getattr(step, "node", None)
         if node is None:  # a kernel
-            dying = [b for b in self.plan.frees.get(i, []) if b in self.owned
-                     and b not in self.donated and b in self.step_reads(step)]
-            for name in self.step_writes(step):
+            dying = [b for b in self.plan.memory.frees.get(i, []) if b in self.owned
+                     and b not in self.donated and b in self.plan.reads[i]]
+            for name in self.plan.writes[i]:
                 buf = self.buffers[name]
                 src = next((d for d in dying if _sig(self.buffers[d]) == _sig(buf)
-                            and self.inplace_ok(step, d, name)), None)
+                            and (i, d, name) in self.plan.in_place), None)
                 if src is not None:
                     dying.remove(src)
                     self.donated.add(src)
@@ -193,9 +191,9 @@ class WrapperCodegen:
                     code.writeline(f"{name} = {src}  # in place")
                     continue
                 self._alloc(buf, pool)
-            if any(numel(self.buffers[n].size) == 0 for n in self.step_writes(step)):
+            if any(numel(self.buffers[n].size) == 0 for n in self.plan.writes[i]):
                 return
-            args = ", ".join(n if SIZE_NAME.fullmatch(n) else f"{n}.data_ptr()"
+            args = ", ".join(n if SIZE_NAME.fullmatch(n) or not self.pointers else f"{n}.data_ptr()"
                              for n in self.signatures[step.name])
             code.writeline(f"{step.name}({args})")
             return

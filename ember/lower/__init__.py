@@ -1,7 +1,5 @@
-"""Stage 4, lower: aten prim graph → loop IR → (schedule, codegen, runtime) → callable.
+"""Stage 4, lower: aten prim graph → loop IR (ember.loopir.nodes).
 
-Entry point: `compile_aten_graph(gm, example_inputs, *, options=None)`.
+Entry point: `GraphLowering(gm, example_inputs).run()` (lowering.py); the kernel backend's
+pipeline that runs it and the stages after it is ember.backends.ember.compile_aten_graph.
 """
-from .compile import STATS, compile_aten_graph
-
-__all__ = ["compile_aten_graph", "STATS"]

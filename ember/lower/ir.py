@@ -1,152 +1,22 @@
-"""Stage 4, lower: the loop IR.
+"""Stage 4, lower: tensor values while lowering, over the loop IR's nodes (ember.loopir.nodes).
 
-Buffers are named allocations with a strided layout: `InputBuffer` (graph placeholders and
-constants), `ComputedBuffer` (a `Pointwise` or `Reduction` body stored to a dense layout) and
-`ExternBuffer` (an aten call: mm/convolution/... or a fallback op). While lowering, a tensor is a
-`TensorValue`: `Pending` (an unrealized Pointwise, inlined into its users), `View` (strided view of
-a buffer) or `Reindex` (any view as an index function of another value). Bodies are define-by-run
-functions of sympy indices that call `ops` (ember.codegen.common).
+While lowering, a tensor is a `TensorValue`: `Pending` (an unrealized Pointwise, inlined into its
+users), `View` (strided view of a buffer) or `Reindex` (any view as an index function of another
+value). Realizing a value makes a loop-IR buffer.
 
-Consumes: nothing. Produces: the classes below, used by lowering, schedule and codegen.
+Consumes: loop-IR nodes. Produces: the classes below, used by lowering and its rules.
 """
 from __future__ import annotations
 
 import contextvars
-import dataclasses
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 import sympy
 import torch
 
-from ..codegen.common import contiguous_strides, is_symbolic, numel, ops, strided_index, sym
+from ..loopir.index import FloorDiv, ModularIndexing, contiguous_strides, hint, is_symbolic, numel, sym
+from ..loopir.nodes import Buffer, Pointwise, TensorArg
 from ..shapes import expr_of
-
-
-# --- loop bodies ---------------------------------------------------------------------------
-
-@dataclasses.dataclass(eq=False)
-class Pointwise:
-    size: tuple
-    dtype: torch.dtype
-    inner_fn: Callable  # index (list of sympy) -> ops value (compute dtype of `dtype`)
-
-
-@dataclasses.dataclass(eq=False)
-class Reduction:
-    size: tuple                 # output size (reduced dims kept as 1 or dropped, as eager)
-    reduction_size: tuple       # sizes of the reduced dims, in loop order
-    reduction_type: str         # sum prod max min argmax argmin any
-    dtype: torch.dtype          # output dtype
-    src_dtype: torch.dtype      # compute dtype of the reduced value
-    inner_fn: Callable          # (index, rindex) -> ops value
-
-
-# --- buffers -------------------------------------------------------------------------------
-
-@dataclasses.dataclass(eq=False)
-class Buffer:
-    name: str
-    dtype: torch.dtype
-    size: tuple
-    stride: tuple
-
-    def loader(self, size=None, stride=None, offset=0):
-        stride = self.stride if stride is None else stride
-        name = self.name
-
-        def load(index):
-            return ops.load(name, strided_index(index, stride, offset))
-        return load
-
-    @property
-    def numel(self) -> int:
-        return numel(self.size)
-
-    def storage_numel(self) -> int:
-        if any(s == 0 for s in self.size):
-            return 0
-        return 1 + sum((s - 1) * st for s, st in zip(self.size, self.stride))
-
-
-@dataclasses.dataclass(eq=False)
-class InputBuffer(Buffer):
-    position: int = -1              # placeholder position, or -1 for a constant
-    constant: Any = None            # the tensor, for get_attr constants
-    symbol: Any = None              # a size-symbol placeholder (dynamic shapes): its sympy Symbol
-
-
-@dataclasses.dataclass(eq=False)
-class ComputedBuffer(Buffer):
-    body: Any = None                # Pointwise | Reduction
-
-    @property
-    def kind(self) -> str:
-        return "reduction" if isinstance(self.body, Reduction) else "pointwise"
-
-    # Canonical loops drop size-1 dims: vars x0.. range over the non-1 sizes.
-    @property
-    def ranges(self) -> tuple:
-        return tuple(s for s in self.body.size if s != 1)
-
-    @property
-    def rranges(self) -> tuple:
-        if isinstance(self.body, Reduction):
-            return tuple(s for s in self.body.reduction_size if s != 1)
-        return ()
-
-    def _expand(self, size, vars_):
-        it = iter(vars_)
-        return [sympy.Integer(0) if s == 1 else next(it) for s in size]
-
-    def store_index(self, xvars):
-        return strided_index(self._expand(self.body.size, xvars), self.stride)
-
-    def store_pointwise(self, xvars):
-        """Run the body at loop vars `xvars` and store it (pointwise only)."""
-        index = self._expand(self.body.size, xvars)
-        value = self.body.inner_fn(index)
-        return ops.store(self.name, strided_index(index, self.stride), value)
-
-    def reduction_value(self, xvars, rvars):
-        body = self.body
-        return body.inner_fn(self._expand(body.size, xvars), self._expand(body.reduction_size, rvars))
-
-
-@dataclasses.dataclass(eq=False)
-class ExternBuffer(Buffer):
-    """Result of one aten call. `args`/`kwargs` hold `TensorArg`s where tensors go. A multi-output
-    call is one ExternBuffer with `outputs` (its MultiOutput buffers) and `size=None`."""
-    op: Any = None
-    args: tuple = ()
-    kwargs: dict = dataclasses.field(default_factory=dict)
-    out_variant: Any = None         # e.g. aten.mm.out: write into a preallocated buffer
-    outputs: list = dataclasses.field(default_factory=list)
-    fallback: bool = False
-
-    @property
-    def kind(self) -> str:
-        return "extern"
-
-
-@dataclasses.dataclass(eq=False)
-class MultiOutput(Buffer):
-    """Element `path` (tuple of indices) of a multi-output extern's result."""
-    parent: Any = None
-    path: tuple = ()
-
-
-@dataclasses.dataclass(frozen=True)
-class TensorArg:
-    """A strided view of a buffer handed to an extern or returned from the graph."""
-    buffer: Buffer
-    size: tuple
-    stride: tuple
-    offset: int = 0
-
-    @property
-    def is_whole(self) -> bool:
-        return (self.offset == 0 and tuple(self.size) == tuple(self.buffer.size)
-                and tuple(self.stride) == tuple(self.buffer.stride))
 
 
 # --- tensor values while lowering ----------------------------------------------------------
@@ -264,3 +134,64 @@ def index_vars(prefix: str, n: int) -> list:
 
 def is_contiguous(size, stride) -> bool:
     return all(st == cst for s, st, cst in zip(size, stride, contiguous_strides(size)) if s != 1)
+
+
+# --- views as values (shared by the view rules and the reductions) ---------------------------
+
+def meta_view(x: View, fn):
+    """Apply a view op to a meta tensor with x's layout; the resulting (size, stride, offset)."""
+    r = fn(meta_strided(x.size, x.stride, x.offset))
+    return View(x.buffer, as_sizes(r.shape), as_sizes(r.stride()), as_size(r.storage_offset()))
+
+
+def view_impl(x, size):
+    size = as_sizes(size)
+    if -1 in size:
+        known = numel([s for s in size if s != -1])
+        size = tuple(numel(x.size) // known if s == -1 else s for s in size)
+    if tuple(x.size) == size:
+        return x
+    if isinstance(x, View):
+        try:
+            return meta_view(x, lambda t: t.view(meta_sizes(size)))
+        except RuntimeError:
+            pass
+    return Reindex(x, size, _reshape_index(tuple(x.size), size), view_fn=lambda t: t.view(meta_sizes(size)))
+
+
+def _reshape_index(old, new):
+    """index over `new` → index over `old` via matching dimension groups."""
+    groups, i, j = [], 0, 0
+    while i < len(old) or j < len(new):
+        gi, gj = [], []
+        pi = pj = 1
+        while True:
+            if pi == pj and (gi or gj) and (i >= len(old) or old[i] != 1 or pi != 1) and (
+                    j >= len(new) or new[j] != 1 or pj != 1):
+                break
+            if (hint(pi) <= hint(pj) or j >= len(new)) and i < len(old):
+                gi.append(i); pi *= old[i]; i += 1
+            elif j < len(new):
+                gj.append(j); pj *= new[j]; j += 1
+            else:
+                break
+        groups.append((gi, gj))
+
+    def reindex(index):
+        out = [sympy.Integer(0)] * len(old)
+        for gi, gj in groups:
+            flat = sympy.Integer(0)
+            for jj, st in zip(gj, contiguous_strides([new[k] for k in gj])):
+                flat = flat + index[jj] * st
+            sts = contiguous_strides([old[k] for k in gi])
+            for n, (ii, st) in enumerate(zip(gi, sts)):
+                if old[ii] == 1:
+                    continue
+                if len(gi) == 1:
+                    out[ii] = flat
+                elif n == 0:
+                    out[ii] = FloorDiv(flat, sympy.sympify(st))
+                else:
+                    out[ii] = ModularIndexing(flat, sympy.sympify(st), sympy.sympify(old[ii]))
+        return out
+    return reindex

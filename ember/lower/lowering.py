@@ -20,12 +20,14 @@ import torch
 import torch.fx
 
 from .. import shapes
-from ..codegen.common import compute_dtype, contiguous_strides, count_body, ops
+from ..loopir.index import contiguous_strides
+from ..loopir.ops import count_body
 from ..errors import InternalError
 from ..logging import get_logger
-from .ir import (Buffer, ComputedBuffer, ExternBuffer, InputBuffer, MultiOutput, Pending,
-                 Pointwise, Reindex, TensorArg, TensorValue, View, dense_view, meta_strided,
-                 SHAPE_ENV, as_size, as_sizes, view_chain)
+from ..loopir.nodes import (Buffer, ComputedBuffer, ExternBuffer, InputBuffer, MultiOutput,
+                           Pointwise, TensorArg)
+from .ir import (Pending, Reindex, TensorValue, View, dense_view, meta_strided, SHAPE_ENV, as_size,
+                 as_sizes, view_chain)
 
 aten = torch.ops.aten
 perf_log = get_logger("perf")

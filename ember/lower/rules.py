@@ -17,8 +17,10 @@ from typing import Callable
 import sympy
 import torch
 
-from ..codegen.common import compute_dtype, numel, ops
-from .ir import Pending, Pointwise, Reduction, Reindex, TensorValue, View, as_sizes
+from ..loopir.index import numel
+from ..loopir.ops import compute_dtype, ops
+from ..loopir.nodes import Pointwise, Reduction
+from .ir import Pending, Reindex, TensorValue, View, as_sizes, view_impl
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -449,7 +451,6 @@ def argmax(ctx, node, x, dim=None, keepdim=False):
     if dim is None:
         if keepdim:
             return NotImplemented
-        from .rules_data import view_impl
         flat = view_impl(x, (numel(x.size),))
         return reduce(ctx, flat, [0], False, rtype, torch.int64, compute_dtype(x.dtype))
     return reduce(ctx, x, [dim], keepdim, rtype, torch.int64, compute_dtype(x.dtype))

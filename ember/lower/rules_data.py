@@ -11,10 +11,9 @@ from __future__ import annotations
 import sympy
 import torch
 
-from ..codegen.common import (FloorDiv, ModularIndexing, compute_dtype, contiguous_strides, hint,
-                             numel, ops)
-from .ir import (InputBuffer, Pending, Pointwise, Reindex, TensorValue, View, as_size, as_sizes, meta_sizes,
-                 meta_strided)
+from ..loopir.ops import compute_dtype, ops
+from ..loopir.nodes import InputBuffer, Pointwise
+from .ir import Pending, Reindex, TensorValue, View, as_size, as_sizes, meta_view, view_impl
 from .rules import RULES, broadcast_loader, out_meta, rule
 from ..errors import Unsupported
 
@@ -33,65 +32,6 @@ def broadcast_sizes(*sizes) -> tuple:
 
 
 # --- views -----------------------------------------------------------------------------------
-
-def _meta_view(x: View, fn):
-    """Apply a view op to a meta tensor with x's layout; the resulting (size, stride, offset)."""
-    r = fn(meta_strided(x.size, x.stride, x.offset))
-    return View(x.buffer, as_sizes(r.shape), as_sizes(r.stride()), as_size(r.storage_offset()))
-
-
-def view_impl(x, size):
-    size = as_sizes(size)
-    if -1 in size:
-        known = numel([s for s in size if s != -1])
-        size = tuple(numel(x.size) // known if s == -1 else s for s in size)
-    if tuple(x.size) == size:
-        return x
-    if isinstance(x, View):
-        try:
-            return _meta_view(x, lambda t: t.view(meta_sizes(size)))
-        except RuntimeError:
-            pass
-    return Reindex(x, size, _reshape_index(tuple(x.size), size), view_fn=lambda t: t.view(meta_sizes(size)))
-
-
-def _reshape_index(old, new):
-    """index over `new` → index over `old` via matching dimension groups."""
-    groups, i, j = [], 0, 0
-    while i < len(old) or j < len(new):
-        gi, gj = [], []
-        pi = pj = 1
-        while True:
-            if pi == pj and (gi or gj) and (i >= len(old) or old[i] != 1 or pi != 1) and (
-                    j >= len(new) or new[j] != 1 or pj != 1):
-                break
-            if (hint(pi) <= hint(pj) or j >= len(new)) and i < len(old):
-                gi.append(i); pi *= old[i]; i += 1
-            elif j < len(new):
-                gj.append(j); pj *= new[j]; j += 1
-            else:
-                break
-        groups.append((gi, gj))
-
-    def reindex(index):
-        out = [sympy.Integer(0)] * len(old)
-        for gi, gj in groups:
-            flat = sympy.Integer(0)
-            for jj, st in zip(gj, contiguous_strides([new[k] for k in gj])):
-                flat = flat + index[jj] * st
-            sts = contiguous_strides([old[k] for k in gi])
-            for n, (ii, st) in enumerate(zip(gi, sts)):
-                if old[ii] == 1:
-                    continue
-                if len(gi) == 1:
-                    out[ii] = flat
-                elif n == 0:
-                    out[ii] = FloorDiv(flat, sympy.sympify(st))
-                else:
-                    out[ii] = ModularIndexing(flat, sympy.sympify(st), sympy.sympify(old[ii]))
-        return out
-    return reindex
-
 
 @rule(aten.view.default, aten._unsafe_view.default, aten.reshape.default)
 def view(ctx, node, x, size):
@@ -158,7 +98,7 @@ def expand(ctx, node, x, size, *rest):
 
 @rule(aten.unsqueeze.default)
 def unsqueeze(ctx, node, x, dim):
-    return view_impl(x, as_sizes(out_meta(node).shape)) if not isinstance(x, View) else _meta_view(
+    return view_impl(x, as_sizes(out_meta(node).shape)) if not isinstance(x, View) else meta_view(
         x, lambda t: t.unsqueeze(dim))
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
-import re
 import shutil
 import subprocess
 import tempfile
@@ -21,6 +20,7 @@ from pathlib import Path
 import torch
 
 from ..errors import InternalError
+from ..loopir.index import SIZE_NAME
 from . import cache
 
 CXX = os.environ.get("CXX", "g++")
@@ -70,9 +70,6 @@ def build(source: str, compiler: str | None = None, flags=None, suffix: str = "c
 
 def build_async(source: str) -> Future:
     return _pool.submit(build, source)
-
-
-SIZE_NAME = re.compile(r"s\d+")
 
 
 def load(path: Path, signatures: dict) -> dict:

@@ -8,7 +8,7 @@ payload. Written atomically; an entry that does not parse or whose hash does not
 truncated write, a corrupt disk, an edit) is rebuilt with one warning. The wrapper source is
 executed on load, so only entries whose hash verifies are used; nothing is unpickled.
 
-Consumes: fx.GraphModule. Produces: entries for ember.lower.compile.
+Consumes: fx.GraphModule. Produces: entries for the kernel backend (ember.backends.ember).
 """
 from __future__ import annotations
 

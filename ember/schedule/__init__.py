@@ -1,1 +1,50 @@
-"""Stage package schedule (see docs/design/001-stage-contracts.md)."""
+"""Stage 5, schedule: loop-IR nodes → `Plan` (ember.loopir.plan).
+
+`schedule(lowered)` finds every node's reads and write index (deps.py), drops nodes no output
+needs, groups the rest into kernels (fuse.py), marks kernel-local buffers and buffer lifetimes
+(memory.py), and records per step what it reads and writes and which stores may go in place.
+
+Consumes: lower's result (`nodes`, `inputs`, `outputs`, `fallbacks`). Produces: a frozen `Plan`.
+"""
+from __future__ import annotations
+
+from ..loopir.nodes import TensorArg
+from ..loopir.plan import Kernel, Plan
+from .deps import node_deps
+from .fuse import fuse
+from .memory import can_write_in_place, mark_locals, plan_memory, step_reads, step_writes
+
+
+def schedule(lowered, *, fusion: bool = True) -> Plan:
+    deps = {n.name: node_deps(n) for n in lowered.nodes}
+    out_names = {o.buffer.name for o in lowered.outputs if isinstance(o, TensorArg)}
+    nodes = _dce(lowered.nodes, deps, out_names)
+    buffers = {b.name: b for b in lowered.inputs if b.size is not None}
+    for n in nodes:
+        buffers[n.name] = n
+        for o in getattr(n, "outputs", []):
+            buffers[o.name] = o
+    steps = fuse(nodes, deps, enable=fusion)
+    mark_locals(steps, deps, keep=out_names)
+    memory = plan_memory(steps, deps, out_names)
+    reads = tuple(tuple(step_reads(s, deps)) for s in steps)
+    writes = tuple(tuple(step_writes(s)) for s in steps)
+    in_place = frozenset((i, src, dst) for i, s in enumerate(steps) if isinstance(s, Kernel)
+                         for src in reads[i] for dst in writes[i]
+                         if can_write_in_place(s, deps, src, dst))
+    return Plan(tuple(lowered.inputs), tuple(lowered.outputs), tuple(nodes), tuple(steps), deps,
+                buffers, memory, reads, writes, in_place, tuple(lowered.fallbacks))
+
+
+def _dce(nodes, deps, keep: set):
+    needed = set(keep)
+    out = []
+    for n in reversed(nodes):
+        names = {n.name} | {o.name for o in getattr(n, "outputs", [])}
+        if names & needed:
+            out.append(n)
+            needed.update(deps[n.name].reads)
+    return list(reversed(out))
+
+
+__all__ = ["schedule", "Plan"]

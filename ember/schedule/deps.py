@@ -9,22 +9,16 @@ Consumes: lower's ComputedBuffer / ExternBuffer nodes (duck-typed). Produces: `N
 """
 from __future__ import annotations
 
-import dataclasses
 import itertools
 
 import sympy
 
-from ..codegen.common import set_handler, sym
+from ..loopir.index import sym
+from ..loopir.ops import OpsHandler, set_handler
+from ..loopir.plan import NodeDeps
 
 
-@dataclasses.dataclass
-class NodeDeps:
-    reads: dict            # buffer name -> set of index exprs (None for externs: whole buffer)
-    write_index: object    # sympy expr in v-vars (None for externs)
-    indirect: bool = False
-
-
-class DepsHandler:
+class DepsHandler(OpsHandler):
     def __init__(self):
         self.reads: dict = {}
         self.writes: dict = {}
@@ -46,8 +40,8 @@ class DepsHandler:
     def masked(self, mask, body, other):
         return body()
 
-    def __getattr__(self, name):
-        return lambda *a, **k: None
+    def default(self, name, *args, **kwargs):
+        return None
 
 
 def loop_vars(n, start=0):

@@ -16,40 +16,7 @@ Consumes: nodes in topological order, their `NodeDeps`. Produces: list of Kernel
 """
 from __future__ import annotations
 
-import dataclasses
-
-
-@dataclasses.dataclass
-class Stage:
-    kind: str            # "pointwise" | "reduction"
-    inner: tuple
-    nodes: list
-
-
-@dataclasses.dataclass
-class Kernel:
-    name: str
-    outer: tuple
-    stages: list
-    local: set = dataclasses.field(default_factory=set)   # buffers that never leave the kernel
-    row_local: dict = dataclasses.field(default_factory=dict)  # local, but across stages: name -> row numel
-
-    @property
-    def nodes(self):
-        return [n for s in self.stages for n in s.nodes]
-
-    @property
-    def pure_pointwise(self) -> bool:
-        return all(s.kind == "pointwise" and not s.inner for s in self.stages)
-
-
-@dataclasses.dataclass
-class ExternStep:
-    node: object
-
-    @property
-    def nodes(self):
-        return [self.node]
+from ..loopir.plan import ExternStep, Kernel, Stage
 
 
 def _placement(kernel: Kernel, node):

@@ -8,20 +8,12 @@ Consumes: steps from fuse(), NodeDeps, the names of graph outputs. Produces: `Me
 """
 from __future__ import annotations
 
-import dataclasses
-
-from ..codegen.common import contiguous_strides, is_symbolic
+from ..loopir.index import contiguous_strides, is_symbolic
+from ..loopir.plan import ExternStep, Kernel, MemoryPlan
 from .deps import tensor_args
-from .fuse import ExternStep, Kernel
 
 
 ROW_LOCAL_MAX = 16384   # elements of a per-thread row scratch (on the stack)
-
-
-@dataclasses.dataclass
-class MemoryPlan:
-    last_use: dict        # buffer name -> index of the last step reading or writing it
-    frees: dict           # step index -> [buffer names dying after it]
 
 
 def step_reads(step, deps) -> list:

@@ -1,5 +1,5 @@
 """Models through torch.compile(backend=ember.get_backend("ember")) (Dynamo capture + ember aot +
-ember kernels), inference and training, compared with eager; kernel counts from ember.lower.STATS."""
+ember kernels), inference and training, compared with eager; kernel counts from ember.backends.ember.STATS."""
 import copy
 
 import pytest
@@ -7,7 +7,7 @@ import torch
 import torch.nn as nn
 
 import ember
-from ember.lower import STATS
+from ember.backends.ember import STATS
 
 
 def _compile(model):

@@ -8,7 +8,7 @@ import torch
 from torch.testing import make_tensor
 
 import ember
-from ember.lower import STATS
+from ember.backends.ember import STATS
 
 
 def _both(fn, *args, atol=0.0, rtol=0.0):

@@ -77,7 +77,7 @@ def test_mlp_train_sweep_compiles_at_most_twice(sweep):
 def test_dynamic_graph_is_reused_with_parametric_kernels():
     """After the dimension goes dynamic, new sizes run the same compiled graph: no new compile,
     and the generated kernels take the sizes as arguments."""
-    from ember.lower import STATS
+    from ember.backends.ember import STATS
     m, ref = _pair(MLP)
     cm = ember.compile(m).eval()
     with torch.no_grad():

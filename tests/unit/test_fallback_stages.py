@@ -12,7 +12,7 @@ import torch
 
 import ember
 import ember.capture.entry as capture_entry
-import ember.lower.compile as lower_compile
+import ember.backends.ember as lower_compile
 import ember.runtime.build as build
 from ember.decomp import DECOMPS
 

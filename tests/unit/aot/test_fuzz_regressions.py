@@ -72,7 +72,7 @@ def test_output_that_a_decomposition_returns_as_a_view_stays_differentiable(shap
     # OpInfo repeat/matmul through backend "ember": repeat's decomposition ends in a view whose
     # root never reached autograd; planning the output as that view dropped its gradient (None)
     from ember.decomp import get_decompositions
-    from ember.lower import compile_aten_graph
+    from ember.backends.ember import compile_aten_graph
 
     x = torch.randn(shape, requires_grad=True)
     gm = torch.fx.symbolic_trace(lambda a: (a.repeat(reps),))

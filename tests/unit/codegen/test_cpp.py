@@ -2,9 +2,10 @@
 import sympy
 import torch
 
-from ember.codegen.common import FloorDiv, ModularIndexing, ops, sym
+from ember.loopir.index import FloorDiv, ModularIndexing, sym
+from ember.loopir.ops import ops
 from ember.codegen.cpp import cexpr, generate_tu, plan_loops
-from ember.lower.ir import ComputedBuffer, InputBuffer, Pointwise, Reduction
+from ember.loopir.nodes import ComputedBuffer, InputBuffer, Pointwise, Reduction
 from ember.runtime.build import build, load
 from ember.schedule.deps import node_deps
 from ember.schedule.fuse import fuse

@@ -1,4 +1,4 @@
-"""codegen.common.simplify_index: range-aware rewriting of FloorDiv/ModularIndexing, checked by
+"""loopir.index.simplify_index: range-aware rewriting of FloorDiv/ModularIndexing, checked by
 enumerating every point of small loop nests (the rewritten index must equal the original one
 everywhere) and on the reshape patterns that made GroupNorm's kernels divide per element."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ import random
 import pytest
 import sympy
 
-from ember.codegen.common import FloorDiv, ModularIndexing, simplify_index, sym
+from ember.loopir.index import FloorDiv, ModularIndexing, simplify_index, sym
 
 v = [sym(f"v{i}") for i in range(4)]
 

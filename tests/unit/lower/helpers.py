@@ -3,7 +3,7 @@ import torch
 
 from ember.aot import trace_aten
 from ember.decomp import get_decompositions
-from ember.lower import STATS, compile_aten_graph
+from ember.backends.ember import STATS, compile_aten_graph
 
 
 def compile_fn(fn, *args, decompose=True):

@@ -35,7 +35,7 @@ def test_second_process_is_warm(tmp_path):
         import time, torch
         from ember.aot import trace_aten
         from ember.decomp import get_decompositions
-        from ember.lower import compile_aten_graph
+        from ember.backends.ember import compile_aten_graph
         x = torch.randn(64, 64)
         gm = trace_aten(lambda t: (t.exp() * 2).sum(1), (x,), decompositions=get_decompositions())
         t0 = time.perf_counter()
@@ -57,7 +57,7 @@ def test_second_process_is_warm(tmp_path):
 def _graph_cache_fn(x):
     from ember.aot import trace_aten
     from ember.decomp import get_decompositions
-    from ember.lower import compile_aten_graph
+    from ember.backends.ember import compile_aten_graph
     gm = trace_aten(lambda t: (t.sin() + 1).sum(0), (x,), decompositions=get_decompositions())
     return compile_aten_graph(gm, [x])
 

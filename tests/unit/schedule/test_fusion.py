@@ -54,7 +54,7 @@ def test_transposed_consumer_is_not_fused_wrongly():
 def test_no_fusion_option_gives_more_kernels():
     from ember.aot import trace_aten
     from ember.decomp import get_decompositions
-    from ember.lower import STATS, compile_aten_graph
+    from ember.backends.ember import STATS, compile_aten_graph
     x = torch.randn(8, 8)
     gm = trace_aten(lambda t: (t * 2 + 1).exp(), (x,), decompositions=get_decompositions())
     STATS.clear()
@@ -65,7 +65,7 @@ def test_no_fusion_option_gives_more_kernels():
 def test_softmax_keeps_exp_row_in_scratch_not_memory():
     from ember.aot import trace_aten
     from ember.decomp import get_decompositions
-    from ember.lower import compile_aten_graph
+    from ember.backends.ember import compile_aten_graph
     x = torch.randn(16, 40)
     gm = trace_aten(lambda t: (torch.softmax(t, -1),), (x,), decompositions=get_decompositions())
     fn = compile_aten_graph(gm, [x])

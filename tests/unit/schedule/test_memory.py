@@ -22,7 +22,7 @@ def test_buffers_are_reused_and_freed():
 def test_wrapper_text_has_reuse_and_del():
     from ember.aot import trace_aten
     from ember.decomp import get_decompositions
-    from ember.lower import compile_aten_graph
+    from ember.backends.ember import compile_aten_graph
     x, w = torch.randn(16, 16), torch.randn(16, 16)
     gm = trace_aten(lambda t, m: ((((t @ m).relu() @ m).relu() @ m).relu() @ m,),
                     (x, w), decompositions=get_decompositions())
@@ -35,7 +35,7 @@ def test_wrapper_text_has_reuse_and_del():
 def test_pointwise_after_extern_writes_in_place():
     from ember.aot import trace_aten
     from ember.decomp import get_decompositions
-    from ember.lower import compile_aten_graph
+    from ember.backends.ember import compile_aten_graph
     torch.manual_seed(0)
     x, w = torch.randn(16, 16) * 0.1, torch.randn(16, 16) * 0.1
     f = lambda t, m: ((((t @ m).exp() @ m).relu() + 1) @ m).sin()  # noqa: E731
@@ -50,7 +50,7 @@ def test_freed_buffer_nothing_reuses_is_deleted_when_it_dies():
     it must be released right after the matmul, not held until the graph returns."""
     from ember.aot import trace_aten
     from ember.decomp import get_decompositions
-    from ember.lower import compile_aten_graph
+    from ember.backends.ember import compile_aten_graph
     x, w = torch.randn(16, 8), torch.randn(8, 4)
     f = lambda t, m: (((t * 2).relu() @ m).sin().sum(),)  # noqa: E731
     gm = trace_aten(f, (x, w), decompositions=get_decompositions())
@@ -68,7 +68,7 @@ def test_conv_on_channels_last_input_keeps_the_kernels_layout():
     the real layout instead of copying every conv output; values equal eager."""
     from ember.aot import trace_aten
     from ember.decomp import get_decompositions
-    from ember.lower import compile_aten_graph
+    from ember.backends.ember import compile_aten_graph
     torch.manual_seed(0)
     x, w1, w2 = torch.randn(2, 8, 6, 6), torch.randn(8, 1, 3, 3), torch.randn(16, 8, 1, 1)
 

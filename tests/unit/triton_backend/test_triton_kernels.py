@@ -24,7 +24,7 @@ from ember.codegen import triton as tcg  # noqa: E402
 from ember.codegen import triton_launch  # noqa: E402
 from ember.decomp import get_decompositions  # noqa: E402
 from ember.errors import Unsupported  # noqa: E402
-from ember.lower import STATS, compile_aten_graph  # noqa: E402
+from ember.backends.ember import STATS, compile_aten_graph  # noqa: E402
 
 TRITON = {"cpu_codegen": "triton"}
 LOOPED = {"cpu_codegen": "triton", "triton.max_persistent": 8, "triton.rblock": 8}
@@ -435,7 +435,7 @@ GPU_SCRIPT = r"""
 import sys, torch, ember
 sys.path.insert(0, {here!r})
 from test_triton_kernels import Block, MLP, randn
-from ember.lower import STATS
+from ember.backends.ember import STATS
 for make, x in ((MLP, randn(64, 16)), (Block, randn(4, 32, 16))):
     torch.manual_seed(0)
     ref_m, m = make().cuda(), make().cuda()

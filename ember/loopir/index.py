@@ -1,0 +1,285 @@
+"""The loop IR's index algebra: sympy expressions over loop variables and size symbols.
+
+Indices are sympy expressions; `FloorDiv` and `ModularIndexing` are the only non-polynomial index
+functions, and `simplify_index` rewrites them with the loop ranges. Sizes may be symbols
+(dynamic shapes) named `s0, s1, ...`: `SIZE_NAME` is the one definition of that name, used by the
+kernels' parameter lists, the wrappers and the runtime's argument types.
+
+Consumes: nothing. Produces: index functions and helpers, `size_hints`/`hint`.
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+import math
+import re
+
+import sympy
+
+class FloorDiv(sympy.Function):
+    """a // b on non-negative integers (printed as C division)."""
+    is_integer = True
+    nargs = 2
+
+    @classmethod
+    def eval(cls, a, b):
+        if b == 1:
+            return a
+        if a == 0:
+            return sympy.Integer(0)
+        if a.is_Integer and b.is_Integer:
+            return sympy.Integer(int(a) // int(b))
+        if isinstance(a, FloorDiv):  # (x // p) // q == x // (p*q)
+            return FloorDiv(a.args[0], a.args[1] * b)
+        if a.is_Add:  # pull out terms that are multiples of b
+            keep, out = [], []
+            for t in a.args:
+                c, rest = t.as_coeff_Mul()
+                if c.is_Integer and b.is_Integer and int(c) % int(b) == 0:
+                    out.append(sympy.Integer(int(c) // int(b)) * rest)
+                else:
+                    keep.append(t)
+            if out and keep and _all_nonneg(keep):
+                return sympy.Add(*out) + FloorDiv(sympy.Add(*keep), b)
+        if a.is_Mul:
+            c, rest = a.as_coeff_Mul()
+            if c.is_Integer and b.is_Integer and int(c) % int(b) == 0:
+                return sympy.Integer(int(c) // int(b)) * rest
+        return None
+
+
+class ModularIndexing(sympy.Function):
+    """(a // b) % m on non-negative integers."""
+    is_integer = True
+    nargs = 3
+
+    @classmethod
+    def eval(cls, a, b, m):
+        if m == 1 or a == 0:
+            return sympy.Integer(0)
+        if a.is_Integer and b.is_Integer and m.is_Integer:
+            return sympy.Integer((int(a) // int(b)) % int(m))
+        if b == 1 and a.is_Add and m.is_Integer:  # drop terms that are multiples of m
+            keep = []
+            for t in a.args:
+                c, rest = t.as_coeff_Mul()
+                if not (c.is_Integer and int(c) % int(m) == 0):
+                    keep.append(t)
+            if len(keep) < len(a.args) and _all_nonneg(keep):
+                return ModularIndexing(sympy.Add(*keep), b, m)
+        return None
+
+
+def simplify_index(expr, ranges: dict):
+    """Rewrite the FloorDiv/ModularIndexing in an index expression using the loop variables'
+    ranges (`{var: size}`; a var not in it, or a symbolic size, is unbounded), so that a load
+    through a view of a view becomes affine again. A reshape's index `80*((v//80) % 80) +
+    6400*(v//6400) + v % 80` is `v` for 0 <= v < 25600; left as it is, the kernel divides three
+    times per element and cannot vectorize the load. Rules (all on non-negative terms):
+      - x // b -> 0, and (x // b) % m -> x // b, when x < b, resp. x < b*m;
+      - (g*y + r) // b -> y // (b/g) and ((g*y + r) // b) % m -> (y // (b/g)) % m, when g
+        divides b and 0 <= r < g;
+      - ((b*m*k + r) // b) % m -> (r // b) % m, and (g*y + r) % (g*k) -> g*(y % k) + r when
+        0 <= r < g;
+      - joins: c*((x//b) % m) + c*m*((x//(b*m)) % n) -> c*((x//b) % (m*n)), and
+        c*((x//b) % m) + c*m*(x // (b*m)) -> c*(x // b).
+    """
+    if not isinstance(expr, sympy.Basic) or not expr.has(FloorDiv, ModularIndexing):
+        return expr
+    key = tuple(sorted(((str(v), v, n) for v, n in ranges.items() if expr.has(v)),
+                       key=lambda t: t[0]))
+    return _simplify_index(expr, tuple((v, n) for _, v, n in key))
+
+
+@functools.lru_cache(4096)
+def _simplify_index(expr, ranges: tuple):
+    bounds = {v: int(n) - 1 for v, n in ranges if isinstance(n, int) or
+              isinstance(n, sympy.Integer)}
+    return _simplify(expr, bounds)
+
+
+def _upper(e, bounds):
+    """The largest value of a non-negative index expression, or None when unknown."""
+    if e.is_Integer:
+        return int(e) if e >= 0 else None
+    if e.is_Symbol:
+        return bounds.get(e)
+    if e.is_Add:
+        total = 0
+        for t in e.args:
+            u = _upper(t, bounds)
+            if u is None:
+                return None
+            total += u
+        return total
+    if e.is_Mul:
+        c, rest = e.as_coeff_Mul()
+        if c.is_Integer and c > 0:
+            u = _upper(rest, bounds)
+            return None if u is None else int(c) * u
+        return None
+    if isinstance(e, FloorDiv) and e.args[1].is_Integer:
+        u = _upper(e.args[0], bounds)
+        return None if u is None else u // int(e.args[1])
+    if isinstance(e, ModularIndexing) and e.args[1].is_Integer and e.args[2].is_Integer:
+        u = _upper(e.args[0], bounds)
+        m = int(e.args[2]) - 1
+        return m if u is None else min(m, u // int(e.args[1]))
+    return None
+
+
+def _terms(a):
+    """[(int coefficient, rest)] of a sum of non-negative terms, or None if one is not."""
+    out = []
+    for t in sympy.Add.make_args(a):
+        c, rest = t.as_coeff_Mul()
+        if not c.is_Integer or c < 0 or not (rest.is_nonnegative or rest == 1):
+            return None
+        out.append((int(c), rest))
+    return out
+
+
+def _factor_out(a, b: int, bounds):
+    """(y, g): a == g*y + r with g > 1 dividing b and 0 <= r < g (the largest such g), else
+    None. Then a // b == y // (b/g)."""
+    terms = _terms(a)
+    if terms is None:
+        return None
+    for g in sorted({math.gcd(c, b) for c, _ in terms if c}, reverse=True):
+        if g <= 1:
+            break
+        big = [(c, t) for c, t in terms if c % g == 0]
+        small = sympy.Add(*[c * t for c, t in terms if c % g])
+        u = _upper(small, bounds)
+        if big and u is not None and u < g:
+            return sympy.Add(*[(c // g) * t for c, t in big]), g
+    return None
+
+
+def _simplify(e, bounds):
+    if not e.args or not e.has(FloorDiv, ModularIndexing):
+        return e
+    if e.is_Add:      # join first: simplifying the parts may make them stop matching
+        joined = _join(e)
+        if joined is not None:
+            return _simplify(joined, bounds)
+    e = e.func(*[_simplify(a, bounds) for a in e.args])
+    if isinstance(e, FloorDiv) and e.args[1].is_Integer:
+        a, b = e.args[0], int(e.args[1])
+        u = _upper(a, bounds)
+        if u is not None and u < b:
+            return sympy.Integer(0)
+        f = _factor_out(a, b, bounds)
+        if f is not None:
+            return _simplify(FloorDiv(f[0], sympy.Integer(b // f[1])), bounds)
+        return e
+    if isinstance(e, ModularIndexing) and e.args[1].is_Integer and e.args[2].is_Integer:
+        a, b, m = e.args[0], int(e.args[1]), int(e.args[2])
+        terms = _terms(a)
+        if terms is not None and any(c % (b * m) == 0 and c for c, _ in terms):
+            rest = sympy.Add(*[c * t for c, t in terms if not (c and c % (b * m) == 0)])
+            return _simplify(ModularIndexing(rest, sympy.Integer(b), sympy.Integer(m)), bounds)
+        u = _upper(a, bounds)
+        if u is not None and u < b * m:
+            return _simplify(FloorDiv(a, sympy.Integer(b)), bounds)
+        f = _factor_out(a, b, bounds)
+        if f is not None:
+            return _simplify(ModularIndexing(f[0], sympy.Integer(b // f[1]), sympy.Integer(m)),
+                             bounds)
+        f = _factor_out(a, m, bounds) if b == 1 else None
+        if f is not None:     # (g*y + r) % (g*k) == g*(y % k) + r
+            y, g = f
+            return _simplify(g * ModularIndexing(y, sympy.Integer(1), sympy.Integer(m // g)) +
+                             (a - g * y).expand(), bounds)
+        return e
+    if e.is_Add:
+        joined = _join(e)
+        if joined is not None:
+            return _simplify(joined, bounds)
+    return e
+
+
+def _join(e):
+    """One join of two terms of the sum `e` (see simplify_index), or None."""
+    parts = []
+    for t in e.args:
+        c, f = t.as_coeff_Mul()
+        if c.is_Integer and isinstance(f, (FloorDiv, ModularIndexing)) and f.args[1].is_Integer:
+            parts.append((t, int(c), f))
+    for t1, c, f in parts:
+        if not isinstance(f, ModularIndexing) or not f.args[2].is_Integer:
+            continue
+        x, b, m = f.args[0], int(f.args[1]), int(f.args[2])
+        for t2, c2, f2 in parts:
+            if t2 is t1 or c2 != c * m or f2.args[0] != x or int(f2.args[1]) != b * m:
+                continue
+            if isinstance(f2, FloorDiv):
+                new = c * FloorDiv(x, sympy.Integer(b))
+            elif f2.args[2].is_Integer:
+                new = c * ModularIndexing(x, sympy.Integer(b), sympy.Integer(m * int(f2.args[2])))
+            else:
+                continue
+            return e - t1 - t2 + new
+    return None
+
+
+def _all_nonneg(terms) -> bool:
+    return all(t.is_nonnegative for t in terms)
+
+
+def sym(name: str) -> sympy.Symbol:
+    return sympy.Symbol(name, integer=True, nonnegative=True)
+
+
+def contiguous_strides(size) -> tuple[int, ...]:
+    strides, acc = [], 1
+    for s in reversed(size):
+        strides.append(acc)
+        acc = acc * (s if isinstance(s, sympy.Basic) and s.free_symbols else max(int(s), 1))
+    return tuple(reversed(strides))
+
+
+def numel(size) -> int:
+    """Product of sizes: an int, or a sympy expression when a size is symbolic."""
+    n = 1
+    for s in size:
+        n = n * (s if isinstance(s, sympy.Basic) and s.free_symbols else int(s))
+    return n
+
+
+# --- dynamic shapes: sizes are sympy expressions over s0, s1, ... ----------------------------
+#: size symbols are kernel parameters named like this (C++, Triton, wrappers, runtime)
+SIZE_NAME = re.compile(r"\bs\d+\b")
+#: the symbols' values at trace time, for heuristics (parallelize? vectorize?) only
+_HINTS: contextvars.ContextVar = contextvars.ContextVar("ember_size_hints", default={})
+
+
+@contextlib.contextmanager
+def size_hints(hints: dict):
+    token = _HINTS.set(hints)
+    try:
+        yield
+    finally:
+        _HINTS.reset(token)
+
+
+def hint(x) -> int:
+    """A size's value at trace time: for choosing how to generate code, never for its meaning."""
+    if isinstance(x, sympy.Basic):
+        if x.free_symbols:
+            return int(x.xreplace(_HINTS.get()))
+        return int(x)
+    return int(x)
+
+
+def is_symbolic(x) -> bool:
+    return isinstance(x, sympy.Basic) and bool(x.free_symbols)
+
+
+def strided_index(index, stride, offset=0):
+    expr = sympy.sympify(offset)
+    for i, s in zip(index, stride):
+        if s != 0:
+            expr = expr + i * s
+    return expr
