@@ -163,9 +163,6 @@ def test_no_import_cycles_outside_capture():
     assert not cycles, f"import cycles: {cycles[:5]}"
 
 
-@pytest.mark.xfail(strict=True, reason="capture's cache/residual layers are pulled into its "
-                   "interpreter's cycle by calls.py -> entry.global_hooks_present, effects.py -> "
-                   "calls._is_model_output and breaks.py <-> entry.py (issue 25, capture's part)")
 def test_capture_cache_and_residual_layers_sit_above_the_interpreter():
     """The interpreter core may be one cycle (opcode handlers call back into it); the layers
     built on it (entry: cache and guards; breaks: residual code) must not be part of it."""

@@ -60,10 +60,8 @@ def enabled(options: dict) -> bool:
 
 def eligible(gm, compiled) -> str | None:
     """None if the graph may be timed both ways, else why not."""
-    from ..aot.runtime import InferenceRuntime, TrainingRuntime
-    from .freeze import FrozenRuntime
-    if not isinstance(compiled, (InferenceRuntime, TrainingRuntime, FrozenRuntime)) or \
-            compiled.traced is None:
+    from ..aot.runtime import TrainingRuntime
+    if getattr(compiled, "traced", None) is None:    # aot's runtimes, freeze's FrozenRuntime
         return "not an aot runtime"
     if compiled.traced.symbols:
         return "dynamic sizes"

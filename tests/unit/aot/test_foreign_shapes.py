@@ -3,7 +3,7 @@ env (aot/foreign.py) instead of refusing them; ember's own size guards are check
 import torch
 
 import ember
-from ember.lower import STATS
+from ember.backends.ember import STATS
 
 
 def _run(fn, inputs_list):
