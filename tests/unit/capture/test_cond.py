@@ -56,6 +56,10 @@ def test_branches_calling_submodules_under_no_grad():
 
 
 def test_gradient_through_tensor_predicate_breaks_and_matches_eager():
+    # torch.cond run eagerly compiles itself with Dynamo; Dynamo's automatic-dynamic memory of
+    # earlier tests' calls made that inner compile fail in the full suite ("'SymNode' object
+    # has no attribute 'env'", inside Dynamo's fake-tensor run; not yet understood, noted)
+    torch._dynamo.reset()
     torch.manual_seed(0)
     m = Gate()
     c = ember.compile(Gate(), backend="eager", fullgraph=True)
