@@ -138,18 +138,10 @@ def _import_graph() -> nx.DiGraph:
     return graph
 
 
-#: cycles known and accepted, with the reason
-KNOWN_CYCLES = {
-    frozenset({"ember.codegen.triton", "ember.codegen.triton_welford"}):
-        "triton_welford.py is the Welford part of triton.py's kernel codegen, split out for "
-        "length: it uses triton's emit helpers and triton's codegen calls it",
-}
-
-
 def _cycles(graph, inside: str | None = None, outside: str | None = None) -> list:
     out = []
     for scc in nx.strongly_connected_components(graph):
-        if len(scc) < 2 or frozenset(scc) in KNOWN_CYCLES:
+        if len(scc) < 2:
             continue
         areas = {_area(m) for m in scc}
         if (inside and areas != {inside}) or (outside and outside in areas):

@@ -33,7 +33,8 @@ from .. import config, debug
 from ..errors import EmberError, InternalError, Unsupported
 from ..logging import get_logger
 from ..loopir.index import SIZE_NAME, hint, is_symbolic
-from .triton import MAX_PERSISTENT, LOOP_RBLOCK, generate_kernels, module_source
+from .triton import LOOP_RBLOCK, MAX_PERSISTENT
+from .triton_kernel import generate_kernels, module_source
 from .wrapper import WrapperCodegen, grad_free
 
 code_log = get_logger("output_code")

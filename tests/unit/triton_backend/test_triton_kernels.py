@@ -20,7 +20,7 @@ import torch.nn.functional as F  # noqa: E402
 
 import ember  # noqa: E402
 from ember.aot import trace_aten  # noqa: E402
-from ember.codegen import triton as tcg  # noqa: E402
+from ember.codegen import triton_kernel as tcg  # noqa: E402
 from ember.codegen import triton_launch  # noqa: E402
 from ember.decomp import get_decompositions  # noqa: E402
 from ember.errors import Unsupported  # noqa: E402
