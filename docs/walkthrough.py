@@ -5,11 +5,12 @@
 
 It sets EMBER_DEBUG_DIR to a temporary folder, runs one training step (forward, backward) through
 `ember.compile`, checks the result against eager PyTorch, and prints the files each stage wrote:
-the guards and captured FX graph (capture), the joint/partitioned aten graphs (aot, after the
-decompositions), then per graph (graph_<n>/) the aten graph the kernel backend got, the loop IR
+all in one folder (graph_1/), numbered in the order the stages ran: the captured FX graph
+(capture), aot's forward and backward aten graphs (after the decompositions), the forward's loop IR
 (`# after lower:`: one `def` per computed buffer, its body as `ops` calls), the schedule
-(`# after schedule:`: kernels, externs and where each buffer dies), and the generated C++ and
-Python wrapper (codegen). tests/test_walkthrough.py runs it, so this document cannot go stale.
+(`# after schedule:`: kernels, externs and where each buffer dies), the generated C++ and Python
+wrapper (codegen), the cache entry's guards (capture), then the backward's loop IR, schedule, C++
+and wrapper, compiled at the first backward call. tests/test_walkthrough.py runs it, so this document cannot go stale.
 """
 from __future__ import annotations
 

@@ -13,10 +13,14 @@ def test_walkthrough_prints_every_stage():
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
     assert "output and grads equal eager" in out
-    for marker in ("after capture", "guards", "after aot: forward graph", "after aot: backward graph",
-                   "after lower:", "after schedule:", "kernels.cpp", "wrapper"):
+    for marker in ("after capture", "after guards", "after aot: forward graph",
+                   "after aot: backward graph", "after lower:", "after schedule:",
+                   "after kernels (backward)", "wrapper"):
         assert marker in out, marker
-    # the forward graph's loop IR and plan, in the order the stages ran, in its own folder
-    fwd = [line for line in out.splitlines() if line.startswith("==== graph_1/")]
-    stages = [line.split("_", 2)[-1].split(".")[0] for line in fwd]
-    assert stages[-4:] == ["lower", "schedule", "kernels", "wrapper"], fwd
+    # every stage of the frame in its one folder, in the order the stages ran, each once
+    files = [line.split()[1] for line in out.splitlines() if line.startswith("==== ")]
+    assert all(f.startswith("graph_1/") for f in files), files
+    stages = [f.split("/")[1].split("_", 1)[1].split(".")[0] for f in files]
+    assert stages == ["capture", "aot_forward", "aot_backward", "lower", "schedule", "kernels",
+                      "wrapper", "guards", "backward_lower", "backward_schedule",
+                      "backward_kernels", "backward_wrapper"], stages

@@ -11,13 +11,12 @@ kernel compiler built from the aten graphs this stage traced (docs/design/001-st
 """
 from __future__ import annotations
 
-import itertools
 import time
 
 import torch
 import torch.fx as fx
 
-from .. import config
+from .. import debug
 from ..logging import get_logger
 from .joint import Traced, trace_program
 from .partition import partition
@@ -65,8 +64,13 @@ def aot_compile(gm, example_inputs, *, fw_compiler, bw_compiler=None, decomposit
     return _compile(gm, example_inputs, specs, **kw)
 
 
-def _compile(gm, example_inputs, specs, *, fw_compiler, bw_compiler, decompositions,
-             partitioner):
+def _compile(gm, example_inputs, specs, **kw):
+    with debug.graph_scope():       # aot called on its own dumps too; inside a backend: its folder
+        return _compile_in_scope(gm, example_inputs, specs, **kw)
+
+
+def _compile_in_scope(gm, example_inputs, specs, *, fw_compiler, bw_compiler, decompositions,
+                      partitioner):
     start = time.perf_counter()
     device = graph_device(example_inputs)
     joint = torch.is_grad_enabled() and any(
@@ -91,22 +95,15 @@ def _compile(gm, example_inputs, specs, *, fw_compiler, bw_compiler, decompositi
     return TrainingRuntime(traced, part, fw, bw_compiler or fw_compiler, bw_gm, traced.treespec)
 
 
-_dump_ids = itertools.count()
-
-
 def _log_graph(what: str, gm: fx.GraphModule, start: float) -> None:
     log = get_logger("aot")
     n = sum(1 for x in gm.graph.nodes if x.op == "call_function")
     header = f"# after aot: {what} graph, {n} ops, took {(time.perf_counter() - start) * 1e3:.1f} ms"
     if log.isEnabledFor(20):
         log.info("%s", header)
-    out_dir = config.debug_dir()
-    if out_dir is not None:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        name = what.split()[0]
-        path = out_dir / f"aot_{next(_dump_ids):03d}_{name}.py"
-        path.write_text(f"{header}\nimport torch\nfrom torch import device\n"
-                        f"{gm.print_readable(print_output=False)}\n")
+    if debug.active():
+        debug.dump(f"aot_{what.split()[0]}", f"{header}\nimport torch\nfrom torch import device\n"
+                   f"{gm.print_readable(print_output=False)}\n", summary=None, of=gm)
 
 
 __all__ = ["aot_compile", "trace_aten", "Traced", "partition"]

@@ -18,7 +18,7 @@ import torch
 import torch.fx as fx
 from torch.utils._pytree import tree_structure, tree_unflatten
 
-from .. import shapes
+from .. import debug, shapes
 from .joint import Traced
 from .partition import Partition
 
@@ -130,6 +130,7 @@ class TrainingRuntime:
                  bw_module: fx.GraphModule, treespec):
         self.traced, self.part, self.fw, self.treespec = traced, part, fw, treespec
         self._bw_compiler, self._bw_module, self._bw = bw_compiler, bw_module, None
+        self._debug_scope = debug.current_scope()    # the backward's dumps join the forward's
         self.function = self._make_function()
 
     @property
@@ -139,7 +140,8 @@ class TrainingRuntime:
     def backward_fn(self) -> Callable:
         if self._bw is None:
             example = [n.meta["val"] for n in self._bw_module.graph.nodes if n.op == "placeholder"]
-            self._bw = self._bw_compiler(self._bw_module, example)
+            with debug.resume(self._debug_scope, "backward_"):
+                self._bw = self._bw_compiler(self._bw_module, example)
         return self._bw
 
     def _make_function(self):

@@ -111,7 +111,7 @@ def compile_aten_graph(gm, example_inputs, *, options=None):
         if entry is not None:
             return _from_graph_cache(entry, gm)
         debug.dump("aot", gm.code, summary=f"the aten graph given to the kernel backend, "
-                                          f"{len(gm.graph.nodes)} nodes")
+                                          f"{len(gm.graph.nodes)} nodes", of=gm)
         with stage("lower"):
             g = GraphLowering(gm, example_inputs).run()
         if debug.active():

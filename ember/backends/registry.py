@@ -121,7 +121,7 @@ def _with_fallback(name: str, fn: Callable) -> Callable:
             kwargs.pop("options", None)  # e.g. mode="max-autotune" means nothing to "eager"
         try:
             with progress.compiling(), counters.timed(f"backend:{name}"), debug.graph_scope():
-                debug.dump("captured", gm.print_readable(print_output=False),
+                debug.dump("capture", gm.print_readable(print_output=False),
                            summary=f"{len(gm.graph.nodes)} nodes, {len(example_inputs)} inputs, "
                                    f"backend {name}")
                 return fn(gm, example_inputs, **kwargs)

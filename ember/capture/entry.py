@@ -17,7 +17,7 @@ import weakref
 
 import torch
 
-from .. import config
+from .. import config, debug
 from ..config import CompileSettings
 from ..errors import InternalError, RecompileError, Unsupported
 from ..logging import enabled, get_logger, warn_once
@@ -263,6 +263,10 @@ class Runner:
         return r
 
     def compile(self, locals_) -> Entry:
+        with debug.graph_scope():       # EMBER_DEBUG_DIR: one folder for the frame's stages
+            return self._compile(locals_)
+
+    def _compile(self, locals_) -> Entry:
         tr = Tracer(self.settings)
         try:
             try:
@@ -501,9 +505,10 @@ def build_entry(tr: Tracer, plan, argnames, eager=False, reason=None, settings=N
                                   "\n".join("  " + g.describe() for g in guards))
     if enabled("graph") and plan is not None and plan.gm is not None:
         get_logger("graph").info("%s", plan.gm.print_readable(print_output=False))
-    ddir = config.debug_dir()
-    if ddir is not None:
-        _dump(ddir, tr, plan, source, guards)
+    if debug.active():
+        debug.dump("guards", "".join(f"# {g.describe()}\n" for g in guards) + source,
+                   summary=f"the cache entry's {len(guards)} guards and its run function"
+                           + (" (the frame runs eagerly)" if eager else ""))
     code = compile(source, "<ember-guards>", "exec")
     exec(code, ns)
     run = ns["__entry"]
@@ -542,22 +547,6 @@ def _module_exprs(struct, structural_inputs, roots) -> list[str]:
                 out[base.expr()] = None
             s = base
     return list(out)
-
-
-def _dump(ddir, tr, plan, source, guards):
-    """EMBER_DEBUG_DIR: the captured graph and the generated guard/run code as readable files."""
-    import os
-    os.makedirs(ddir, exist_ok=True)
-    STATS["dumps"] += 1
-    stem = os.path.join(ddir, f"capture_{STATS['dumps']:03d}")
-    with open(stem + "_guards.py", "w") as fh:
-        fh.write("# capture: guards + run function of one cache entry\n")
-        fh.write("".join(f"# {g.describe()}\n" for g in guards))
-        fh.write(source)
-    if plan is not None and plan.gm is not None:
-        with open(stem + "_graph.py", "w") as fh:
-            fh.write(f"# after capture: {plan.n_ops} ops, {len(plan.example_inputs)} inputs\n")
-            fh.write(plan.gm.print_readable(print_output=False))
 
 
 # ---- residual calls ------------------------------------------------------------------------
