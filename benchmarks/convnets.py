@@ -58,11 +58,32 @@ def infer_fns(name, x, args):
     return base, {k: nograd(f) for k, f in fns.items()}
 
 
+def conv_act_per_weight(model, x) -> float:
+    """Σ conv input elements / Σ conv weight elements: layout.py's training cost rule."""
+    import torch
+    acts, weights = [], []
+
+    def hook(mod, inp):
+        acts.append(inp[0].numel())
+        weights.append(mod.weight.numel())
+    handles = [m.register_forward_pre_hook(hook) for m in model.modules()
+               if isinstance(m, torch.nn.Conv2d)]
+    with torch.no_grad():
+        model(x)
+    for h in handles:
+        h.remove()
+    return sum(acts) / max(sum(weights), 1)
+
+
 def train_fns(name, x, args):
     import torch
     import ember
     base = build(name).train()
     models = {"eager": base, "ember": ember.compile(copy.deepcopy(base))}
+    if args.compare_layouts:
+        for layout in ("channels_last", "contiguous"):
+            models[f"ember_{layout}"] = ember.compile(copy.deepcopy(base),
+                                                      options={"layout": layout})
     if args.inductor:
         models["inductor"] = torch.compile(copy.deepcopy(base))
     target = torch.randint(0, 100, (x.shape[0],))
@@ -88,6 +109,8 @@ def measure(name, mode, args) -> dict:
     _, fns = (infer_fns if mode == "infer" else train_fns)(name, x, args)
     row = {"model": name, "mode": mode, "batch": args.batch, "size": args.size,
            "threads": torch.get_num_threads(), "channels_last_input": args.channels_last}
+    if mode == "train":
+        row["conv_act_per_weight"] = round(conv_act_per_weight(build(name), x), 2)
     if mode == "infer":
         with torch.no_grad():
             want = fns["eager"](x)
@@ -124,6 +147,8 @@ def main():
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--channels-last", action="store_true", help="feed channels_last inputs")
     p.add_argument("--no-inductor", dest="inductor", action="store_false")
+    p.add_argument("--compare-layouts", action="store_true",
+                   help="training: also ember forced channels-last and forced contiguous")
     p.add_argument("--out", default=None)
     args = p.parse_args()
     _timing.prepare()
@@ -134,7 +159,8 @@ def main():
     out = args.out or os.path.join(_timing.ROOT, "benchmarks", "results",
                                    f"convnets_{datetime.date.today()}_{commit}.jsonl")
     modes = ["infer", "train"] if args.mode == "both" else [args.mode]
-    cols = ["ember", "ember_frozen", "inductor"]
+    cols = ["ember", "ember_frozen", "inductor"] + (
+        ["ember_channels_last", "ember_contiguous"] if args.compare_layouts else [])
     print(f"{'model':22s} {'mode':5s} {'eager ms':>9s} " +
           " ".join(f"{c + ' x (spread)':>24s}" for c in cols), flush=True)
     for name in args.models.split(","):

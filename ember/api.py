@@ -20,6 +20,7 @@ import torch
 
 from . import capture
 from .backends import get_backend, lookup_backend
+from .backends.layout import LAYOUTS
 from .backends.registry import accepts_options, builtin_options
 from .config import MODES, CompileSettings
 
@@ -133,6 +134,9 @@ def _settings(backend, mode, fullgraph, dynamic, options, recompile_limit) -> Co
     if unknown:
         raise ValueError(f"unknown option(s) {unknown} for backend {name!r}; valid options: "
                          f"{', '.join(valid)}")
+    if user_options.get("layout", "auto") not in (*LAYOUTS, False):
+        raise ValueError(f"options layout={user_options['layout']!r}: valid values are "
+                         f"{', '.join(LAYOUTS)}")
     options = dict(user_options)
     if mode != "default":
         options.setdefault("mode", mode)  # backends see the mode as an option

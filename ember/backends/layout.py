@@ -1,4 +1,4 @@
-"""Backend "ember", layout planning: inference convolutions run channels-last on oneDNN.
+"""Backend "ember", layout planning: convolution graphs run channels-last on oneDNN.
 
 On CPU, oneDNN convolutions are fastest on channels-last (NHWC) activations, and its fused
 `mkldnn::_convolution_pointwise` op (public, what torch exposes for CPU inference) also applies
@@ -16,9 +16,15 @@ Every 4-D graph output comes back in the layout the captured graph had (NCHW in 
 channels_last in → channels_last out). With frozen weights (freeze.py) the weights are also
 converted to channels-last once, in the constant graph.
 
-Cost rule (docs/design/024-layout-and-freezing.md): rewrite when the graph is an inference graph
-on CPU with at least one float32 conv2d that has integer padding; `options={"layout":
-"contiguous"}` turns it off. Layout-sensitive ops (as_strided, storage/stride queries) keep the
+A training graph keeps each conv2d (the fused op has no derivative) and only converts its input:
+`conv2d(x.contiguous(channels_last), w, b, ...)`; aot then traces the convs, BatchNorm, pooling
+and their backward in NHWC.
+
+Cost rule (docs/design/024-layout-and-freezing.md): rewrite a CPU graph with at least one
+float32 conv2d that has integer padding; a training graph only when its conv input activations
+hold at least TRAIN_MIN_ACTIVATIONS_PER_WEIGHT elements per conv weight element (the weight
+gradients come back channels-last and are copied into the parameters' layout).
+`options={"layout": "contiguous"}` turns the pass off, `"channels_last"` skips the cost rule. Layout-sensitive ops (as_strided, storage/stride queries) keep the
 whole graph in the captured layout: their arguments were computed for the captured strides.
 
 Consumes and produces: a torch-level fx.GraphModule (rewritten in place).
@@ -110,13 +116,27 @@ def symbolic(gm: fx.GraphModule) -> bool:
                                                 if n.op == "placeholder"))
 
 
+LAYOUTS = ("auto", "channels_last", "contiguous")
+#: training: rewrite when the convs' input activations hold at least this many elements per
+#: conv weight element. oneDNN returns a channels-last input's weight gradients channels-last,
+#: and autograd copies each into its parameter's (NCHW) layout: a cost that grows with the
+#: weights, where the gain (convs, BatchNorm, pooling on NHWC) grows with the activations.
+TRAIN_MIN_ACTIVATIONS_PER_WEIGHT = 8.0
+
+
+def _training(example_inputs) -> bool:
+    return torch.is_grad_enabled() and any(
+        isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs)
+
+
 def why_not(gm: fx.GraphModule, example_inputs, options: dict) -> str | None:
     """None if the graph is rewritten channels-last, else why not."""
-    if options.get("layout", "auto") in ("contiguous", False):
+    choice = options.get("layout", "auto")
+    if choice is False:
+        choice = "contiguous"
+    if choice == "contiguous":
         return "options layout=contiguous"
     tensors = [x for x in example_inputs if isinstance(x, torch.Tensor)]
-    if torch.is_grad_enabled() and any(x.requires_grad for x in tensors):
-        return "a training graph"
     if not tensors or any(x.device.type != "cpu" for x in tensors):
         return "not a CPU graph"
     if symbolic(gm):
@@ -125,8 +145,15 @@ def why_not(gm: fx.GraphModule, example_inputs, options: dict) -> str | None:
         name = n.target if isinstance(n.target, str) else getattr(n.target, "__name__", "")
         if n.op in ("call_function", "call_method") and name in _LAYOUT_SENSITIVE:
             return f"a layout-sensitive op ({name})"
-    if not any(_conv_args(n) for n in gm.graph.nodes):
+    convs = [a for a in map(_conv_args, gm.graph.nodes) if a is not None]
+    if not convs:
         return "no float32 conv2d"
+    if choice == "auto" and _training(example_inputs):
+        acts = sum(_val(a[0]).numel() for a in convs)
+        weights = sum(_val(a[1]).numel() for a in convs)
+        if acts < TRAIN_MIN_ACTIVATIONS_PER_WEIGHT * weights:
+            return (f"a training graph whose conv activations ({acts}) are under "
+                    f"{TRAIN_MIN_ACTIVATIONS_PER_WEIGHT:g}x its conv weights ({weights})")
     return None
 
 
@@ -143,12 +170,20 @@ def plan(gm: fx.GraphModule, example_inputs, options: dict, consts=None) -> bool
         return False
     g = gm.graph
     order = {n: i for i, n in enumerate(g.nodes)}
+    training = _training(example_inputs)
     n_conv = 0
     for conv in list(g.nodes):
         args = _conv_args(conv)
         if args is None:
             continue
         x, w, b, padding, stride, dilation, groups = args
+        if training:        # the fused op has no derivative: conv2d itself, on a channels-last x
+            with g.inserting_before(conv):
+                xcl = g.call_method("contiguous", (x,), {"memory_format": CL})
+            xcl.meta["example_value"] = _val(x)
+            conv.replace_input_with(x, xcl)
+            n_conv += 1
+            continue
         fused = _fused_activation(conv, order)
         act, attr, scalars = fused if fused else (None, "none", [])
         with g.inserting_before(conv):

@@ -80,7 +80,7 @@ def test_output_layout_matches_eager(fmt, train):
     x = torch.randn(2, 3, 16, 16).contiguous(memory_format=fmt)
     compare(m, ref, x, train)
     compare(m, ref, x, train)
-    assert count("channels_last_graphs") == (0 if train else 1)
+    assert count("channels_last_graphs") == 1          # training graphs too (layout.py)
     assert count("graphs") == 1 and count("fallbacks") == 0
 
 
@@ -165,3 +165,25 @@ def test_nhwc_value_reduced_in_the_same_kernel():
     m = ember.compile(copy.deepcopy(ref))
     compare(m, ref, torch.randn(4, 64, 4, 4), False)
     assert count("channels_last_graphs") == 1
+
+
+def test_training_cost_rule_weights_dominate():
+    """A training graph whose conv weights outweigh its activations stays NCHW (the weight
+    gradients would come back channels-last and be copied into the parameters' layout);
+    options layout=channels_last overrides the rule and keeps values, grads and layouts."""
+    torch.manual_seed(0)
+    ref = nn.Sequential(nn.Conv2d(64, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU()).train()
+    x = torch.randn(1, 64, 3, 3)                 # 576 activations per conv, 36864 weights
+    compare(ember.compile(copy.deepcopy(ref)), ref, x, True)
+    assert count("channels_last_graphs") == 0 and count("graphs") == 1
+    ref = copy.deepcopy(ref)             # grads accumulate in lockstep with the next model's
+    ref.zero_grad(set_to_none=True)
+    forced = ember.compile(copy.deepcopy(ref), options={"layout": "channels_last"})
+    compare(forced, ref, x, True)
+    compare(forced, ref, x, True)
+    assert count("channels_last_graphs") == 1 and count("fallbacks") == 0
+
+
+def test_layout_option_values_are_checked():
+    with pytest.raises(ValueError, match="auto, channels_last, contiguous"):
+        ember.compile(nn.Conv2d(3, 3, 1), options={"layout": "nhwc"})
