@@ -121,7 +121,7 @@ LAYOUTS = ("auto", "channels_last", "contiguous")
 #: conv weight element. oneDNN returns a channels-last input's weight gradients channels-last,
 #: and autograd copies each into its parameter's (NCHW) layout: a cost that grows with the
 #: weights, where the gain (convs, BatchNorm, pooling on NHWC) grows with the activations.
-TRAIN_MIN_ACTIVATIONS_PER_WEIGHT = 8.0
+TRAIN_MIN_ACTIVATIONS_PER_WEIGHT = 2.0
 
 
 def _training(example_inputs) -> bool:
@@ -154,7 +154,17 @@ def why_not(gm: fx.GraphModule, example_inputs, options: dict) -> str | None:
         if acts < TRAIN_MIN_ACTIVATIONS_PER_WEIGHT * weights:
             return (f"a training graph whose conv activations ({acts}) are under "
                     f"{TRAIN_MIN_ACTIVATIONS_PER_WEIGHT:g}x its conv weights ({weights})")
+        if any(_makes_contiguous(n) for n in gm.graph.nodes):
+            return ("a training graph with a .contiguous() (a channel shuffle): its region "
+                    "would be converted to NCHW and back, forward and backward")
     return None
+
+
+def _makes_contiguous(n: fx.Node) -> bool:
+    """`t.contiguous()` (NCHW), as ShuffleNet's channel shuffle ends."""
+    return (n.op == "call_method" and n.target == "contiguous" or
+            n.op == "call_function" and n.target is torch.Tensor.contiguous) and \
+        n.kwargs.get("memory_format", torch.contiguous_format) == torch.contiguous_format
 
 
 def plan(gm: fx.GraphModule, example_inputs, options: dict, consts=None) -> bool:

@@ -76,12 +76,32 @@ def compare(m, ref, x, train):
 def test_output_layout_matches_eager(fmt, train):
     torch.manual_seed(0)
     ref = Block().train(train)
-    m = ember.compile(copy.deepcopy(ref))
+    # training: the channel shuffle's .contiguous() keeps the cost rule from choosing
+    # channels-last (test_training_cost_rule_*); forced here, to check the NHWC training path
+    m = ember.compile(copy.deepcopy(ref), options={"layout": "channels_last"} if train else None)
     x = torch.randn(2, 3, 16, 16).contiguous(memory_format=fmt)
     compare(m, ref, x, train)
     compare(m, ref, x, train)
-    assert count("channels_last_graphs") == 1          # training graphs too (layout.py)
+    assert count("channels_last_graphs") == 1
     assert count("graphs") == 1 and count("fallbacks") == 0
+
+
+def test_training_cost_rule_keeps_a_channel_shuffle_nchw():
+    torch.manual_seed(0)
+    ref = Block().train()
+    compare(ember.compile(copy.deepcopy(ref)), ref, torch.randn(2, 3, 16, 16), True)
+    assert count("channels_last_graphs") == 0 and count("graphs") == 1
+
+
+def test_training_cost_rule_takes_a_conv_stack_channels_last():
+    torch.manual_seed(0)
+    ref = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU6(),
+                        nn.Conv2d(8, 8, 3, padding=1, groups=8), nn.BatchNorm2d(8),
+                        nn.Hardswish(), nn.MaxPool2d(2), nn.Conv2d(8, 4, 1)).train()
+    m = ember.compile(copy.deepcopy(ref))
+    for fmt in FORMATS:
+        compare(m, ref, torch.randn(2, 3, 12, 12).contiguous(memory_format=fmt), True)
+    assert count("channels_last_graphs") >= 1 and count("fallbacks") == 0
 
 
 def test_layout_option_off():
