@@ -38,7 +38,7 @@ from ..runtime.build import build_async, load
 from ..runtime.cudagraphs import cudagraphify
 from ..schedule import schedule
 from . import layout
-from .freeze import copy_module, freeze
+from .freeze import copy_module, fold_batchnorm_per_call, freeze
 from .speed import speed_checked    # never slower than eager
 
 code_log = get_logger("output_code")
@@ -57,6 +57,9 @@ def ember_backend(gm, example_inputs, **kwargs):
     if frozen is not None:
         return speed_checked(gm, frozen, example_inputs, {**options, "plan": "frozen"})
     work = copy_module(gm)
+    if not layout.training_graph(example_inputs) and \
+            layout.why_not(work, example_inputs, options) is None:
+        fold_batchnorm_per_call(work)         # not frozen: BatchNorm folded on each call
     if not layout.plan(work, example_inputs, options):
         work = gm
     plan = {**options, "plan": "channels_last"} if work is not gm else options

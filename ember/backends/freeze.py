@@ -21,6 +21,9 @@ Memory: the user's tensors are never freed; the folded ones (a BN-folded weight 
 extra. A graph whose folded constants would take more than FOLD_BUDGET of new memory (the
 larger of 256 MiB and a quarter of the module state's bytes) is not frozen.
 
+Not frozen (parameters require grad): `fold_batchnorm_per_call` folds eval-mode BatchNorm into
+the conv/linear inside the graph instead, recomputed on every call (nothing to go stale).
+
 Which inputs are module state: `nn.Parameter`s, and inputs whose capture source names a module
 attribute (ember's `meta["ember_source"]`, Dynamo's `meta["grapharg"].source`).
 
@@ -42,7 +45,7 @@ import torch.nn.functional as F
 from .. import counters
 from ..logging import get_logger
 from . import layout
-from .speed import _RANDOM
+from .speed import is_random
 
 perf_log = get_logger("perf")
 
@@ -126,44 +129,86 @@ def _bind(sig, node):
     return b.arguments
 
 
-def fold_batchnorm(gm: fx.GraphModule, consts: set) -> int:
-    """Fold eval-mode F.batch_norm into the conv/linear before it (in place); how many."""
-    folded = 0
+def _bn_after_conv(gm: fx.GraphModule):
+    """(bn, conv, bn arguments, conv arguments) for each eval-mode F.batch_norm reading a
+    conv/linear output that nothing else reads."""
     for bn in list(gm.graph.nodes):
         if bn.op != "call_function" or bn.target is not F.batch_norm:
             continue
         a = _bind(_BN_SIG, bn)
-        if a is None or a["training"] is not False:
+        if a is None or a["training"] is not False or a["running_mean"] is None or \
+                a["running_var"] is None:
             continue
         conv = a["input"]
         if not isinstance(conv, fx.Node) or conv.op != "call_function" or \
                 conv.target not in _FOLDS_INTO or len(conv.users) != 1:
             continue
         c = _bind(_CONV_SIG, conv)
-        if c is None:
-            continue
-        w, b = c["weight"], c["bias"]
-        params = [w, b, a["running_mean"], a["running_var"], a["weight"], a["bias"]]
-        if not all(p is None or p in consts for p in params) or w is None or \
-                a["running_mean"] is None or a["running_var"] is None:
+        if c is None or c["weight"] is None:
             continue
         if conv.target is F.linear and _val(conv) is not None and _val(conv).dim() != 2:
             continue                     # BatchNorm1d over (N, C, L) normalizes another dim
-        eps = a["eps"]
-        with gm.graph.inserting_before(conv):
-            nw = gm.graph.call_function(bn_folded_weight, (w, a["running_var"], a["weight"], eps))
-            nb = gm.graph.call_function(bn_folded_bias, (w, b, a["running_mean"],
-                                                        a["running_var"], a["weight"],
-                                                        a["bias"], eps))
-        nw.meta["example_value"] = _val(w)
-        nb.meta["example_value"] = torch.empty(_val(w).shape[0], dtype=_val(w).dtype,
-                                               device="meta")
-        consts.update((nw, nb))
-        conv.args = (conv.args[0], nw, nb, *conv.args[3:])
-        conv.kwargs = {k: v for k, v in conv.kwargs.items() if k not in ("weight", "bias")}
-        bn.replace_all_uses_with(conv)
-        gm.graph.erase_node(bn)
-        folded += 1
+        yield bn, conv, a, c
+
+
+def _fold(gm, bn, conv, a, c, weight_fn, bias_fn) -> tuple:
+    """Rewrite conv(x, w, b) → bn as conv(x, weight_fn(...), bias_fn(...)); the new nodes."""
+    w, b, eps = c["weight"], c["bias"], a["eps"]
+    with gm.graph.inserting_before(conv):
+        nw = gm.graph.call_function(weight_fn, (w, a["running_var"], a["weight"], eps))
+        nb = gm.graph.call_function(bias_fn, (w, b, a["running_mean"], a["running_var"],
+                                              a["weight"], a["bias"], eps))
+    nw.meta["example_value"] = _val(w)
+    nb.meta["example_value"] = torch.empty(_val(w).shape[0], dtype=_val(w).dtype, device="meta")
+    conv.args = (conv.args[0], nw, nb, *conv.args[3:])
+    conv.kwargs = {k: v for k, v in conv.kwargs.items() if k not in ("weight", "bias")}
+    bn.replace_all_uses_with(conv)
+    gm.graph.erase_node(bn)
+    return nw, nb
+
+
+def fold_batchnorm(gm: fx.GraphModule, consts: set) -> int:
+    """Fold eval-mode F.batch_norm into the conv/linear before it (in place), when every tensor
+    involved is a constant: the folded weights join `consts`. How many were folded."""
+    folded = 0
+    for bn, conv, a, c in _bn_after_conv(gm):
+        params = [c["weight"], c["bias"], a["running_mean"], a["running_var"], a["weight"],
+                  a["bias"]]
+        if all(p is None or p in consts for p in params):
+            consts.update(_fold(gm, bn, conv, a, c, bn_folded_weight, bn_folded_bias))
+            folded += 1
+    return folded
+
+
+def _bn_weight_per_call(w, var, bn_w, eps):
+    s = torch.rsqrt(var + eps) if bn_w is None else torch.rsqrt(var + eps) * bn_w
+    return w * s.reshape(-1, *[1] * (w.dim() - 1))
+
+
+def _bn_bias_per_call(w, b, mean, var, bn_w, bn_b, eps):
+    s = torch.rsqrt(var + eps) if bn_w is None else torch.rsqrt(var + eps) * bn_w
+    out = ((b if b is not None else 0.0) - mean) * s
+    return out if bn_b is None else out + bn_b
+
+
+def fold_batchnorm_per_call(gm: fx.GraphModule) -> int:
+    """An inference graph that is not frozen (its parameters require grad, the usual
+    `model.eval()` under `torch.no_grad()`): fold eval-mode BatchNorm into the conv/linear
+    before it inside the graph, so each call scales the weights (a pass over the weights, in
+    float32) instead of normalizing the conv's output (a pass over the activations), and the
+    activation after it fuses into the oneDNN conv (layout.py). Only where the conv's output is
+    at least as large as its weight. How many were folded."""
+    folded = 0
+    for bn, conv, a, c in _bn_after_conv(gm):
+        out, w = _val(conv), _val(c["weight"])
+        if isinstance(out, torch.Tensor) and isinstance(w, torch.Tensor) and \
+                out.numel() >= w.numel() and w.dtype == torch.float32:
+            _fold(gm, bn, conv, a, c, _bn_weight_per_call, _bn_bias_per_call)
+            folded += 1
+    if folded:
+        gm.graph.lint()
+        gm.recompile()
+        counters.bump("batchnorm_folded_per_call", folded)
     return folded
 
 
@@ -183,9 +228,8 @@ def constant_nodes(gm: fx.GraphModule, consts: set) -> set:
     for n in gm.graph.nodes:
         if n in out or n.op not in ("call_function", "call_method") or not n.all_input_nodes:
             continue
-        name = str(getattr(n.target, "__name__", n.target))
         if all(i in out for i in n.all_input_nodes) and not _mutates(n) and \
-                not _RANDOM.search(name) and isinstance(_val(n), torch.Tensor):
+                not is_random(n) and isinstance(_val(n), torch.Tensor):
             out.add(n)
     return out
 

@@ -124,7 +124,7 @@ LAYOUTS = ("auto", "channels_last", "contiguous")
 TRAIN_MIN_ACTIVATIONS_PER_WEIGHT = 2.0
 
 
-def _training(example_inputs) -> bool:
+def training_graph(example_inputs) -> bool:
     return torch.is_grad_enabled() and any(
         isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs)
 
@@ -148,7 +148,7 @@ def why_not(gm: fx.GraphModule, example_inputs, options: dict) -> str | None:
     convs = [a for a in map(_conv_args, gm.graph.nodes) if a is not None]
     if not convs:
         return "no float32 conv2d"
-    if choice == "auto" and _training(example_inputs):
+    if choice == "auto" and training_graph(example_inputs):
         acts = sum(_val(a[0]).numel() for a in convs)
         weights = sum(_val(a[1]).numel() for a in convs)
         if acts < TRAIN_MIN_ACTIVATIONS_PER_WEIGHT * weights:
@@ -180,7 +180,7 @@ def plan(gm: fx.GraphModule, example_inputs, options: dict, consts=None) -> bool
         return False
     g = gm.graph
     order = {n: i for i, n in enumerate(g.nodes)}
-    training = _training(example_inputs)
+    training = training_graph(example_inputs)
     n_conv = 0
     for conv in list(g.nodes):
         args = _conv_args(conv)

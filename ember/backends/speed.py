@@ -48,6 +48,24 @@ ROUNDS = 5               # alternating rounds at most ...
 BUDGET_S = 0.5           # ... and no more than this much time spent timing one graph
 _RANDOM = re.compile(r"rand|dropout|bernoulli|normal|multinomial|uniform|poisson|exponential|"
                      r"geometric|cauchy|seed|rng")
+
+
+def is_random(n) -> bool:
+    """Whether the torch-level node `n` draws random numbers. A dropout in eval mode
+    (`F.dropout(x, p, training=False)`, `torch.dropout(x, p, False)`, as nn.Dropout calls it
+    under `model.eval()`) or with p=0 is the identity."""
+    name = str(n.target if isinstance(n.target, str) else getattr(n.target, "__name__", n.target))
+    if not _RANDOM.search(name):
+        return False
+    if "dropout" in name:
+        training = n.kwargs.get("training", n.kwargs.get("train",
+                                n.args[2] if len(n.args) > 2 else True))
+        p = n.kwargs.get("p", n.args[1] if len(n.args) > 1 else 0.5)
+        if training is False or p == 0:
+            return False
+    return True
+
+
 #: what the speed check chose, per graph (tests and `ember bench` read it)
 DECISIONS: list = []
 
@@ -67,9 +85,8 @@ def eligible(gm, compiled) -> str | None:
         return "dynamic sizes"
     for n in gm.graph.nodes:
         if n.op in ("call_function", "call_method"):
-            name = n.target if isinstance(n.target, str) else getattr(n.target, "__name__", "")
-            if _RANDOM.search(str(name)):
-                return f"a random op ({name})"
+            if is_random(n):
+                return f"a random op ({getattr(n.target, '__name__', n.target)})"
     if isinstance(compiled, TrainingRuntime):
         return _training_ineligible(gm)
     return None
@@ -213,6 +230,7 @@ def _time_both(kernels, eager, args) -> tuple[float, float, object]:
 
 def _key(gm, args, options, training: bool) -> str:
     from ..runtime.build import compiler_version
+    from ..runtime.graph_cache import sources_hash
     h = hashlib.sha256()
     h.update(f"{'training step' if training else 'inference'}\n{gm.code}".encode())
     for a in args:
@@ -222,6 +240,10 @@ def _key(gm, args, options, training: bool) -> str:
             h.update(repr(a).encode())
     h.update(json.dumps(options, sort_keys=True, default=str).encode())
     h.update(f"{torch.__version__} {compiler_version()} {torch.get_num_threads()}".encode())
+    # what the compiled side runs depends on ember's own code: a decision made by other code
+    # (before a fusion or a layout rule changed) is not reused
+    h.update(sources_hash(("backends", "aot", "decomp", "lower", "schedule", "codegen",
+                           "runtime")).encode())
     return h.hexdigest()
 
 

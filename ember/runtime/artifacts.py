@@ -57,7 +57,7 @@ def native_arch() -> str:
 
 
 def environment(version: str) -> dict:
-    return {"ember": version, "ember_compiler": graph_cache._compiler_hash()[:16],
+    return {"ember": version, "ember_compiler": graph_cache.sources_hash()[:16],
             "torch": torch.__version__, "python": "%d.%d" % sys.version_info[:2],
             "cxx": build.compiler_version(), "machine": platform.machine(),
             "march": native_arch()}

@@ -27,10 +27,12 @@ from . import cache
 
 
 @functools.lru_cache(None)
-def _compiler_hash() -> str:
+def sources_hash(packages: tuple = ("lower", "schedule", "codegen", "runtime")) -> str:
+    """A hash of the sources of these ember packages: a cache entry made by other code is
+    not reused."""
     root = Path(__file__).resolve().parents[1]
     parts = []
-    for pkg in ("lower", "schedule", "codegen", "runtime"):
+    for pkg in packages:
         for f in sorted((root / pkg).glob("*.py")):
             parts.append(f.read_text())
     return cache.key_of(*parts)
@@ -53,7 +55,7 @@ def graph_key(gm, options) -> str | None:
                 # channels-last conv, must not be served a wrapper built for the old ones)
                 specs.append((n.name, tuple(n.meta["val"].stride())))
         return cache.key_of(gm.code, repr(specs), repr(sorted(options.items())), torch.__version__,
-                            _compiler_hash())
+                            sources_hash())
     except Exception:  # noqa: BLE001 - an uncachable graph just compiles
         return None
 

@@ -188,3 +188,34 @@ def test_memory_budget(monkeypatch):
     m, ref = frozen_pair(freeze=True)
     check(m, ref, torch.randn(2, 3, 10, 10))
     assert count("frozen_graphs") == 0
+
+
+def test_batchnorm_folded_per_call_when_not_frozen():
+    """model.eval() under no_grad with parameters requiring grad (not frozen): BatchNorm is
+    folded into the conv inside the graph, each call, where the conv's output outweighs its
+    weight; every change to the weights or statistics shows at the next call."""
+    m = make()
+    ref = copy.deepcopy(m)
+    c = ember.compile(m)
+    x = torch.randn(2, 3, 8, 8)
+    check(c, ref, x)
+    assert count("batchnorm_folded_per_call") == 2        # the convs; the linear's output
+    assert count("frozen_graphs") == 0                      # (2x6) is smaller than its weight
+    with torch.no_grad():
+        for mod in (m, ref):
+            mod.bn1.running_var.mul_(3.0)
+            mod.conv2.weight.add_(0.1)
+            mod.bn2.weight.mul_(-1.0)
+    check(c, ref, x)
+    assert count("graphs") == 1
+    m.train()
+    ref.train()                                            # training BN: batch statistics
+    torch.testing.assert_close(c(x), ref(x), **TOL)
+
+
+def test_batchnorm_not_folded_per_call_in_training_graphs():
+    m = make()
+    ref = copy.deepcopy(m)
+    x = torch.randn(2, 3, 8, 8)
+    torch.testing.assert_close(ember.compile(m)(x), ref(x), **TOL)   # eval BN, grad enabled
+    assert count("batchnorm_folded_per_call") == 0
