@@ -220,3 +220,21 @@ def test_real_timing_returns_correct_values():
         for _ in range(3):
             torch.testing.assert_close(f(x), F.layer_norm(x, (256,)).relu())
     assert len(speed.DECISIONS) == 1 and speed.DECISIONS[0]["source"] == "timed"
+
+
+def test_eval_mode_dropout_is_not_random():
+    """F.dropout(x, p, training=False) (what nn.Dropout calls under model.eval()) and p=0 are
+    the identity: such a graph may be timed (and frozen); in training mode it draws numbers."""
+    from ember.backends.speed import is_random
+
+    def random(f):
+        g = torch.fx.symbolic_trace(f).graph
+        return any(is_random(n) for n in g.nodes if n.op == "call_function")
+    assert not random(lambda x: F.dropout(x, 0.5, False))
+    assert not random(lambda x: F.dropout(x, p=0.5, training=False))
+    assert not random(lambda x: F.dropout(x, 0.0, True))
+    assert random(lambda x: F.dropout(x, 0.5, True))
+    assert random(lambda x: F.dropout(x))
+    assert random(lambda x: torch.dropout(x, 0.1, True))
+    assert not random(lambda x: torch.dropout(x, 0.1, False))
+    assert random(lambda x: torch.rand_like(x))
