@@ -46,8 +46,11 @@ perf_log = get_logger("perf")
 MARGIN = 1.03            # eager must beat the kernels by more than 3% to be chosen
 ROUNDS = 5               # alternating rounds at most ...
 BUDGET_S = 0.5           # ... and no more than this much time spent timing one graph
-_RANDOM = re.compile(r"rand|dropout|bernoulli|normal|multinomial|uniform|poisson|exponential|"
-                     r"geometric|cauchy|seed|rng")
+#: names of ops that draw random numbers (or touch the generator); whole names, so that
+#: F.normalize or a "brand" attribute are not taken for one
+_RANDOM = re.compile(r"_?(rand\w*|\w*dropout\w*|bernoulli_?|normal_?|log_normal_?|multinomial|"
+                     r"uniform_?|poisson|exponential_?|geometric_?|cauchy_?|rrelu\w*|"
+                     r"gumbel_softmax|\w*seed\w*|\w*rng\w*)")
 
 
 def is_random(n) -> bool:
@@ -55,7 +58,7 @@ def is_random(n) -> bool:
     (`F.dropout(x, p, training=False)`, `torch.dropout(x, p, False)`, as nn.Dropout calls it
     under `model.eval()`) or with p=0 is the identity."""
     name = str(n.target if isinstance(n.target, str) else getattr(n.target, "__name__", n.target))
-    if not _RANDOM.search(name):
+    if not _RANDOM.fullmatch(name.rpartition(".")[2]):
         return False
     if "dropout" in name:
         training = n.kwargs.get("training", n.kwargs.get("train",

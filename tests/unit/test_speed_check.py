@@ -238,3 +238,4 @@ def test_eval_mode_dropout_is_not_random():
     assert random(lambda x: torch.dropout(x, 0.1, True))
     assert not random(lambda x: torch.dropout(x, 0.1, False))
     assert random(lambda x: torch.rand_like(x))
+    assert not random(lambda x: F.normalize(x, dim=-1))         # not "normal"
