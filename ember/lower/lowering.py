@@ -38,6 +38,14 @@ perf_log = get_logger("perf")
 REALIZE_READS = 2
 REALIZE_OPS = 6
 MAX_INLINE_OPS = 120
+# Realize a pending value that a user reads broadcast over at least AMPLIFY times its own
+# elements, when its body has a transcendental or REALIZE_OPS ops: inlined, the body would be
+# recomputed for every element of the user (Swin v2's 16 * sigmoid(table[index]) position bias,
+# 3 x 64 x 64, added to each of the 98 windows' attention scores). Values under AMPLIFY_NUMEL
+# elements (per-channel scales such as BatchNorm's rsqrt(var + eps)) stay inlined: a kernel of
+# their own costs more than recomputing them from cache.
+AMPLIFY = 8
+AMPLIFY_NUMEL = 4096
 
 
 def meta_of(x):
@@ -125,6 +133,30 @@ class GraphLowering:
             counts.loads >= REALIZE_READS and counts.transcendental)   # softmax's exp(x - max)
         if counts.ops > MAX_INLINE_OPS or (users > 1 and heavy):
             self.realize(value)
+
+    def realize_broadcast_inputs(self, node: torch.fx.Node, args) -> None:
+        """See AMPLIFY: realize the pending inputs `node` would recompute many times over."""
+        out = meta_of(node)
+        outs = [t for t in (out if isinstance(out, (list, tuple)) else (out,))
+                if isinstance(t, torch.Tensor)]
+        if not outs or any(shapes.is_symbolic(t) for t in outs):
+            return
+        n_out = max(t.numel() for t in outs)
+        for a in args:
+            base = view_chain(a)[0] if isinstance(a, TensorValue) else None
+            if not isinstance(base, Pending) or base.realized is not None or \
+                    any(not isinstance(s, (int, sympy.Integer)) for s in base.size):
+                continue
+            n_in = 1
+            for s in base.size:
+                n_in *= int(s)
+            if n_in < AMPLIFY_NUMEL or n_out < AMPLIFY * n_in:
+                continue
+            index = [sympy.Symbol(f"i{d}", integer=True, nonnegative=True)
+                     for d in range(len(base.size))]
+            counts = count_body(base.node.inner_fn, index)
+            if counts.transcendental or counts.ops >= REALIZE_OPS:
+                self.realize(base)
 
     # --- externs --------------------------------------------------------------------------------
     def extern(self, op, args, kwargs, val, *, out_variant=None, fallback=False):
@@ -218,6 +250,7 @@ class GraphLowering:
                     # complex values: kernels are written for real dtypes, so an op that
                     # reads or makes one runs as an aten extern (view_as_real leaves the realm)
                     rule = None if _touches_complex(node) else RULES.get(node.target)
+                    self.realize_broadcast_inputs(node, args)
                     value = rule(self, node, *args, **kwargs) if rule is not None else None
                     if value is NotImplemented or rule is None:
                         value = self.fallback(node, args, kwargs)

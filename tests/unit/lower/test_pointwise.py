@@ -99,3 +99,27 @@ def test_pow_scalar_special_cases_match_eager_bits(exponent, dtype):
     exact = exponent in (3, -2, -0.5, 2)
     tol = dict(rtol=0, atol=0) if exact else {}
     torch.testing.assert_close(run(x)[0], x.pow(exponent) * 1.5, **tol)
+
+
+def test_costly_value_broadcast_over_many_elements_is_computed_once():
+    """Swin v2's position bias: 16 * sigmoid(table[index]) over (heads, N, N), added to each
+    window's scores. Inlined into the add, the gather and sigmoid would run once per window;
+    lowering stores it (AMPLIFY in lower/lowering.py) and the add reads it."""
+    from ember.aot import trace_aten
+    from ember.decomp import get_decompositions
+    from ember.loopir.nodes import ComputedBuffer
+    from ember.lower.lowering import GraphLowering
+
+    def f(scores, table, index):
+        bias = 16 * torch.sigmoid(table[index].permute(2, 0, 1))       # (3, 64, 64)
+        return scores + bias.unsqueeze(0)
+    scores, table = torch.randn(40, 3, 64, 64), torch.randn(225, 3)
+    index = torch.randint(0, 225, (64, 64))
+    check(f, scores, table, index)
+    gm = trace_aten(f, (scores, table, index), decompositions=get_decompositions())
+    nodes = GraphLowering(gm, [scores, table, index]).run().nodes
+    sizes = [tuple(int(s) for s in n.size) for n in nodes if isinstance(n, ComputedBuffer)]
+    assert (3, 64, 64) in sizes, sizes
+    # a per-channel value (under AMPLIFY_NUMEL elements) stays inlined: one kernel
+    check(lambda x, v: x * torch.rsqrt(v + 1e-5).view(1, -1, 1, 1), torch.randn(8, 64, 16, 16),
+          torch.rand(64) + 0.5, kernels=1)
