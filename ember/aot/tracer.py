@@ -340,7 +340,7 @@ class Tracer(TorchDispatchMode):
             mkwargs["device"] = META
         try:
             out = func(*margs, **mkwargs)
-            if func is torch.ops.aten.convolution.default and self.device.type == "cpu":
+            if func in _CPU_FOLLOWS_INPUT and self.device.type == "cpu":
                 out = _cpu_conv_layout(margs[0], out)
             for t in tree_flatten(out)[0]:
                 if isinstance(t, torch.Tensor) and t.layout != torch.strided:
@@ -500,10 +500,18 @@ class Tracer(TorchDispatchMode):
         return None if st is None else st.input_index
 
 
+#: ops whose CPU kernel returns channels-last for a channels-last input where the meta kernel
+#: says contiguous (the others ember decomposes follow their input by construction)
+_CPU_FOLLOWS_INPUT = frozenset((torch.ops.aten.convolution.default,
+                                torch.ops.aten.reflection_pad2d.default,
+                                torch.ops.aten.replication_pad2d.default))
+
+
 def _cpu_conv_layout(x, out):
-    """The CPU convolution returns channels-last for a channels-last input, where the meta
-    kernel says contiguous; what follows (a cat, an add) takes its layout from it, so the traced
-    layouts would differ from eager's (Inductor's test_cat_of_loops_and_extern_kernel)."""
+    """The CPU convolution (and _CPU_FOLLOWS_INPUT's ops) returns channels-last for a
+    channels-last input, where the meta kernel says contiguous; what follows (a cat, an add)
+    takes its layout from it, so the traced layouts would differ from eager's (Inductor's
+    test_cat_of_loops_and_extern_kernel)."""
     if not (isinstance(out, torch.Tensor) and out.dim() == 4 and x.dim() == 4) or any(
             isinstance(v, torch.SymInt) for v in (*x.shape, *x.stride(), *out.shape)):
         return out

@@ -223,18 +223,27 @@ def plan(gm: fx.GraphModule, example_inputs, options: dict, consts=None) -> bool
     return True
 
 
+def _cpu_follows_input(n: fx.Node) -> bool:
+    """Ops whose CPU kernel returns channels-last for a channels-last input where the meta
+    kernel says contiguous (besides the conv, whose weight counts too)."""
+    if n.target in (F.group_norm, F.pixel_shuffle, torch.pixel_shuffle):
+        return True
+    return n.target is F.pad and n.kwargs.get("mode", n.args[2] if len(n.args) > 2 else
+                                              "constant") in ("reflect", "replicate")
+
+
 class _EagerLayouts(fx.Interpreter):
-    """Runs the graph on meta tensors, giving conv outputs the layout the CPU kernel returns
-    (the meta kernel says contiguous): channels-last when the input or the weight is."""
+    """Runs the graph on meta tensors, giving conv outputs (and _cpu_follows_input's) the
+    layout the CPU kernel returns: channels-last when the input (a conv's weight) is."""
 
     def run_node(self, n):
         out = super().run_node(n)
-        if n.op == "call_function" and n.target in (F.conv2d, CONV_POINTWISE) and \
-                isinstance(out, torch.Tensor) and out.dim() == 4:
-            x, w = n.args[0], n.args[1]
-            x, w = self.env.get(x, x), self.env.get(w, w)
-            if any(isinstance(t, torch.Tensor) and t.dim() == 4 and
-                   _channels_last(t) for t in (x, w)) and _channels_last(out, sizes_only=True):
+        if n.op == "call_function" and isinstance(out, torch.Tensor) and out.dim() == 4 and (
+                n.target in (F.conv2d, CONV_POINTWISE) or _cpu_follows_input(n)):
+            ins = n.args[:2] if n.target in (F.conv2d, CONV_POINTWISE) else n.args[:1]
+            if any(isinstance(t, torch.Tensor) and t.dim() == 4 and _channels_last(t)
+                   for t in (self.env.get(i, i) for i in ins)) and \
+                    _channels_last(out, sizes_only=True):
                 out = out.contiguous(memory_format=CL)
         self.values[n] = out
         return out

@@ -120,21 +120,38 @@ def fused_rms_norm_backward(grad_out, input, normalized_shape, rstd, weight, out
 
 @register(aten.native_group_norm.default)
 def native_group_norm(input, weight, bias, N, C, HxW, group, eps):
+    """Statistics per channel first (sums over H*W), then per group (sums over the group's
+    channels): both reductions read the input in its own layout, so a channels-last input is
+    reduced along C-contiguous rows (vectorized along C) instead of being copied to NCHW first."""
     acc = opmath_dtype(input.dtype)
-    x = to(aten.view.default(aten.clone.default(input, memory_format=torch.contiguous_format),
-                             [N, group, (C // group) * HxW]), acc)   # not -1: N may be 0
+    cpg = C // group
+    x = to(aten.reshape.default(input, [N, C, HxW]), acc)   # a view in NCHW and channels-last
     if x.numel() == 0 or x.shape[-1] == 0:
-        var = mean = aten.full.default([N, group, 1], float("nan"), dtype=acc, device=input.device)
+        mean = rstd = aten.full.default([N, group], float("nan"), dtype=acc, device=input.device)
+        nan_c = aten.full.default([N, C, 1], float("nan"), dtype=acc, device=input.device)
+        mean_c = rstd_c = nan_c
     else:
-        var, mean = aten.var_mean.correction(x, [2], correction=0, keepdim=True)
-    rstd = aten.rsqrt.default(aten.add.Tensor(var, eps))
-    out = aten.view.default(aten.mul.Tensor(aten.sub.Tensor(x, mean), rstd), list(input.shape))
+        n = cpg * HxW
+
+        def per_group(t):                   # [N, C] channel sums -> [N, group]
+            return aten.sum.dim_IntList(aten.view.default(t, [N, group, cpg]), [2])
+
+        def per_channel(t):                 # [N, group] -> [N, C, 1]
+            return aten.reshape.default(aten.expand.default(
+                aten.unsqueeze.default(t, -1), [N, group, cpg]), [N, C, 1])
+        mean = aten.div.Tensor(per_group(aten.sum.dim_IntList(x, [2])), n)
+        mean_c = per_channel(mean)
+        dev = aten.sub.Tensor(x, mean_c)
+        var = aten.div.Tensor(per_group(aten.sum.dim_IntList(aten.mul.Tensor(dev, dev), [2])), n)
+        rstd = aten.rsqrt.default(aten.add.Tensor(var, eps))
+        rstd_c = per_channel(rstd)
+    shape4 = [N, C] + [1] * (input.dim() - 2)
+    out = aten.mul.Tensor(aten.sub.Tensor(to(input, acc), aten.view.default(mean_c, shape4)),
+                          aten.view.default(rstd_c, shape4))
     if weight is not None:
         out = aten.mul.Tensor(out, _bcast(weight, input.dim()))
     if bias is not None:
         out = aten.add.Tensor(out, _bcast(bias, input.dim()))
-    mean = aten.view.default(mean, [N, group])
-    rstd = aten.view.default(rstd, [N, group])
     return to(out, input.dtype), to(mean, input.dtype), to(rstd, input.dtype)
 
 

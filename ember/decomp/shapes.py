@@ -291,7 +291,15 @@ def pixel_shuffle(self, upscale_factor):
     nb = len(b)
     perm = list(range(nb)) + [nb, nb + 3, nb + 1, nb + 4, nb + 2]
     x = aten.clone.default(aten.permute.default(x, perm), memory_format=torch.contiguous_format)
-    return aten.view.default(x, list(b) + [oc, h * r, w * r])
+    out = aten.view.default(x, list(b) + [oc, h * r, w * r])
+    if self.dim() == 4 and oc > 1 and _channels_last(self):
+        out = aten.clone.default(out, memory_format=torch.channels_last)   # as the CPU kernel
+    return out
+
+
+def _channels_last(t) -> bool:
+    n, c, h, w = t.shape
+    return c > 1 and h * w > 1 and t.stride() == (c * h * w, 1, w * c, c)
 
 
 @register(aten.pixel_unshuffle.default)

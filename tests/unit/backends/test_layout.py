@@ -207,3 +207,48 @@ def test_training_cost_rule_weights_dominate():
 def test_layout_option_values_are_checked():
     with pytest.raises(ValueError, match="auto, channels_last, contiguous"):
         ember.compile(nn.Conv2d(3, 3, 1), options={"layout": "nhwc"})
+
+
+@pytest.mark.parametrize("fmt", FORMATS, ids=["nchw", "channels_last"])
+def test_group_norm_in_both_layouts(fmt):
+    """GroupNorm's statistics are reduced per channel, then per group, in the input's own
+    layout (decomp/norms.py): values, grads and output layouts equal eager's, inference and
+    training, NCHW and channels-last (UNet blocks: conv -> GroupNorm -> SiLU -> conv)."""
+    torch.manual_seed(0)
+    ref = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.GroupNorm(4, 16), nn.SiLU(),
+                        nn.Conv2d(16, 8, 3, padding=1), nn.GroupNorm(2, 8))
+    x = torch.randn(2, 3, 9, 7).contiguous(memory_format=fmt)
+    compare(ember.compile(copy.deepcopy(ref)), ref, x, False)
+    ref.zero_grad(set_to_none=True)
+    train = ember.compile(copy.deepcopy(ref), options={"layout": "channels_last"})
+    compare(train, ref, x, True)
+    assert count("fallbacks") == 0
+
+
+FOLLOWERS = {
+    "reflect_pad": lambda t: F.pad(t * 2, (1, 2, 1, 0), mode="reflect"),
+    "replicate_pad": lambda t: F.pad(t * 2, (1, 1, 2, 1), mode="replicate"),
+    "pixel_shuffle": lambda t: F.pixel_shuffle(t * 2, 2),
+    "group_norm": lambda t: F.group_norm(t * 2, 4),
+}
+
+
+@pytest.mark.parametrize("name", FOLLOWERS)
+@pytest.mark.parametrize("fmt", FORMATS, ids=["nchw", "channels_last"])
+def test_ops_whose_cpu_kernel_follows_a_channels_last_input(name, fmt):
+    """Their meta kernels say contiguous; the CPU kernels return channels-last for a
+    channels-last input (aot/tracer.py _CPU_FOLLOWS_INPUT, decomp): outputs' strides, values
+    and input grads equal eager's without a conv in the graph."""
+    f = FOLLOWERS[name]
+    x = torch.randn(2, 16, 6, 5).contiguous(memory_format=fmt)
+    with torch.no_grad():
+        got, want = ember.compile(f)(x), f(x)
+    torch.testing.assert_close(got, want, **TOL)
+    assert layout(got) == layout(want), (got.stride(), want.stride())
+    xr, xe = x.clone().requires_grad_(), x.clone().requires_grad_()
+    got, want = ember.compile(f)(xr), f(xe)
+    assert layout(got) == layout(want)
+    g = torch.randn_like(want)
+    got.backward(g)
+    want.backward(g)
+    torch.testing.assert_close(xr.grad, xe.grad, **TOL)
