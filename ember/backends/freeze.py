@@ -180,14 +180,17 @@ def fold_batchnorm(gm: fx.GraphModule, consts: set) -> int:
     return folded
 
 
+def _bn_scale_per_call(var, bn_w, eps):
+    s = torch.rsqrt(var + eps)
+    return s if bn_w is None else s * bn_w
+
+
 def _bn_weight_per_call(w, var, bn_w, eps):
-    s = torch.rsqrt(var + eps) if bn_w is None else torch.rsqrt(var + eps) * bn_w
-    return w * s.reshape(-1, *[1] * (w.dim() - 1))
+    return w * _bn_scale_per_call(var, bn_w, eps).reshape(-1, *[1] * (w.dim() - 1))
 
 
 def _bn_bias_per_call(w, b, mean, var, bn_w, bn_b, eps):
-    s = torch.rsqrt(var + eps) if bn_w is None else torch.rsqrt(var + eps) * bn_w
-    out = ((b if b is not None else 0.0) - mean) * s
+    out = ((b if b is not None else 0.0) - mean) * _bn_scale_per_call(var, bn_w, eps)
     return out if bn_b is None else out + bn_b
 
 
