@@ -317,10 +317,13 @@ def call_op(tr, op, args, kwargs) -> V:
     name = getattr(op, "_name", None) or str(op)
     ovl = op if isinstance(op, torch._ops.OpOverload) else None
     schemas = [ovl._schema] if ovl is not None else \
-        [getattr(op, o)._schema for o in op.overloads() if "out" not in o]   # out= picked by kw
-    if any(s.is_mutable for s in schemas) or "out" in kwargs:
-        raise tr.unsupported(f"op {name} mutates its arguments",
-                             hint="a mutating op called through torch.ops is not functionalized "
+        [s for s in (getattr(op, o)._schema for o in op.overloads())   # out= picked by kw
+         if not any(a.is_out for a in s.arguments)]
+    # an op that writes only its first argument (aten.sigmoid_, a custom `copy_(dst, src)`) is
+    # recorded like a Tensor in-place method; aot functionalizes it
+    if any(mutated_args(s)[1:] for s in schemas) or "out" in kwargs:
+        raise tr.unsupported(f"op {name} mutates arguments other than its first",
+                             hint="such an op called through torch.ops is not functionalized "
                                   "yet; it runs eagerly")
     try:
         return tr.call_graph(op, args, kwargs)
@@ -331,6 +334,11 @@ def call_op(tr, op, args, kwargs) -> V:
         raise tr.unsupported(f"custom op {name} has no fake kernel, so it cannot be traced",
                              hint=f"register one with torch.library.register_fake({name!r}) "
                                   "(or @op.register_fake)") from None
+
+
+def mutated_args(schema) -> list[int]:
+    return [i for i, a in enumerate(schema.arguments)
+            if a.alias_info is not None and a.alias_info.is_write]
 
 
 def _inline_regions(tr) -> bool:

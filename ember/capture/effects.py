@@ -248,6 +248,12 @@ def effect_lines(tr, rb: Rebuild) -> list[str]:
 
 def mutates_first_arg(node) -> bool:
     name = getattr(node.target, "__name__", "")
+    if isinstance(node.target, torch._ops.OpOverload):    # torch.ops.aten.sigmoid_.default
+        return node.target._schema.is_mutable
+    if isinstance(node.target, torch._ops.OpOverloadPacket):
+        return "out" in node.kwargs or any(getattr(node.target, o)._schema.is_mutable and not any(
+            a.is_out for a in getattr(node.target, o)._schema.arguments)
+            for o in node.target.overloads())
     return node.op == "call_function" and bool(node.args) and (
         name in ("__setitem__", "setitem") or name.startswith("__i") or
         (name.endswith("_") and not name.startswith("_")) or "out" in node.kwargs)

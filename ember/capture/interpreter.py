@@ -576,7 +576,7 @@ class Tracer:
         return v
 
     def _result(self, target, args, kwargs, out, margs, mkw, device):
-        if not _has_tensor(out) and not (out is None and target in _SIDE_EFFECT_FNS):
+        if not _has_tensor(out) and not (out is None and _writes(target)):
             return self.const_value(out)
         # in-place / out= results keep the identity of their input value
         node = self.graph.call_function(target, tuple(self.to_node(a) for a in args),
@@ -828,6 +828,15 @@ AUTOCAST_LOWER = {"conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transp
 
 
 _SIDE_EFFECT_FNS = {operator.setitem, torch.Tensor.__setitem__}
+
+
+def _writes(target) -> bool:
+    """A call whose None result still matters: setitem, an op that mutates (`mylib.copy_`)."""
+    if isinstance(target, torch._ops.OpOverloadPacket):
+        return any(getattr(target, o)._schema.is_mutable for o in target.overloads())
+    if isinstance(target, torch._ops.OpOverload):
+        return target._schema.is_mutable
+    return target in _SIDE_EFFECT_FNS
 
 
 def _is_device_str(s: str) -> bool:
