@@ -493,7 +493,7 @@ class Tracer:
             return v.node
         if isinstance(v, ObjV):
             x = v.value
-            if isinstance(x, torch.SymInt):
+            if isinstance(x, (torch.SymInt, torch.SymFloat)):
                 return self.size_node(x)
             if isinstance(x, (tuple, list)) and any(isinstance(i, torch.SymInt) for i in x):
                 items = [self.size_node(i) if isinstance(i, torch.SymInt) else i for i in x]
