@@ -156,6 +156,10 @@ def call_obj(tr, fn: ObjV, args: list, kwargs: dict) -> V:
     f = peek(fn)        # a call uses what a nested function runs, not which object it is
     if getattr(f, "_ember_disabled", False):
         raise tr.unsupported(f"call to {f.__qualname__}, marked ember.disable")
+    if getattr(f, "_ember_compiled", None) is not None and callable(getattr(f, "__wrapped__", None)):
+        # a function ember.compile'd on its own, called from compiled code: inline what it
+        # wraps (as Dynamo inlines a nested torch.compile), not ember's own runner
+        return call(tr, ObjV(f.__wrapped__), args, kwargs)
     if compiled_by_torch(f):
         # its frames are Dynamo's to capture: tracing into Dynamo's wrapper would compile the
         # function with ember and trace Dynamo's own machinery

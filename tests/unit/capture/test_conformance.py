@@ -234,6 +234,22 @@ def test_inplace_aten_ops_through_torch_ops():
         assert c.get("graphs") == 1 and not c.get("graph_breaks"), c
 
 
+def test_call_of_an_ember_compiled_function_is_inlined():
+    """An ember.compile'd function called from compiled code is inlined (its original code),
+    not traced through ember's runner (Tensor.data_ptr refusal; Inductor's
+    test_int_input_dynamic_shapes)."""
+    inner = ember.compile(lambda x, i: x * i, dynamic=True)
+
+    def outer(x, i):
+        return inner(x, i) + 1
+
+    x = torch.randn(3, 1, 1, 1, 1)
+    cf = ember.compile(outer, backend="eager", fullgraph=True)
+    same(outer(x, 9132), cf(x, 9132))
+    c = _counts()
+    assert c.get("graphs") == 2 and not c.get("graph_breaks"), c    # inner's own + outer's
+
+
 def test_context_manager_as_decorator_of_nested_function():
     def f(x):
         @torch.no_grad()
