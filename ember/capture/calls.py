@@ -465,6 +465,11 @@ def call_class(tr, fn: ObjV, args, kwargs) -> V:
             getattr(cls.__init__, "__qualname__", "").endswith("__init__") and \
             _is_generated_init(cls):
         return _new_dataclass(tr, cls, args, kwargs)
+    if type(cls) is type(torch.LongTensor) and not cls.is_cuda and len(args) == 1 and \
+            not kwargs and (isinstance(args[0], (ListV, TupleV)) or
+                            isinstance(args[0], ObjV) and isinstance(args[0].value, (list, tuple))):
+        # a legacy typed constructor on data: torch.LongTensor([294]) is torch.tensor(.., int64)
+        return call(tr, ObjV(torch.tensor), [args[0]], {"dtype": ObjV(cls.dtype)})
     if cls.__new__ is not object.__new__ and not (isinstance(cls, type) and issubclass(cls, dict)):
         raise tr.unsupported(f"class {cls.__qualname__} with a custom __new__")
     obj = NewObjV(cls, {}, dataclass=False)

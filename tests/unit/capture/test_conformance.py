@@ -250,6 +250,20 @@ def test_call_of_an_ember_compiled_function_is_inlined():
     assert c.get("graphs") == 2 and not c.get("graph_breaks"), c    # inner's own + outer's
 
 
+def test_legacy_typed_constructor_on_data():
+    """torch.LongTensor([294]) / torch.FloatTensor((1.5, 2)) are torch.tensor with that dtype
+    (Inductor's test_long_tensor); a size constructor (LongTensor(3), uninitialized) breaks."""
+    def f(a):
+        return torch.LongTensor([294]) - a, torch.FloatTensor((1.5, 2)) * 2
+
+    a = torch.randint(0, 999, size=[4, 1])
+    cf = ember.compile(f, backend="eager", fullgraph=True)
+    for x, y in zip(cf(a), f(a)):
+        assert x.dtype == y.dtype
+        same(y, x)
+    assert _counts().get("graphs") == 1
+
+
 def test_context_manager_as_decorator_of_nested_function():
     def f(x):
         @torch.no_grad()
