@@ -1,5 +1,6 @@
 """Symbolic graphs from Dynamo (dynamic=True): aot maps Dynamo's size symbols to ember's shape
 env (aot/foreign.py) instead of refusing them; ember's own size guards are checked per call."""
+import pytest
 import torch
 
 import ember
@@ -64,3 +65,31 @@ def test_backward_binds_a_size_seen_only_as_s_minus_1():
         torch.testing.assert_close(out, fn(a))
         torch.testing.assert_close(grad, torch.autograd.grad(fn(a), a, g)[0])
 
+
+
+def test_scalar_read_of_an_input_compiles_per_value():
+    """`y.item()` / `sz.tolist()` of an input in a Dynamo graph (unbacked symbols): a variant per
+    value, Dynamo's size assertions evaluated on it (Inductor's test_cat_unbacked_2d,
+    test_split_with_sizes_with_unbacked_symints)."""
+    import torch._dynamo
+    torch._dynamo.reset()
+
+    def cat(x, y):
+        return torch.cat([x, x.new_ones(y.item(), x.shape[1])]) * 2
+
+    def split(sz, x):
+        s0, s1 = sz.tolist()
+        return torch.split(x, [s0, s1])[1].sort()
+
+    with torch._dynamo.config.patch(capture_scalar_outputs=True):
+        ccat = torch.compile(cat, backend=ember.backend, fullgraph=True)
+        for n in (0, 4, 0, 5):
+            x, y = torch.randn(2, 3), torch.tensor([n])
+            torch.testing.assert_close(ccat(x, y), cat(x, y))
+        csplit = torch.compile(split, backend=ember.backend, fullgraph=True)
+        x = torch.randn(50)
+        for sizes in ([20, 30], [7, 43]):
+            torch.testing.assert_close(csplit(torch.tensor(sizes), x), split(torch.tensor(sizes), x))
+        with pytest.raises(RuntimeError):
+            csplit(torch.tensor([20, 20]), x)       # eager: split sizes do not sum to 50
+    torch._dynamo.reset()
