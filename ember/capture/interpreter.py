@@ -22,6 +22,7 @@ import torch.fx as fx
 from .. import shapes
 from ..errors import Unsupported
 from .bytecode import decode
+from .effects import op_writes
 from .functorch import is_functorch
 from .guards import Guard, global_state
 from .sources import (AttrSource, ClosureSource, ConstSource, DictEntrySource, GlobalSource,
@@ -832,11 +833,7 @@ _SIDE_EFFECT_FNS = {operator.setitem, torch.Tensor.__setitem__}
 
 def _writes(target) -> bool:
     """A call whose None result still matters: setitem, an op that mutates (`mylib.copy_`)."""
-    if isinstance(target, torch._ops.OpOverloadPacket):
-        return any(getattr(target, o)._schema.is_mutable for o in target.overloads())
-    if isinstance(target, torch._ops.OpOverload):
-        return target._schema.is_mutable
-    return target in _SIDE_EFFECT_FNS
+    return target in _SIDE_EFFECT_FNS or op_writes(target)
 
 
 def _is_device_str(s: str) -> bool:
