@@ -26,6 +26,7 @@ from torch.utils._pytree import tree_flatten
 
 from .. import shapes
 from ..errors import Unsupported
+from ..logging import warn_once
 
 
 def _foreign(v) -> bool:
@@ -156,7 +157,10 @@ class ForeignShapes:
 # every such read is of an input (or an element of one), the graph is compiled per value: the
 # read becomes that constant, the size checks Dynamo emitted about it (`_assert_scalar(u0 >=
 # 0)`, `sym_sum`) are evaluated at compile time (a failing one raises as eager would), and each
-# call reads the values first and runs the variant built for them.
+# call reads the values first and runs the variant built for them. Past VALUE_VARIANTS distinct
+# values the graph runs eagerly (one warning): a value that changes every call would otherwise
+# compile every call.
+VALUE_VARIANTS = 8
 
 _READS = {"item", "tolist"}
 _FOLD = {torch.ops.aten._assert_scalar.default, torch.ops.aten.sym_constrain_range_for_size.default,
@@ -233,6 +237,10 @@ class ValueSpecialized:
     def __call__(self, *args):
         key = _read_values(self.gm, self.reads, args)
         runtime = self.variants.get(key)
+        if runtime is None and len(self.variants) >= VALUE_VARIANTS:
+            warn_once(f"value-variants:{id(self)}", f"ember: a graph reading input values "
+                      f"(.item()) saw over {VALUE_VARIANTS} distinct ones; it runs eagerly now")
+            return self.gm(*args)
         if runtime is None:
             runtime = self.build(specialize(self.gm, self.reads, key), list(args))
             self.variants[key] = runtime

@@ -93,3 +93,26 @@ def test_scalar_read_of_an_input_compiles_per_value():
         with pytest.raises(RuntimeError):
             csplit(torch.tensor([20, 20]), x)       # eager: split sizes do not sum to 50
     torch._dynamo.reset()
+
+
+def test_scalar_read_variants_are_bounded():
+    """A value that changes every call: VALUE_VARIANTS compiled variants, then eager (warned)."""
+    import warnings
+
+    import torch._dynamo
+    from ember.aot import foreign
+    torch._dynamo.reset()
+
+    def f(x, y):
+        return x * y.item() + 1
+
+    with torch._dynamo.config.patch(capture_scalar_outputs=True):
+        cf = torch.compile(f, backend=ember.backend, fullgraph=True)
+        x = torch.randn(4)
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            for v in range(foreign.VALUE_VARIANTS + 2):
+                torch.testing.assert_close(cf(x, torch.tensor(v)), f(x, torch.tensor(v)))
+    assert any("runs eagerly now" in str(w.message) for w in seen)
+    torch._dynamo.reset()
+
