@@ -21,7 +21,7 @@ from ..logging import get_logger
 from .joint import Traced, trace_program
 from .partition import partition
 from .runtime import InferenceRuntime, TrainingRuntime
-from .foreign import ForeignShapes, adopt, guard_check, is_foreign
+from .foreign import ForeignShapes, ValueSpecialized, adopt, guard_check, is_foreign, scalar_reads
 from .tracer import graph_device, specs_of
 
 
@@ -52,6 +52,9 @@ def aot_compile(gm, example_inputs, *, fw_compiler, bw_compiler=None, decomposit
     """See docs/design/001-stage-contracts.md (backends → aot)."""
     kw = dict(fw_compiler=fw_compiler, bw_compiler=bw_compiler, decompositions=decompositions,
               partitioner=partitioner)
+    reads = scalar_reads(gm) if isinstance(gm, fx.GraphModule) else []
+    if reads:                     # `y.item()` of an input: a variant per value (foreign.py)
+        return ValueSpecialized(gm, reads, lambda g, inputs: aot_compile(g, inputs, **kw))
     if isinstance(gm, fx.GraphModule) and is_foreign(gm, example_inputs):
         def build(inputs):        # Dynamo's dynamic shapes, on ember's shape env (foreign.py)
             env, specs, ex, sources = adopt(gm, inputs)

@@ -17,11 +17,16 @@ and the dispatcher over compiled variants.
 """
 from __future__ import annotations
 
+import operator
+
 import sympy
 import torch
+import torch.fx as fx
+from torch.utils._pytree import tree_flatten
 
 from .. import shapes
 from ..errors import Unsupported
+from ..logging import warn_once
 
 
 def _foreign(v) -> bool:
@@ -143,4 +148,100 @@ class ForeignShapes:
                 return runtime(*args)
         check, runtime = self.build(list(args))
         self.variants.append((check, runtime))
+        return runtime(*args)
+
+
+# --- scalars read from inputs (`y.item()`, `sz.tolist()`): one variant per value ---------------
+# Dynamo (capture_scalar_outputs, or a float argument under dynamic=True) passes a scalar as a
+# tensor input and reads it in the graph: an unbacked symbol ember's tracer cannot size by. When
+# every such read is of an input (or an element of one), the graph is compiled per value: the
+# read becomes that constant, the size checks Dynamo emitted about it (`_assert_scalar(u0 >=
+# 0)`, `sym_sum`) are evaluated at compile time (a failing one raises as eager would), and each
+# call reads the values first and runs the variant built for them. Past VALUE_VARIANTS distinct
+# values the graph runs eagerly (one warning): a value that changes every call would otherwise
+# compile every call.
+VALUE_VARIANTS = 8
+
+_READS = {"item", "tolist"}
+_FOLD = {torch.ops.aten._assert_scalar.default, torch.ops.aten.sym_constrain_range_for_size.default,
+         torch.ops.aten.sym_constrain_range.default, torch._check, torch._check_is_size,
+         torch.sym_sum, torch.sym_max, torch.sym_min, torch.sym_not, torch.sym_float, torch.sym_int}
+
+
+def _is_read(n: fx.Node) -> bool:
+    return n.op == "call_method" and n.target in _READS or \
+        n.op == "call_function" and n.target in (torch.Tensor.item, torch.Tensor.tolist,
+                                                 torch.ops.aten._local_scalar_dense.default)
+
+
+def _foldable(n: fx.Node) -> bool:
+    return n.op == "call_function" and (n.target in _FOLD or getattr(
+        n.target, "__module__", None) in ("_operator", "math", "builtins"))
+
+
+def scalar_reads(gm: fx.GraphModule) -> list[fx.Node]:
+    """The graph's reads of tensor values into Python scalars, if each reads an input (through
+    integer indexing only); [] if there is none or one reads a computed tensor."""
+    reads = [n for n in gm.graph.nodes if _is_read(n)]
+    for n in reads:
+        src = n.args[0]
+        while src.op == "call_function" and src.target is operator.getitem and \
+                isinstance(src.args[1], int):
+            src = src.args[0]
+        if src.op != "placeholder":
+            return []
+    return reads
+
+
+def _read_values(gm, reads, args) -> tuple:
+    env = dict(zip(gm.graph.find_nodes(op="placeholder"), args))
+
+    def ev(n):
+        if n not in env:
+            x = ev(n.args[0])
+            env[n] = x[n.args[1]] if n.target is operator.getitem else \
+                x.tolist() if "tolist" in str(n.target) else x.item()
+        return env[n]
+    return tuple(tuple(v) if isinstance(v, list) else v for v in map(ev, reads))
+
+
+def specialize(gm: fx.GraphModule, reads, values) -> fx.GraphModule:
+    """`gm` with each read replaced by its value and the scalar code on it folded."""
+    g = fx.Graph()
+    val_map: dict = {}
+    g.output(g.graph_copy(gm.graph, val_map))
+    const = {val_map[r]: list(v) if isinstance(v, tuple) else v for r, v in zip(reads, values)}
+    for n in list(g.nodes):
+        if n not in const and _foldable(n):
+            args, kwargs = fx.node.map_arg((n.args, n.kwargs), lambda x: const.get(x, x))
+            if not any(isinstance(a, fx.Node) for a in tree_flatten((args, kwargs))[0]):
+                const[n] = n.target(*args, **kwargs)     # raises where eager would
+        if n in const:
+            for u in list(n.users):
+                u.args, u.kwargs = fx.node.map_arg((u.args, u.kwargs),
+                                                   lambda x: const.get(x, x))
+    for n in reversed(list(g.nodes)):
+        if n in const and not n.users:
+            g.erase_node(n)
+    g.eliminate_dead_code()
+    return fx.GraphModule(gm, g)
+
+
+class ValueSpecialized:
+    """Runs the variant compiled for the values the call's scalar reads give."""
+
+    def __init__(self, gm, reads, build):
+        self.gm, self.reads, self.build = gm, reads, build   # build(gm, inputs) -> runtime
+        self.variants: dict = {}
+
+    def __call__(self, *args):
+        key = _read_values(self.gm, self.reads, args)
+        runtime = self.variants.get(key)
+        if runtime is None and len(self.variants) >= VALUE_VARIANTS:
+            warn_once(f"value-variants:{id(self)}", f"ember: a graph reading input values "
+                      f"(.item()) saw over {VALUE_VARIANTS} distinct ones; it runs eagerly now")
+            return self.gm(*args)
+        if runtime is None:
+            runtime = self.build(specialize(self.gm, self.reads, key), list(args))
+            self.variants[key] = runtime
         return runtime(*args)

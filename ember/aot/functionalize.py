@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
+import re
 
 import torch
 
@@ -74,7 +76,67 @@ def functional_variant(op: torch._ops.OpOverload) -> FunctionalForm:
         form = _find_overload(base_name + "_functional", _signature(schema))
         if form is not None:
             return FunctionalForm(form, mutated, len(schema.returns))
+    if mutated and op.namespace != "aten":
+        return FunctionalForm(_custom_functional(op), mutated, len(schema.returns))
     raise Unsupported(f"ember.aot: no functional form for the mutating op {op}")
+
+
+# --- functional forms of mutating custom ops ------------------------------------------------
+# A torch.library op that writes its arguments (`mylib::copy_(Tensor(a!) dst, Tensor src)`)
+# has no out-of-place twin, so ember defines one, `ember_functional::mylib__copy__default`:
+# same arguments without the write annotations; it clones the written tensors, runs the
+# original op on the clones and returns its own results followed by the clones (as
+# torch.compile's auto_functionalized does). Its one CompositeExplicitAutograd kernel serves
+# meta (the tracer's shapes) and real tensors (the kernel backend calls it as an extern).
+
+_FUNCTIONAL_LIB = None
+
+
+def _custom_functional(op: torch._ops.OpOverload) -> torch._ops.OpOverload:
+    global _FUNCTIONAL_LIB
+    schema = op._schema
+    written = [a for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
+    if any(str(a.type) != "Tensor" for a in written) or \
+            any(r.alias_info is not None for r in schema.returns):
+        raise Unsupported(f"ember.aot: the mutating op {op} writes a list or optional tensor or "
+                          "returns an alias; only plain written Tensor arguments are "
+                          "functionalized")
+    # the op is looked up by name at each call (a scoped test library redefines it; a new
+    # schema under the same name gets a functional form of its own, keyed by the schema's hash)
+    short = schema.name.split("::")[-1]
+    digest = hashlib.sha1(str(schema).encode()).hexdigest()[:8]
+    name = f"{op.namespace}__{short}_{op._overloadname}_{digest}"
+    if _FUNCTIONAL_LIB is None:
+        _FUNCTIONAL_LIB = torch.library.Library("ember_functional", "FRAGMENT")
+    if not hasattr(torch.ops.ember_functional, name):
+        text = str(schema)
+        args = re.sub(r"Tensor\(\w+!?\)", "Tensor", text[text.index("(") + 1:text.rindex(") -> ")])
+        rets = [str(r.type) for r in schema.returns] + ["Tensor"] * len(written)
+        _FUNCTIONAL_LIB.define(f"{name}({args}) -> ({', '.join(rets)})")
+        _FUNCTIONAL_LIB.impl(name, functools.partial(
+            _run_cloned, op.namespace, short, op._overloadname), "CompositeExplicitAutograd")
+    return getattr(torch.ops.ember_functional, name).default
+
+
+def _run_cloned(namespace, name, overload, *args, **kwargs):
+    op = getattr(getattr(getattr(torch.ops, namespace), name), overload)
+    names = [a.name for a in op._schema.arguments]
+    args, kwargs = list(args), dict(kwargs)
+    clones = []
+    for a in op._schema.arguments:
+        if a.alias_info is None or not a.alias_info.is_write:
+            continue
+        i = names.index(a.name)
+        if i < len(args):
+            args[i] = args[i].clone()
+            clones.append(args[i])
+        else:
+            kwargs[a.name] = kwargs[a.name].clone()
+            clones.append(kwargs[a.name])
+    out = op(*args, **kwargs)
+    outs = () if out is None else tuple(out) if isinstance(out, (tuple, list)) else (out,)
+    results = (*outs, *clones)
+    return results[0] if len(results) == 1 else results
 
 
 # --- scatter rules: write src into view(base) and return the new base -----------------------

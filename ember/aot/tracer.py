@@ -408,6 +408,11 @@ class Tracer(TorchDispatchMode):
 
     def _mutating_op(self, func, args, kwargs):
         form = functional_variant(func)
+        if form.op.namespace == "ember_functional" and torch.is_grad_enabled() and any(
+                isinstance(t, torch.Tensor) and t.requires_grad for t in tree_flatten((args, kwargs))[0]):
+            # a custom op has no derivative here: its gradient would be silently missing
+            raise Unsupported(f"ember.aot: the mutating custom op {func} on tensors that require "
+                              "grad (it has no autograd formula ember can trace)")
         bound = bind_args(func, args, kwargs)
         fargs = [bound[a.name] for a in form.op._schema.arguments if not a.kwarg_only and a.name in bound]
         fkwargs = {a.name: bound[a.name] for a in form.op._schema.arguments if a.kwarg_only and a.name in bound}

@@ -143,6 +143,7 @@ def why_not(gm: fx.GraphModule, example_inputs, options: dict) -> str | None:
         return "dynamic sizes"
     for n in gm.graph.nodes:
         name = n.target if isinstance(n.target, str) else getattr(n.target, "__name__", "")
+        name = name.split(".")[0]            # torch.ops.aten.as_strided.default
         if n.op in ("call_function", "call_method") and name in _LAYOUT_SENSITIVE:
             return f"a layout-sensitive op ({name})"
     convs = [a for a in map(_conv_args, gm.graph.nodes) if a is not None]

@@ -156,6 +156,10 @@ def call_obj(tr, fn: ObjV, args: list, kwargs: dict) -> V:
     f = peek(fn)        # a call uses what a nested function runs, not which object it is
     if getattr(f, "_ember_disabled", False):
         raise tr.unsupported(f"call to {f.__qualname__}, marked ember.disable")
+    if getattr(f, "_ember_compiled", None) is not None and callable(getattr(f, "__wrapped__", None)):
+        # a function ember.compile'd on its own, called from compiled code: inline what it
+        # wraps (as Dynamo inlines a nested torch.compile), not ember's own runner
+        return call(tr, ObjV(f.__wrapped__), args, kwargs)
     if compiled_by_torch(f):
         # its frames are Dynamo's to capture: tracing into Dynamo's wrapper would compile the
         # function with ember and trace Dynamo's own machinery
@@ -317,10 +321,13 @@ def call_op(tr, op, args, kwargs) -> V:
     name = getattr(op, "_name", None) or str(op)
     ovl = op if isinstance(op, torch._ops.OpOverload) else None
     schemas = [ovl._schema] if ovl is not None else \
-        [getattr(op, o)._schema for o in op.overloads() if "out" not in o]   # out= picked by kw
-    if any(s.is_mutable for s in schemas) or "out" in kwargs:
-        raise tr.unsupported(f"op {name} mutates its arguments",
-                             hint="a mutating op called through torch.ops is not functionalized "
+        [s for s in (getattr(op, o)._schema for o in op.overloads())   # out= picked by kw
+         if not any(a.is_out for a in s.arguments)]
+    # an op that writes only its first argument (aten.sigmoid_, a custom `copy_(dst, src)`) is
+    # recorded like a Tensor in-place method; aot functionalizes it
+    if any(mutated_args(s)[1:] for s in schemas) or "out" in kwargs:
+        raise tr.unsupported(f"op {name} mutates arguments other than its first",
+                             hint="such an op called through torch.ops is not functionalized "
                                   "yet; it runs eagerly")
     try:
         return tr.call_graph(op, args, kwargs)
@@ -331,6 +338,11 @@ def call_op(tr, op, args, kwargs) -> V:
         raise tr.unsupported(f"custom op {name} has no fake kernel, so it cannot be traced",
                              hint=f"register one with torch.library.register_fake({name!r}) "
                                   "(or @op.register_fake)") from None
+
+
+def mutated_args(schema) -> list[int]:
+    return [i for i, a in enumerate(schema.arguments)
+            if a.alias_info is not None and a.alias_info.is_write]
 
 
 def _inline_regions(tr) -> bool:
@@ -453,6 +465,11 @@ def call_class(tr, fn: ObjV, args, kwargs) -> V:
             getattr(cls.__init__, "__qualname__", "").endswith("__init__") and \
             _is_generated_init(cls):
         return _new_dataclass(tr, cls, args, kwargs)
+    if type(cls) is type(torch.LongTensor) and not cls.is_cuda and len(args) == 1 and \
+            not kwargs and (isinstance(args[0], (ListV, TupleV)) or
+                            isinstance(args[0], ObjV) and isinstance(args[0].value, (list, tuple))):
+        # a legacy typed constructor on data: torch.LongTensor([294]) is torch.tensor(.., int64)
+        return call(tr, ObjV(torch.tensor), [args[0]], {"dtype": ObjV(cls.dtype)})
     if cls.__new__ is not object.__new__ and not (isinstance(cls, type) and issubclass(cls, dict)):
         raise tr.unsupported(f"class {cls.__qualname__} with a custom __new__")
     obj = NewObjV(cls, {}, dataclass=False)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from .effects import mutates_first_arg
 from .values import ListV, ObjV, TensorV, TupleV
 
 
@@ -65,4 +66,6 @@ def _flat(tr, out):
 
 def _mutates(node) -> bool:
     name = getattr(node.target, "__name__", "")
+    if isinstance(node.target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+        return mutates_first_arg(node)
     return node.op == "call_function" and name.endswith("_") and not name.endswith("__")

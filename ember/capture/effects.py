@@ -246,8 +246,21 @@ def effect_lines(tr, rb: Rebuild) -> list[str]:
     return effects
 
 
+def op_writes(target) -> bool:
+    """A torch.ops op that writes an argument: an overload (aten.sigmoid_.default), or a packet
+    with such an overload other than an out= one (aten.avg_pool2d_backward has .grad_input)."""
+    if isinstance(target, torch._ops.OpOverload):
+        return target._schema.is_mutable
+    if isinstance(target, torch._ops.OpOverloadPacket):
+        return any(s.is_mutable and not any(a.is_out for a in s.arguments)
+                   for s in (getattr(target, o)._schema for o in target.overloads()))
+    return False
+
+
 def mutates_first_arg(node) -> bool:
     name = getattr(node.target, "__name__", "")
+    if isinstance(node.target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+        return op_writes(node.target) or "out" in node.kwargs
     return node.op == "call_function" and bool(node.args) and (
         name in ("__setitem__", "setitem") or name.startswith("__i") or
         (name.endswith("_") and not name.startswith("_")) or "out" in node.kwargs)

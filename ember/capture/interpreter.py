@@ -22,6 +22,7 @@ import torch.fx as fx
 from .. import shapes
 from ..errors import Unsupported
 from .bytecode import decode
+from .effects import op_writes
 from .functorch import is_functorch
 from .guards import Guard, global_state
 from .sources import (AttrSource, ClosureSource, ConstSource, DictEntrySource, GlobalSource,
@@ -493,7 +494,7 @@ class Tracer:
             return v.node
         if isinstance(v, ObjV):
             x = v.value
-            if isinstance(x, torch.SymInt):
+            if isinstance(x, (torch.SymInt, torch.SymFloat)):
                 return self.size_node(x)
             if isinstance(x, (tuple, list)) and any(isinstance(i, torch.SymInt) for i in x):
                 items = [self.size_node(i) if isinstance(i, torch.SymInt) else i for i in x]
@@ -576,7 +577,7 @@ class Tracer:
         return v
 
     def _result(self, target, args, kwargs, out, margs, mkw, device):
-        if not _has_tensor(out) and not (out is None and target in _SIDE_EFFECT_FNS):
+        if not _has_tensor(out) and not (out is None and _writes(target)):
             return self.const_value(out)
         # in-place / out= results keep the identity of their input value
         node = self.graph.call_function(target, tuple(self.to_node(a) for a in args),
@@ -828,6 +829,11 @@ AUTOCAST_LOWER = {"conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transp
 
 
 _SIDE_EFFECT_FNS = {operator.setitem, torch.Tensor.__setitem__}
+
+
+def _writes(target) -> bool:
+    """A call whose None result still matters: setitem, an op that mutates (`mylib.copy_`)."""
+    return target in _SIDE_EFFECT_FNS or op_writes(target)
 
 
 def _is_device_str(s: str) -> bool:

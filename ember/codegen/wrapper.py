@@ -148,6 +148,12 @@ class WrapperCodegen:
             for d, n in enumerate(b.size or ()):
                 if isinstance(n, sympy.Symbol):
                     bound.setdefault(n, f"{b.name}.size({d})")
+        for b in self.inputs:      # a dim `s1 - 1` only (a backward's tangent of a slice)
+            for d, n in enumerate(b.size or () if b.position >= 0 else ()):
+                if isinstance(n, sympy.Add) and len(n.free_symbols) == 1:
+                    sym_ = next(iter(n.free_symbols))
+                    if (n - sym_).is_Integer and sym_ not in bound:
+                        bound[sym_] = f"{b.name}.size({d}) - ({int(n - sym_)})"
         for sym_, src in sorted(bound.items(), key=lambda kv: kv[0].name):
             if src != sym_.name:
                 self.code.writeline(f"{sym_.name} = {src}")

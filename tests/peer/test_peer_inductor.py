@@ -22,6 +22,12 @@ SUBSET = [
     "CpuTests::test_add_const_float_cpu",
     "CpuTests::test_views1_cpu",
     "CpuTests::test_sum_int_cpu",
+    "CpuTests::test_conv_with_as_strided_cpu",          # aten.as_strided after a channels-last conv
+    "CpuTests::test_mutable_custom_op_fixed_layout_cpu",     # a custom op writing its argument
+    "CpuTests::test_div_softmax_symfloat_cpu",          # a SymFloat argument (was a NameError)
+    "CpuTests::test_dtype_sympy_expr_cpu",              # a backward size seen only as s1 - 1
+    "CpuTests::test_input_mutation3_cpu",               # torch.ops.aten.sigmoid_ on an input
+    "CpuTests::test_cat_unbacked_2d_cpu",               # y.item() of an input: a variant per value
 ]
 
 

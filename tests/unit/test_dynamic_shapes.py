@@ -181,6 +181,19 @@ def test_dynamic_true_compiles_once_and_false_per_shape():
     assert compiles() == 3
 
 
+def test_float_times_a_symbolic_size_is_a_graph_value():
+    """`y * x.shape[-1]` with a float y is a SymFloat: the graph computes it from the size
+    input (it was written into the graph as the text `1.0e-5*s1`: NameError at trace time;
+    Inductor's test_div_softmax_symfloat)."""
+    def f(x, y):
+        return torch.softmax(x.div(y * x.shape[-1]), dim=-1) + x.mul(y * x.shape[-2])
+    cf = ember.compile(f, dynamic=True)
+    for n in (3, 5, 9):
+        x = torch.randn(1, n, n + 2)
+        torch.testing.assert_close(cf(x, 1e-5), f(x, 1e-5))
+    assert compiles() == 1
+
+
 def test_mark_dynamic_first_compile_is_dynamic():
     def f(x):
         return (x * 2).softmax(-1)

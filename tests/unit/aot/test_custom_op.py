@@ -91,18 +91,65 @@ def test_no_fake_kernel_names_the_op():
     assert ember.stats()["counts"].get("graph_breaks", 0) == 1
 
 
-def test_mutating_custom_op_breaks():
+@pytest.mark.parametrize("capture,backend", [("ember", "aot_eager"), ("ember", "ember"),
+                                             ("dynamo", "ember")])
+def test_mutating_custom_op_is_functionalized(capture, backend):
+    """A custom op that writes an argument (an intermediate and a graph input) runs on clones
+    through ember_functional::embertest28__addin_default_*; the input is written back once."""
     ember.reset()
 
-    def h(x, y):
+    def h(x, y, acc):
         z = x * 1
-        addin(z, y)
+        addin(z, y)                          # the custom_op object
+        torch.ops.embertest28.addin(acc, z)  # the packet, writing a graph input
         return z * 2
 
     x, y = torch.randn(3), torch.randn(3)
-    with pytest.raises(ember.errors.Unsupported, match="mutates"):
-        ember.compile(h, backend="aot_eager", fullgraph=True)(x, y)
+    acc, acc_ref = torch.zeros(3), torch.zeros(3)
+    cf = ember.compile(h, backend=backend, fullgraph=True) if capture == "ember" else \
+        torch.compile(h, backend=ember.backend, fullgraph=True)
+    for _ in range(2):                       # the second call runs the cached graph
+        torch.testing.assert_close(cf(x, y, acc), h(x, y, acc_ref))
+        torch.testing.assert_close(acc, acc_ref)
+    if capture == "ember":
+        st = ember.stats()["counts"]
+        assert st.get("graphs") == 1 and not st.get("graph_breaks") and not st.get("fallbacks")
+
+
+@pytest.fixture
+def raw_copy_op():
+    """A library op with a plain kernel (no autograd formula), as Inductor's
+    test_mutable_custom_op_fixed_layout defines it."""
+    with torch.library._scoped_library("embertest27", "DEF") as lib:
+        lib.define("copy_(Tensor(a!) dst, Tensor src) -> ()")
+        lib.impl("copy_", lambda dst, src: None, "Meta")
+        lib.impl("copy_", lambda dst, src: [dst.copy_(src), None][1], "CompositeExplicitAutograd")
+        yield torch.ops.embertest27.copy_.default
+
+
+@pytest.mark.parametrize("capture", ["ember", "dynamo"])
+def test_raw_mutating_library_op(raw_copy_op, capture):
     ember.reset()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.testing.assert_close(ember.compile(h, backend="aot_eager")(x, y), h(x, y))
+
+    def f(x):
+        full = torch.full([3], 7.0)
+        raw_copy_op(full, x)
+        return full * full
+
+    x = torch.arange(3, dtype=torch.float)
+    cf = ember.compile(f, fullgraph=True) if capture == "ember" else \
+        torch.compile(f, backend=ember.backend, fullgraph=True)
+    torch.testing.assert_close(cf(x), f(x))
+
+
+def test_raw_mutating_op_refused_under_grad(raw_copy_op):
+    """No derivative for the functional form: refused loudly rather than a wrong gradient."""
+    ember.reset()
+
+    def g(x, y):
+        raw_copy_op(y, x * 2)
+        return y * x
+
+    x = torch.arange(3, dtype=torch.float, requires_grad=True)
+    with pytest.raises(ember.errors.Unsupported, match="require grad"):
+        ember.compile(g, fullgraph=True)(x, torch.zeros(3))

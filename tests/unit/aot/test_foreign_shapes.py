@@ -1,5 +1,6 @@
 """Symbolic graphs from Dynamo (dynamic=True): aot maps Dynamo's size symbols to ember's shape
 env (aot/foreign.py) instead of refusing them; ember's own size guards are checked per call."""
+import pytest
 import torch
 
 import ember
@@ -46,3 +47,72 @@ def test_round_of_symfloat_keeps_digits():
     def f(x, i):
         return x + round(i / 2 * 123.4567, 1)
     _run(f, [(torch.zeros(2), i) for i in (2, 3, 7)])
+
+
+def test_backward_binds_a_size_seen_only_as_s_minus_1():
+    """A backward whose one input is the tangent of `a[..., :-1, :]` ([1, s0, s1 - 1, s2]): the
+    wrapper binds s1 from that dim (it refused: "s1 is no input's dimension"; Inductor's
+    test_dtype_sympy_expr)."""
+    def fn(a):
+        return a[..., :-1, :].contiguous() * 2
+
+    cf = torch.compile(fn, backend=ember.backend, dynamic=True, fullgraph=True)
+    for n in (16, 9):
+        a = torch.randn([1, 2, n, 4], requires_grad=True)
+        g = torch.randn([1, 2, n - 1, 4])
+        out = cf(a)
+        (grad,) = torch.autograd.grad(out, a, g)
+        torch.testing.assert_close(out, fn(a))
+        torch.testing.assert_close(grad, torch.autograd.grad(fn(a), a, g)[0])
+
+
+
+def test_scalar_read_of_an_input_compiles_per_value():
+    """`y.item()` / `sz.tolist()` of an input in a Dynamo graph (unbacked symbols): a variant per
+    value, Dynamo's size assertions evaluated on it (Inductor's test_cat_unbacked_2d,
+    test_split_with_sizes_with_unbacked_symints)."""
+    import torch._dynamo
+    torch._dynamo.reset()
+
+    def cat(x, y):
+        return torch.cat([x, x.new_ones(y.item(), x.shape[1])]) * 2
+
+    def split(sz, x):
+        s0, s1 = sz.tolist()
+        return torch.split(x, [s0, s1])[1].sort()
+
+    with torch._dynamo.config.patch(capture_scalar_outputs=True):
+        ccat = torch.compile(cat, backend=ember.backend, fullgraph=True)
+        for n in (0, 4, 0, 5):
+            x, y = torch.randn(2, 3), torch.tensor([n])
+            torch.testing.assert_close(ccat(x, y), cat(x, y))
+        csplit = torch.compile(split, backend=ember.backend, fullgraph=True)
+        x = torch.randn(50)
+        for sizes in ([20, 30], [7, 43]):
+            torch.testing.assert_close(csplit(torch.tensor(sizes), x), split(torch.tensor(sizes), x))
+        with pytest.raises(RuntimeError):
+            csplit(torch.tensor([20, 20]), x)       # eager: split sizes do not sum to 50
+    torch._dynamo.reset()
+
+
+def test_scalar_read_variants_are_bounded():
+    """A value that changes every call: VALUE_VARIANTS compiled variants, then eager (warned)."""
+    import warnings
+
+    import torch._dynamo
+    from ember.aot import foreign
+    torch._dynamo.reset()
+
+    def f(x, y):
+        return x * y.item() + 1
+
+    with torch._dynamo.config.patch(capture_scalar_outputs=True):
+        cf = torch.compile(f, backend=ember.backend, fullgraph=True)
+        x = torch.randn(4)
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            for v in range(foreign.VALUE_VARIANTS + 2):
+                torch.testing.assert_close(cf(x, torch.tensor(v)), f(x, torch.tensor(v)))
+    assert any("runs eagerly now" in str(w.message) for w in seen)
+    torch._dynamo.reset()
+

@@ -122,6 +122,19 @@ def test_layout_sensitive_graph_kept():
     assert count("channels_last_graphs") == 0
 
 
+def test_layout_sensitive_aten_overload_kept():
+    """The op written as an OpOverload (`torch.ops.aten.as_strided.default`, Inductor's
+    test_conv_with_as_strided): a channels-last conv made every element wrong."""
+    def f(w, x):
+        y = torch.ops.aten.constant_pad_nd.default(torch.conv2d(x, w), [1, 1, 1, 1], 0.0)
+        return torch.ops.aten.as_strided.default(y, [2, 4, 3], [36, 1, 6]).clone()
+    w, x = torch.randn(4, 3, 1, 1), torch.randn(2, 3, 4, 4)
+    with torch.no_grad():
+        torch.testing.assert_close(ember.compile(f)(w, x), f(w, x), **TOL)
+        torch.testing.assert_close(torch.compile(f, backend=ember.backend)(w, x), f(w, x), **TOL)
+    assert count("channels_last_graphs") == 0
+
+
 def random_net(rng: random.Random) -> nn.Module:
     layers, c = [], 3
     for _ in range(rng.randint(2, 5)):

@@ -206,6 +206,64 @@ def test_compile_a_builtin_or_an_op():
     assert c.get("graphs") == 3 and not c.get("recompiles"), c
 
 
+def test_inplace_aten_ops_through_torch_ops():
+    """`torch.ops.aten.sigmoid_(a)` writes its first argument: recorded like `a.sigmoid_()`
+    (aot functionalizes it, the input is written back); an op whose packet also has an out=
+    overload (`aten.avg_pool2d_backward`) is a functional call. Inductor's
+    test_input_mutation3 / test_avg_pool2d_backward2."""
+    aten = torch.ops.aten
+
+    def f(a, g, x):
+        a += 1
+        aten.sigmoid_(a)
+        b = a.view(6)
+        aten.relu_.default(b)
+        c = b + 1
+        aten.unsqueeze_(c, 0)
+        aten.index_put_(c, (None, torch.tensor([0, 2])), torch.tensor(5.0))
+        return c, aten.avg_pool2d_backward(g, x, [2, 2], [2, 2], [0, 0], False, True, None)
+
+    args = (torch.randn(2, 3), torch.randn(1, 2, 2, 2), torch.randn(1, 2, 4, 4))
+    ref_args = [t.clone() for t in args]
+    for backend in ("eager", "ember"):
+        ember.reset()
+        cf = ember.compile(f, backend=backend, fullgraph=True)
+        same(f(*ref_args), cf(*args))
+        same(ref_args[0], args[0])                   # the input written back
+        c = _counts()
+        assert c.get("graphs") == 1 and not c.get("graph_breaks"), c
+
+
+def test_call_of_an_ember_compiled_function_is_inlined():
+    """An ember.compile'd function called from compiled code is inlined (its original code),
+    not traced through ember's runner (Tensor.data_ptr refusal; Inductor's
+    test_int_input_dynamic_shapes)."""
+    inner = ember.compile(lambda x, i: x * i, dynamic=True)
+
+    def outer(x, i):
+        return inner(x, i) + 1
+
+    x = torch.randn(3, 1, 1, 1, 1)
+    cf = ember.compile(outer, backend="eager", fullgraph=True)
+    same(outer(x, 9132), cf(x, 9132))
+    c = _counts()
+    assert c.get("graphs") == 2 and not c.get("graph_breaks"), c    # inner's own + outer's
+
+
+def test_legacy_typed_constructor_on_data():
+    """torch.LongTensor([294]) / torch.FloatTensor((1.5, 2)) are torch.tensor with that dtype
+    (Inductor's test_long_tensor); a size constructor (LongTensor(3), uninitialized) breaks."""
+    def f(a):
+        return torch.LongTensor([294]) - a, torch.FloatTensor((1.5, 2)) * 2
+
+    a = torch.randint(0, 999, size=[4, 1])
+    cf = ember.compile(f, backend="eager", fullgraph=True)
+    for x, y in zip(cf(a), f(a)):
+        assert x.dtype == y.dtype
+        same(y, x)
+    assert _counts().get("graphs") == 1
+
+
 def test_context_manager_as_decorator_of_nested_function():
     def f(x):
         @torch.no_grad()
