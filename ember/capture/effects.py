@@ -275,7 +275,8 @@ def guard_mutated_aliases(tr) -> None:
     for src, tv, real in dynamic:
         if tv.node not in mutated:
             continue
-        others = [(s, r) for s, t, r in dynamic if t is not tv]
+        # size symbols of a dynamic graph are inputs too, plain ints: they share no memory
+        others = [(s, r) for s, t, r in dynamic if t is not tv and isinstance(r, torch.Tensor)]
         if not others:
             continue
         ptr = real.untyped_storage().data_ptr()

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from ._util import canonical_dim, opmath_dtype, to, where
+from ._util import canonical_dim, full, on_cpu, opmath_dtype, to, where
 from .registry import register
 
 aten = torch.ops.aten
@@ -117,3 +117,31 @@ def index_put_twin(self, indices, values, accumulate=False):
 @register(aten.index.Tensor_hacked_twin)
 def index_twin(self, indices):
     return aten.index.Tensor(self, indices)
+
+
+@register(aten._embedding_bag.default)
+def embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sparse=False,
+                  per_sample_weights=None, include_last_offset=False, padding_idx=-1):
+    """The training form of embedding_bag: eager's bag kernel (`_embedding_bag_forward_only`, an
+    extern) for the result, and the auxiliary outputs the backward reads computed here. Torch's
+    meta kernel gives them other sizes than the CPU kernel (offset2bag is empty on CPU's sum fast
+    path, bag_size has B+1 rows with include_last_offset, max_indices B rows for sum/mean), so a
+    graph saving the extern's own would see sizes change at run time. These are what the CPU
+    backward kernels accept: offset2bag (N,) = the bag of each index, bag_size (B,) = the non-
+    padding indices of each bag, max_indices (B, D) from the kernel in max mode, else empty."""
+    if sparse or not on_cpu(weight) or indices.dim() != 1 or indices.dtype != offsets.dtype:
+        return NotImplemented
+    out = aten._embedding_bag_forward_only.default(
+        weight, indices, offsets, scale_grad_by_freq, mode, sparse, per_sample_weights,
+        include_last_offset, padding_idx)
+    n, b = indices.shape[0], offsets.shape[0] - (1 if include_last_offset else 0)
+    # bags start at offsets[:b]; with include_last_offset the last offset is the end, len(indices)
+    starts = aten.slice.Tensor(offsets, 0, 0, b)
+    counts = aten.index_put.default(full([n + 1], 0, indices), [starts], full([b], 1, indices),
+                                    True)
+    offset2bag = aten.sub.Tensor(aten.cumsum.default(aten.slice.Tensor(counts, 0, 0, n), 0,
+                                                     dtype=indices.dtype), 1)
+    counted = to(aten.ne.Scalar(indices, padding_idx), indices.dtype)
+    bag_size = aten.index_put.default(full([b], 0, indices), [offset2bag], counted, True)
+    max_indices = out[3] if mode == 2 else full([0], 0, indices)
+    return out[0], offset2bag, bag_size, max_indices

@@ -13,7 +13,8 @@ import torch
 
 from ..loopir.ops import compute_dtype, ops
 from ..loopir.nodes import InputBuffer, Pointwise
-from .ir import Pending, Reindex, TensorValue, View, as_size, as_sizes, meta_view, view_impl
+from .ir import (Pending, Reindex, SHAPE_ENV, TensorValue, View, as_size, as_sizes, meta_view,
+                 view_impl)
 from .rules import RULES, broadcast_loader, out_meta, rule
 from ..errors import Unsupported
 
@@ -107,14 +108,30 @@ def squeeze(ctx, node, x, dims=None):
     return view_impl(x, as_sizes(out_meta(node).shape))
 
 
+def _slice_start(start, s):
+    """torch's clamp of a slice start into [0, s]; None when symbolic sizes leave it open."""
+    def known(rel):
+        return bool(rel) if isinstance(rel, bool) or not rel.free_symbols else \
+            SHAPE_ENV.get().static(rel)
+    neg = known(sympy.sympify(start) < 0)
+    if neg:
+        start = start + s
+        neg = known(sympy.sympify(start) < 0)
+    over = known(sympy.sympify(start) > s)
+    if neg is None or over is None:
+        return None
+    return 0 if neg else (s if over else start)
+
+
 @rule(aten.slice.Tensor)
 def slice_(ctx, node, x, dim=0, start=None, end=None, step=1):
     n = len(x.size)
     dim = dim % n
     size = as_sizes(out_meta(node).shape)
     s = x.size[dim]
-    start = 0 if start is None else start
-    start = max(0, min(s, start + s if start < 0 else start))
+    start = _slice_start(0 if start is None else start, s)
+    if start is None:
+        return NotImplemented              # symbolic sizes the bounds cannot order: an extern
     if isinstance(x, View):
         stride = list(x.stride)
         stride[dim] *= step

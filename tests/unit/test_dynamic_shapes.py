@@ -237,6 +237,23 @@ def test_shape_arithmetic_and_returned_sizes():
     assert compiles() == 1
 
 
+def test_dynamic_graph_that_mutates_an_input_and_slices_from_the_end():
+    """What a static-cache prefill does at a new prompt length: a dynamic graph (its size
+    symbols are inputs too) that mutates an input and takes the last position (slice start -1
+    of a symbolic length)."""
+    def f(x, counter):
+        counter.add_(x.shape[1])
+        return x[:, -1:, :] * 2 + counter, x[:, 1:-1].sum(1)
+    cf = ember.compile(f)
+    counter, ref_counter = torch.zeros(()), torch.zeros(())
+    for t in (5, 9, 12, 3):
+        x = torch.randn(2, t, 4)
+        got, want = cf(x, counter), f(x, ref_counter)
+        torch.testing.assert_close(got, want)
+        torch.testing.assert_close(counter, ref_counter)
+    assert compiles() == 2
+
+
 def test_recompile_log_says_which_dim_became_dynamic(monkeypatch, caplog):
     from ember.logging import get_logger
     monkeypatch.setenv("EMBER_LOGS", "recompiles")

@@ -27,9 +27,9 @@ def _fn(x):
 
 
 def _timings(kernels_ms, eager_ms, calls):
-    def fake(kernels, eager, args):
+    def fake(kernels, eager, fresh):
         calls.append(1)
-        return kernels_ms, eager_ms, kernels(*args)
+        return kernels_ms, eager_ms, kernels(*fresh())
     return fake
 
 
@@ -129,9 +129,9 @@ def test_training_steps_are_timed_without_touching_user_grads(monkeypatch, kerne
     tensor hooks and the user's autograd graph see exactly the eager training loop."""
     timed = []
 
-    def fake(kernels, eager, args):
+    def fake(kernels, eager, fresh):
         timed.append(1)
-        kernels(*args), eager(*args)              # really run both steps
+        kernels(*fresh()), eager(*fresh())        # really run both steps
         return kernels_ms, eager_ms, None
     monkeypatch.setattr(speed, "_time_both", fake)
     torch.manual_seed(0)
@@ -173,10 +173,10 @@ def test_real_training_timing_keeps_values():
 def test_input_mutation_applies_once_per_call(monkeypatch, grad):
     """Mutated inputs (BatchNorm's running stats, a user's add_) are cloned for the timed calls:
     the user's buffers change exactly once per call, as in eager."""
-    def fake(kernels, eager, args):
+    def fake(kernels, eager, fresh):
         timed.append(1)
         for _ in range(3):
-            kernels(*args), eager(*args)
+            kernels(*fresh()), eager(*fresh())
         return 9.0, 1.0, None
     monkeypatch.setattr(speed, "_time_both", fake)
     timed = []
@@ -196,6 +196,35 @@ def test_input_mutation_applies_once_per_call(monkeypatch, grad):
     torch.testing.assert_close(bn.running_mean, bn_ref.running_mean)
     torch.testing.assert_close(bn.running_var, bn_ref.running_var)
     assert bn.num_batches_tracked.item() == bn_ref.num_batches_tracked.item() == 3
+
+
+class Counter(nn.Module):
+    """A static KV cache in small: the write position is a tensor the graph reads and bumps."""
+    def __init__(self, size):
+        super().__init__()
+        self.register_buffer("pos", torch.tensor(0))
+        self.register_buffer("cache", torch.zeros(size, 4))
+
+    def forward(self, x):
+        where = torch.arange(x.shape[0]) + self.pos
+        self.pos.add_(x.shape[0])
+        self.cache.index_copy_(0, where, x)
+        return self.cache.sum(0)
+
+
+def test_timed_calls_each_see_the_callers_state():
+    """Really timed (no fake clock): every timed call starts from the inputs the user passed, so
+    a graph that reads its own mutated counter neither runs out of bounds (the second generate()
+    of an HF static cache did) nor leaves a different counter behind."""
+    m, ref = Counter(6), Counter(6)
+    cm = ember.compile(m)
+    with torch.no_grad():
+        for i in range(3):
+            x = torch.full((2, 4), float(i + 1))
+            torch.testing.assert_close(cm(x), ref(x))
+    assert m.pos.item() == ref.pos.item() == 6
+    torch.testing.assert_close(m.cache, ref.cache)
+    assert [d["source"] for d in speed.DECISIONS] == ["timed"]
 
 
 def test_switched_off(monkeypatch):
