@@ -30,7 +30,7 @@ from . import cache
 def _compiler_hash() -> str:
     root = Path(__file__).resolve().parents[1]
     parts = []
-    for pkg in ("lower", "schedule", "codegen", "runtime"):
+    for pkg in ("loopir", "lower", "schedule", "codegen", "runtime"):
         for f in sorted((root / pkg).glob("*.py")):
             parts.append(f.read_text())
     return cache.key_of(*parts)
