@@ -251,7 +251,7 @@ def _key(gm, args, options, training: bool) -> str:
     h.update(f"{torch.__version__} {compiler_version()} {torch.get_num_threads()}".encode())
     # what the compiled side runs depends on ember's own code: a decision made by other code
     # (before a fusion or a layout rule changed) is not reused
-    h.update(sources_hash(("backends", "aot", "decomp", "lower", "schedule", "codegen",
+    h.update(sources_hash(("backends", "aot", "decomp", "loopir", "lower", "schedule", "codegen",
                            "runtime")).encode())
     return h.hexdigest()
 

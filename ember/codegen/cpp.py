@@ -350,6 +350,27 @@ def _init(rtype, dt) -> str:
     raise NotImplementedError(rtype)
 
 
+#: float32 sums over at least this many elements accumulate in double, as ATen's CPU kernels do
+#: for BatchNorm's statistics (acc_type<float, is_cuda=false> is double). A float accumulator
+#: drifts by ~sqrt(n) ulps over n terms: over a BatchNorm's 8x112x112 = 100k elements per channel
+#: that made ember's forward activations 20x less accurate than eager's (lraspp, mobilenet v3),
+#: and ReLU masks flip at that level. Short rows (softmax, LayerNorm) keep float accumulators, and
+#: so do bf16/fp16 results (float is already far finer than what they store).
+LONG_SUM = 4096
+
+
+def _acc_dtype(node, length) -> torch.dtype:
+    body = node.body
+    if (body.reduction_type == "sum" and body.src_dtype == torch.float32
+            and body.dtype == torch.float32 and hint(length) >= LONG_SUM):
+        return torch.float64
+    return body.src_dtype
+
+
+def _acc_value(acc, adt, dt) -> str:
+    return acc if adt == dt else f"static_cast<{ctype(dt)}>({acc})"
+
+
 def _update(rtype, acc, v, dt) -> str:
     if rtype == "sum":
         return f"{acc} += {v};"
@@ -639,13 +660,15 @@ class KernelCodegen:
                     code.level -= 1
                     code.writeline("}")
                 continue
-            accs = []
+            accs, widened = [], {}
             for n in st.nodes:
                 dt, rt = n.body.src_dtype, n.body.reduction_type
+                adt = _acc_dtype(n, numel(st.inner))
                 acc = h.fresh("acc")
-                code.writeline(f"{ctype(dt)} {acc}[{B}];")
-                code.writeline(f"for (int64_t j = 0; j < {B}; ++j) {acc}[j] = {_init(rt, dt)};")
+                code.writeline(f"{ctype(adt)} {acc}[{B}];")
+                code.writeline(f"for (int64_t j = 0; j < {B}; ++j) {acc}[j] = {_init(rt, adt)};")
                 accs.append((n, acc, rt, dt))
+                widened[acc] = adt
             for size, v in zip(st.inner, rv):
                 code.writeline(f"for (int64_t {v} = 0; {v} < {_int(size)}; ++{v})")
                 code.writeline("{")
@@ -659,8 +682,10 @@ class KernelCodegen:
             for _ in rv:
                 code.level -= 1
                 code.writeline("}")
-            lanes(lambda accs=accs: [h.store(n.name, n.store_index(xv), CppVal(f"{acc}[j]", dt))
-                                     for n, acc, rt, dt in accs], simd=False, keep_stored=True)
+            lanes(lambda accs=accs, widened=widened: [
+                h.store(n.name, n.store_index(xv),
+                        CppVal(_acc_value(f"{acc}[j]", widened[acc], dt), dt))
+                for n, acc, rt, dt in accs], simd=False, keep_stored=True)
         code.level -= 1
         code.writeline("}")
         for _ in xv[:-1]:
@@ -735,12 +760,13 @@ class KernelCodegen:
             for v in subs:
                 h.subs.pop(v, None)
             return
-        accs = []
+        accs, widened = [], {}
         for n in stage.nodes:
             dt = n.body.src_dtype
             rt = n.body.reduction_type
             acc = h.fresh("acc")
-            code.writeline(f"{ctype(dt)} {acc} = {_init(rt, dt)};")
+            widened[acc] = adt = _acc_dtype(n, numel(stage.inner))
+            code.writeline(f"{ctype(adt)} {acc} = {_init(rt, adt)};")
             if rt in ("argmax", "argmin"):
                 code.writeline(f"int64_t {acc}_i = 0;")
             accs.append((n, acc, rt, dt))
@@ -765,12 +791,12 @@ class KernelCodegen:
 
         par = parallel_inner and clause is not None
         if par:
-            parts = [(n, h.fresh("part"), rt, dt) for n, _, rt, dt in accs]
+            parts = [(n, h.fresh("part"), rt, widened[acc]) for n, acc, rt, _ in accs]
             code.writeline("#pragma omp parallel")
             code.writeline("{")
             code.level += 1
-            for n, p, rt, dt in parts:
-                code.writeline(f"{ctype(dt)} {p} = {_init(rt, dt)};")
+            for n, p, rt, adt in parts:
+                code.writeline(f"{ctype(adt)} {p} = {_init(rt, adt)};")
             pclause = _red_clause([(rt, p, dt) for _, p, rt, dt in parts])
             inner = list(stage.inner)
             if len(inner) == 1:   # split one long dim into blocks: omp for outside, simd inside
@@ -813,7 +839,8 @@ class KernelCodegen:
             for v in subs:
                 h.subs.pop(v, None)
         for n, acc, rt, dt in accs:
-            result = CppVal(f"{acc}_i" if rt in ("argmax", "argmin") else acc,
+            result = CppVal(f"{acc}_i" if rt in ("argmax", "argmin")
+                            else _acc_value(acc, widened[acc], dt),
                             torch.int64 if rt in ("argmax", "argmin") else dt)
             h.store(n.name, n.store_index(xv), result)
 

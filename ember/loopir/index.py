@@ -114,11 +114,15 @@ def _upper(e, bounds):
             total += u
         return total
     if e.is_Mul:
-        c, rest = e.as_coeff_Mul()
-        if c.is_Integer and c > 0:
-            u = _upper(rest, bounds)
-            return None if u is None else int(c) * u
-        return None
+        # a product of non-negative factors (as_coeff_Mul gives (1, e) for x*y: recursing on
+        # `rest` would not terminate)
+        total = 1
+        for f in e.args:
+            u = _upper(f, bounds)
+            if u is None:
+                return None
+            total *= u
+        return total
     if isinstance(e, FloorDiv) and e.args[1].is_Integer:
         u = _upper(e.args[0], bounds)
         return None if u is None else u // int(e.args[1])

@@ -11,6 +11,7 @@ from __future__ import annotations
 import sympy
 import torch
 
+from ..loopir.index import contiguous_strides
 from ..loopir.ops import compute_dtype, ops
 from ..loopir.nodes import InputBuffer, Pointwise
 from .ir import (Pending, Reindex, SHAPE_ENV, TensorValue, View, as_size, as_sizes, meta_view,
@@ -497,10 +498,29 @@ def convolution(ctx, node, x, *args):
 @rule(aten.convolution_backward.default)
 def convolution_backward(ctx, node, grad_out, x, *args):
     """The same for the input gradient: channels-last when the forward input is."""
+    if _onednn_crashes(ctx, x, args[0], args[2]):
+        grad_out, x = (_contiguous(ctx, t) for t in (grad_out, x))
     val = out_meta(node)
     if _cpu_channels_last_input(ctx, x) and isinstance(val, (tuple, list)):
         val = (_as_channels_last(val[0]), *val[1:])
     return ctx.extern(node.target, (grad_out, x, *args), {}, val)
+
+
+def _onednn_crashes(ctx, x, weight, stride) -> bool:
+    """torch 2.14's CPU (oneDNN) backward of a 1x1 conv with stride > 1 and 2-7 input channels
+    segfaults on channels-last inputs, in eager too (Conv2d(3, 48, 1, stride=2) on an 8x3x224x224
+    channels-last input, .sum().backward()). ember's training layout pass makes such inputs
+    channels-last (timm mobileone_s0's and fastvit_t8's stems): give that call NCHW copies."""
+    if not isinstance(weight, TensorValue) or len(weight.size) != 4:
+        return False
+    cin, kh, kw = weight.size[1:]
+    return (kh == 1 and kw == 1 and isinstance(cin, int) and cin < 8
+            and any(s != 1 for s in stride) and _cpu_channels_last_input(ctx, x))
+
+
+def _contiguous(ctx, t):
+    return ctx.realize(Pending(Pointwise(t.size, t.dtype, t.loader())),
+                       stride=contiguous_strides(t.size))
 
 
 def _cpu_channels_last_input(ctx, x) -> bool:

@@ -27,7 +27,7 @@ from . import cache
 
 
 @functools.lru_cache(None)
-def sources_hash(packages: tuple = ("lower", "schedule", "codegen", "runtime")) -> str:
+def sources_hash(packages: tuple = ("loopir", "lower", "schedule", "codegen", "runtime")) -> str:
     """A hash of the sources of these ember packages: a cache entry made by other code is
     not reused."""
     root = Path(__file__).resolve().parents[1]

@@ -132,3 +132,26 @@ def test_column_reduction_with_broadcast_load_along_reduced_dim(tmp_path, monkey
     res = torch.empty(d)
     fns[steps[0].name](*[{"arg0": t, "arg1": m, "buf0": res}[a].data_ptr() for a in sigs[steps[0].name]])
     torch.testing.assert_close(res, ((t - m[:, None]) * t).sum(0), atol=1e-4, rtol=1e-4)
+
+
+def test_long_float_sums_accumulate_in_double(tmp_path, monkeypatch):
+    # BatchNorm statistics: 100k elements per channel, along rows (NCHW) and down columns (NHWC).
+    # A float accumulator drifts by ~sqrt(n) ulps (1e-5 relative here, 20x eager's error on
+    # lraspp's activations); a double one stays at float's rounding of the result
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))
+    c, n = 64, 100_000
+    rows = InputBuffer("arg0", torch.float32, (c, n), (n, 1), position=0)
+    cols = InputBuffer("arg1", torch.float32, (n, c), (c, 1), position=1)
+    rl, cl = rows.loader(), cols.loader()
+    t = torch.rand(c, n) + 1.0
+    for inp, load_, arg in ((rows, lambda i, r: rl([i[0], r[0]]), t),
+                            (cols, lambda i, r: cl([r[0], i[0]]), t.t().contiguous())):
+        s = ComputedBuffer("buf0", torch.float32, (c,), (1,), body=Reduction(
+            (c,), (n,), "sum", torch.float32, torch.float32, load_))
+        steps, src, fns, sigs = _compile([s], [inp])
+        assert "double acc" in src
+        res = torch.empty(c)
+        fns[steps[0].name](*[{inp.name: arg, "buf0": res}[a].data_ptr()
+                             for a in sigs[steps[0].name]])
+        ref = t.double().sum(1)
+        assert float(((res.double() - ref) / ref).abs().max()) < 2e-7

@@ -130,3 +130,12 @@ def test_group_norm_kernels_load_contiguously(tmp_path, monkeypatch):
     src = "".join(p.read_text() for p in (tmp_path / "debug").rglob("*kernels.cpp"))
     big = re.findall(r"\barg2\[([^\]]*)\]", src)
     assert big and all("/" not in i and "%" not in i for i in big), big
+
+
+def test_product_of_index_variables_is_bounded():
+    # crossvit's kernels index with a product of two loop variables: bounding `v0*v1` recursed
+    # forever (as_coeff_Mul gives (1, v0*v1)) and codegen died with a RecursionError
+    e = FloorDiv(v[0] * v[1] + v[2], 8)
+    s = _check_everywhere(e, {v[0]: 3, v[1]: 2, v[2]: 2})
+    assert s == 0
+    _check_everywhere(ModularIndexing(v[0] * v[1] + 4 * v[2], 4, 3), {v[0]: 3, v[1]: 3, v[2]: 3})
