@@ -16,7 +16,7 @@ import types
 import torch
 
 from .values import (STOP, BuiltinMethodV, ContextV, DictV, DictViewV, FuncV, GenV, IterV,
-                     LazyV, ListV, MethodV, NewObjV, ObjV, SYM_TYPES, SuperV, TensorV, TupleV, V,
+                     LazyV, ListV, MethodV, NdarrayV, NewObjV, ObjV, SYM_TYPES, SuperV, TensorV, TupleV, V,
                      is_literal, is_model_output, peek, pending)
 
 BUILTINS: dict = {}
@@ -196,7 +196,7 @@ def truth(tr, v: V) -> bool:
         return bool(v.items)
     if isinstance(v, DictViewV):
         return bool(v.d.items)
-    if isinstance(v, TensorV):
+    if isinstance(v, (TensorV, NdarrayV)):
         raise tr.unsupported("branching on a tensor value (data-dependent control flow)",
                              hint="use torch.where, or compute the condition outside")
     if isinstance(v, NewObjV):
@@ -221,6 +221,8 @@ def _len(tr, args, kwargs):
         if v.meta.dim() == 0:
             raise tr.unsupported("len() of a 0-d tensor")
         return ObjV(v.meta.shape[0])
+    if isinstance(v, NdarrayV):
+        return _len(tr, [v.t], {})
     if isinstance(v, ObjV):
         x = v.value
         f = getattr(type(x), "__len__", None)

@@ -18,12 +18,13 @@ import torch
 
 from ..errors import Unsupported
 from ..logging import warn_once
+from . import ndarrays
 from .checkpoint import call_checkpoint, is_checkpoint
 from .cond import call_cond, is_cond
 from .controls import fullgraph, global_hooks_present
 from .functorch import is_functorch
 from .values import (NULL, BuiltinMethodV, CellV, ContextV, DecoratedV, DictV, FuncV, GenV, IterV,
-                     ListV, NewModuleV, MethodV, NewObjV, ObjV, PartialV, SuperV, TensorV, TupleV, V,
+                     ListV, NdarrayV, NewModuleV, MethodV, NewObjV, ObjV, PartialV, SuperV, TensorV, TupleV, V,
                      is_literal, is_model_output, peek)
 
 _TORCH_MODULES = ("torch", "torch.nn.functional", "torch.linalg", "torch.fft", "torch.special",
@@ -186,6 +187,14 @@ def call_obj(tr, fn: ObjV, args: list, kwargs: dict) -> V:
     if getattr(f, "__module__", None) in _GRAPH_BREAK.get(getattr(f, "__name__", None), ()):
         raise tr.unsupported("torch._dynamo.graph_break() called",
                              hint="the code asks for a graph break here")
+    np_name = ndarrays.numpy_name(f)
+    if np_name is not None:
+        out = ndarrays.call_numpy(tr, f, np_name, args, kwargs)
+        if out is not None:
+            return out
+    out = ndarrays.to_tensor(tr, f, args, kwargs)
+    if out is not None:
+        return out
     try:
         h = BUILTINS.get(f)
     except TypeError:
@@ -555,10 +564,15 @@ def call_builtin_method(tr, recv: V, name: str, args, kwargs) -> V:
         if name == "register_hook":
             from .hooks import register_tensor_hook
             return register_tensor_hook(tr, recv, args, kwargs)
+        if name == "numpy" and not args and set(kwargs) <= {"force"}:
+            force = kwargs.get("force", ObjV(False))
+            return ndarrays.from_tensor(tr, recv, isinstance(force, ObjV) and bool(force.value))
         if name in _TENSOR_BLOCKED:
             raise tr.unsupported(f"Tensor.{name}() needs tensor data or mutates autograd state",
                                  hint="move it out of the compiled function")
         return tr.call_graph(getattr(torch.Tensor, name), [recv] + list(args), kwargs)
+    if isinstance(recv, NdarrayV):
+        return ndarrays.call_method(tr, recv, name, args, kwargs)
     if isinstance(recv, ContextV):
         from .handlers.contexts import context_method
         return context_method(tr, recv, name, args)
