@@ -10,11 +10,15 @@ Consumes a callee value, positional and keyword argument values; produces the re
 from __future__ import annotations
 
 import collections
+import copy
 import dataclasses
 import operator
 import types
 
 import torch
+import torch.utils._pytree as pytree
+from torch.nn.modules.lazy import LazyModuleMixin
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..errors import Unsupported
 from ..logging import warn_once
@@ -377,6 +381,8 @@ def call_torch(tr, f, args, kwargs) -> V:
 def call_module(tr, mv: ObjV, args, kwargs) -> V:
     m = mv.value
     from .hooks import has_hooks, hooked_call, untraceable_hooks
+    if isinstance(m, LazyModuleMixin) and hasattr(m, "_initialize_hook"):
+        _materialize_lazy(tr, m, args, kwargs)
     why = untraceable_hooks(m)
     if why is not None:
         raise tr.unsupported(why, hint="that module runs eagerly; forward pre/post hooks are traced")
@@ -390,6 +396,56 @@ def call_module(tr, mv: ObjV, args, kwargs) -> V:
     if hooked:        # the hook dicts' versions are in the module-state snapshot
         return call(tr, ObjV(hooked_call), [mv, fwd, TupleV(list(args)), DictV(dict(kwargs))], {})
     return call(tr, fwd, args, kwargs)
+
+
+class _ShapesOnly(TorchDispatchMode):
+    """Refuses an op that mixes meta and real tensors (`param.copy_(meta_input)` copies
+    nothing from an example input and would leave the parameter uninitialized)."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        devs = {t.is_meta for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
+        if len(devs) > 1:
+            raise RuntimeError(f"{func} reads an example input's data")
+        return func(*args, **kwargs)
+
+
+def _materialize_lazy(tr, m, args, kwargs) -> None:
+    """A lazy module's first call: its parameters are made now, from the shapes of the trace's
+    example inputs, by the pre-hook eager runs on that call (`_infer_parameters`: initialize,
+    drop the hooks, become `cls_to_become`), as Dynamo does; the frame is then traced again
+    (Retrace), seeing the module it became. Only shapes are read: an initializer that reads
+    data is Unsupported."""
+    def example(v):         # to_meta, keeping namedtuples (an initializer reads their fields)
+        if isinstance(v, TupleV) and hasattr(v.cls, "_fields"):
+            return v.cls(*(example(i) for i in v.items))
+        if isinstance(v, (ListV, TupleV)):
+            return type(v.items)(example(i) for i in v.items)
+        if isinstance(v, DictV):
+            return {k: example(x) for k, x in v.items.items()}
+        return tr.to_meta(v)
+
+    margs = tuple(example(a) for a in args)
+    mkw = {k: example(x) for k, x in kwargs.items()}
+    # a dry run on a copy first (its random draws undone): a failure leaves the module lazy
+    memo = {id(t): type(t)(requires_grad=t.requires_grad, device=t.device, dtype=t.dtype)
+            if isinstance(t, torch.nn.UninitializedParameter) else
+            type(t)(device=t.device, dtype=t.dtype)
+            for t in (*m.parameters(), *m.buffers())
+            if isinstance(t, torch.nn.parameter.UninitializedTensorMixin)}
+    for target in (copy.deepcopy(m, memo), m):
+        try:
+            with torch.random.fork_rng(devices=[], enabled=target is not m), _ShapesOnly():
+                target._infer_parameters(target, margs, mkw)
+        except (NotImplementedError, RuntimeError, TypeError, ValueError) as e:
+            raise tr.unsupported(f"initializing lazy module {type(m).__name__} from example "
+                                 f"shapes failed: {str(e).splitlines()[0] if str(e) else e!r}",
+                                 hint="call it once eagerly before compiling") from None
+        if any(t.is_meta for t in (*target.parameters(), *target.buffers())):
+            raise tr.unsupported(f"lazy module {type(m).__name__} made its parameters from "
+                                 "input data", hint="call it once eagerly before compiling")
+    from .interpreter import Retrace
+    raise Retrace()
 
 
 def call_class(tr, fn: ObjV, args, kwargs) -> V:

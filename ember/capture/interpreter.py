@@ -55,6 +55,11 @@ class StopTrace(Exception):
         self.frame = frame
 
 
+class Retrace(Exception):
+    """The trace changed the state its guards describe (a lazy module made its parameters and
+    became another class): the frame is traced again from the start, once."""
+
+
 class Return:
     __slots__ = ("value",)
 

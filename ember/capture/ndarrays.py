@@ -130,6 +130,11 @@ def _has_array(vals) -> bool:
     return False
 
 
+def _constant(vals) -> bool:
+    return all(isinstance(v, ObjV) or isinstance(v, (ListV, TupleV)) and _constant(v.items)
+               for v in vals)
+
+
 def from_tensor(tr, t: TensorV, force: bool = False) -> NdarrayV:
     """`t.numpy()`: an array over the same tensor (eager shares the memory too)."""
     if t.cls is not torch.Tensor:
@@ -195,7 +200,7 @@ def call_numpy(tr, f, name: str, args, kwargs) -> V | None:
     if name.startswith("random."):
         raise tr.unsupported(f"numpy.{name} draws from NumPy's generator",
                              hint="it runs eagerly (a graph break)")
-    consts = all(isinstance(a, ObjV) for a in [*args, *kwargs.values()])
+    consts = _constant([*args, *kwargs.values()])
     if consts and (base in _CONST_CALLS or isinstance(f, type) and issubclass(f, numpy.generic)):
         from .builtins import fold
         return fold(tr, f, list(args), dict(kwargs))
