@@ -155,6 +155,9 @@ def iterate(tr, v: V) -> list:
             return [tr.const_value(i) for i in x]
         if isinstance(x, torch.Size):
             return [ObjV(i) for i in x]
+        if type(x) is tuple:            # of objects (a class's __mro__): read item by item
+            return [tr.wrap(i, tr.item_source(v.source, k, frozen=True)) if v.source is not None
+                    else tr.const_value(i) for k, i in enumerate(x)]
     if isinstance(v, NewObjV):
         it = getattr(v.cls, "__iter__", None)
         if v.dataclass and is_model_output(v.cls):

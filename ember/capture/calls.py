@@ -620,6 +620,8 @@ def call_builtin_method(tr, recv: V, name: str, args, kwargs) -> V:
         if name == "register_hook":
             from .hooks import register_tensor_hook
             return register_tensor_hook(tr, recv, args, kwargs)
+        if name == "__iter__" and not args and not kwargs:
+            return IterV(tr.iterate(recv))      # the rows, as iter(x)
         if name == "numpy" and not args and set(kwargs) <= {"force"}:
             force = kwargs.get("force", ObjV(False))
             return ndarrays.from_tensor(tr, recv, isinstance(force, ObjV) and bool(force.value))

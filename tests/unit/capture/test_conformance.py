@@ -286,3 +286,19 @@ def test_lru_cache_function_is_traced():
     x = torch.randn(3)
     same(f(x), cf(x))
     assert _counts().get("graphs") == 1
+
+
+def test_iterating_a_tuple_of_classes_and_a_tensor_iterator():
+    def f(x):
+        names = [cls.__name__ for cls in type(x).__mro__]
+        for row in x.__iter__():
+            row.add_(1.0)
+        return x * 2, names
+
+    x = torch.randn(3, 2)
+    cf = ember.compile(f, backend="eager", fullgraph=True)
+    a, b = x.clone(), x.clone()
+    same(f(a), cf(b))
+    same(a, b)                                   # the rows were written in place
+    c = _counts()
+    assert c.get("graphs") == 1 and not c.get("recompiles"), c
