@@ -139,7 +139,9 @@ def iterate(tr, v: V) -> list:
     if isinstance(v, ObjV):
         x = v.value
         if type(x) is set and tr.set_members.get(id(x)):
-            raise tr.unsupported("iterating a set that holds tensors")
+            if len(x) + len(tr.set_members[id(x)]) == 1:       # one member: no order to know
+                return [*(ObjV(i) for i in x), *tr.set_members[id(x)]]
+            raise tr.unsupported("iterating a set that holds tensors (in id-hash order)")
         if isinstance(x, (range, str, bytes, tuple, list, frozenset, set, dict)) and \
                 is_literal(tuple(x)) if isinstance(x, (set, frozenset, dict)) else \
                 isinstance(x, (range, str, bytes)):
@@ -437,8 +439,26 @@ def _make_agg(f):
             return acc
         if f in (any, all):
             raise tr.unsupported(f"{f.__name__}() over tensors needs their data")
+        if f is set and not kwargs:
+            return new_set(tr, items)
         raise tr.unsupported(f"{f.__name__}() over traced values")
     return h
+
+
+def new_set(tr, items) -> ObjV:
+    """A set the trace makes: constants in a real set, other values (tensors) kept by
+    identity in `tr.set_members`, as Python hashes them (a tensor's hash is its id)."""
+    s = set()
+    tr.own(s)
+    members = []
+    for i in items:
+        if isinstance(i, ObjV):
+            s.add(real(tr, i))
+        elif not any(m is i for m in members):
+            members.append(i)
+    if members:
+        tr.set_members[id(s)] = members
+    return ObjV(s)
 
 
 def _keyed(tr, f, items, key, kwargs):

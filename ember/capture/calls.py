@@ -243,6 +243,9 @@ def call_obj(tr, fn: ObjV, args: list, kwargs: dict) -> V:
     if isinstance(f, (types.BuiltinFunctionType, types.MethodWrapperType,
                       types.BuiltinMethodType)) or type(f).__name__ in ("method_descriptor",):
         mod = getattr(f, "__module__", None) or ""
+        if getattr(f, "__objclass__", None) is torch._C.TensorBase and args and \
+                isinstance(args[0], TensorV):       # torch.Tensor.add_(x, 1): x.add_(1)
+            return call_builtin_method(tr, args[0], f.__name__, args[1:], kwargs)
         self_obj = getattr(f, "__self__", None)
         mutable = isinstance(self_obj, (dict, list, set)) and not is_literal(self_obj) and \
             id(self_obj) not in tr.owned

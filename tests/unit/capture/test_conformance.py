@@ -302,3 +302,30 @@ def test_iterating_a_tuple_of_classes_and_a_tensor_iterator():
     same(a, b)                                   # the rows were written in place
     c = _counts()
     assert c.get("graphs") == 1 and not c.get("recompiles"), c
+
+
+def test_sets_of_tensors_by_identity():
+    def f(x, y):
+        x.add_(1)
+        z = torch.Tensor.add_(x, 1)              # a TensorBase method called unbound
+        s = set([y])
+        t = {x}
+        t.add(z)
+        return x in s, y in s, 1 in s, len(t), len(set({x})), x * 2
+
+    cf = ember.compile(f, backend="eager", fullgraph=True)
+    x, y = torch.zeros(3), torch.ones(2)
+    xs, ys = x.clone(), y.clone()
+    same(f(x, y), cf(xs, ys))
+    same(x, xs)
+    assert cf(xs, xs)[:2] == (True, True) and f(x, x)[:2] == (True, True)   # aliased: recompiles
+    c = _counts()
+    assert c.get("graphs") == 2 and c.get("recompiles") == 1, c
+
+
+def test_set_of_tensors_leaving_the_frame_is_refused():
+    def f(x):
+        return {x, x + 1}
+
+    with __import__("pytest").raises(ember.Unsupported, match="set holding tensors"):
+        ember.compile(f, backend="eager", fullgraph=True)(torch.zeros(2))
