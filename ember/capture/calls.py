@@ -617,12 +617,39 @@ def _autocast_ctx(tr, cls, args, kwargs) -> ContextV:
                                  vals.get("cache_enabled")))
 
 
+def _tensor_type(tr, t: TensorV, args) -> V:
+    """`x.type()`: its legacy type name, for the real device; `x.type(T)` with a name, a
+    tensor type or a dtype: `x.to(dtype)` (the same tensor when the type is already T)."""
+    if not args:
+        name = torch.empty(0, dtype=t.meta.dtype).type()
+        if t.device.type != "cpu":
+            name = name.replace("torch.", f"torch.{t.device.type}.", 1)
+        return ObjV(name)
+    want = peek(args[0]) if isinstance(args[0], ObjV) else None
+    if isinstance(want, str):
+        obj = torch
+        for part in want.split(".")[1:] if want.startswith("torch.") else ["?"]:
+            obj = getattr(obj, part, None)
+        want = obj
+    if isinstance(want, torch.dtype):
+        dtype, cuda = want, t.device.type == "cuda"
+    elif type(want).__name__ == "tensortype":
+        dtype, cuda = want.dtype, want.is_cuda
+    else:
+        raise tr.unsupported(f"Tensor.type({args[0]!r:.40})")
+    if cuda != (t.device.type == "cuda") or t.device.type not in ("cpu", "cuda"):
+        raise tr.unsupported("Tensor.type() to another device", hint="use x.to(device)")
+    return tr.call_graph(torch.Tensor.to, [t, ObjV(dtype)], {})
+
+
 def call_builtin_method(tr, recv: V, name: str, args, kwargs) -> V:
     from .builtins import container_method
     if isinstance(recv, TensorV):
         if name == "register_hook":
             from .hooks import register_tensor_hook
             return register_tensor_hook(tr, recv, args, kwargs)
+        if name == "type" and not kwargs and len(args) <= 1:
+            return _tensor_type(tr, recv, args)
         if name == "__iter__" and not args and not kwargs:
             return IterV(tr.iterate(recv))      # the rows, as iter(x)
         if name == "numpy" and not args and set(kwargs) <= {"force"}:

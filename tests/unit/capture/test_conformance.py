@@ -329,3 +329,17 @@ def test_set_of_tensors_leaving_the_frame_is_refused():
 
     with __import__("pytest").raises(ember.Unsupported, match="set holding tensors"):
         ember.compile(f, backend="eager", fullgraph=True)(torch.zeros(2))
+
+
+def test_tensor_type_names_and_casts():
+    def f(a, b):
+        m = a.type(torch.HalfTensor)
+        n = a.type("torch.DoubleTensor")
+        return b.type(m.type()), m.type(), n.type(), b.type(torch.float64), b.type(b.type())
+
+    cf = ember.compile(f, backend="eager", fullgraph=True)
+    a, b = torch.randn(3), torch.randn(3)
+    same(f(a, b), cf(a, b))
+    assert cf(a, b)[4] is b                      # already that type: the same tensor
+    c = _counts()
+    assert c.get("graphs") == 1 and not c.get("recompiles"), c
