@@ -13,8 +13,8 @@ import torch
 
 from . import ndarrays
 from .sources import MODULE_TABLES, AttrSource, DictEntrySource
-from .values import (BuiltinMethodV, DictV, FuncV, ListV, MethodV, NdarrayV, NewObjV, ObjV, PartialV,
-                     SuperV, TensorV, TupleV, V, is_literal)
+from .values import (BuiltinMethodV, DictV, FuncV, ListV, MethodV, NdarrayV, NewObjV, ObjV,
+                     PartialV, SuperV, TensorV, TupleV, V, is_literal)
 
 
 _PARTIAL_PROBE = functools.partial(print)

@@ -16,8 +16,8 @@ import types
 import torch
 
 from .values import (STOP, BuiltinMethodV, ContextV, DictV, DictViewV, FuncV, GenV, IterV,
-                     LazyV, ListV, MethodV, NdarrayV, NewObjV, ObjV, SYM_TYPES, SuperV, TensorV, TupleV, V,
-                     is_literal, is_model_output, peek, pending)
+                     LazyV, ListV, MethodV, NdarrayV, NewObjV, ObjV, SYM_TYPES, SuperV, TensorV,
+                     TupleV, V, is_literal, is_model_output, peek, pending)
 
 BUILTINS: dict = {}
 

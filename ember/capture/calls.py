@@ -28,7 +28,8 @@ from .cond import call_cond, is_cond
 from .controls import fullgraph, global_hooks_present
 from .functorch import is_functorch
 from .values import (NULL, BuiltinMethodV, CellV, ContextV, DecoratedV, DictV, FuncV, GenV, IterV,
-                     ListV, NdarrayV, NewModuleV, MethodV, NewObjV, ObjV, PartialV, SuperV, TensorV, TupleV, V,
+                     ListV, NdarrayV, NewModuleV, MethodV, NewObjV, ObjV, PartialV, SuperV, TensorV,
+                     TupleV, V,
                      is_literal, is_model_output, peek)
 
 _TORCH_MODULES = ("torch", "torch.nn.functional", "torch.linalg", "torch.fft", "torch.special",
@@ -407,7 +408,8 @@ class _ShapesOnly(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        devs = {t.is_meta for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
+        devs = {t.is_meta for t in pytree.tree_leaves((args, kwargs))
+                if isinstance(t, torch.Tensor)}
         if len(devs) > 1:
             raise RuntimeError(f"{func} reads an example input's data")
         return func(*args, **kwargs)

@@ -17,8 +17,8 @@ import types
 import torch
 import torch.fx as fx
 
-from .values import (CellV, DictV, DictViewV, FuncV, LazyV, ListV, NdarrayV, NewModuleV, NewObjV, ObjV,
-                     PartialV, TensorV, TupleV, V, is_model_output)
+from .values import (CellV, DictV, DictViewV, FuncV, LazyV, ListV, NdarrayV, NewModuleV, NewObjV,
+                     ObjV, PartialV, TensorV, TupleV, V, is_model_output)
 
 
 @dataclasses.dataclass

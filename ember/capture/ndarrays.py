@@ -252,7 +252,8 @@ def binary(tr, op, a: V, b: V) -> V:
                                  f"{type(x).__name__}")
     if op in _INPLACE:
         raise tr.unsupported(f"in-place {op.__name__} on an ndarray", hint="it runs eagerly")
-    return _node(tr, np_binary, [ObjV(op.__name__), a, b], {}, f"operator {op.__name__} on ndarrays")
+    return _node(tr, np_binary, [ObjV(op.__name__), a, b], {},
+                 f"operator {op.__name__} on ndarrays")
 
 
 def unary(tr, op, a: NdarrayV) -> V:
