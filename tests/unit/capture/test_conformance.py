@@ -343,3 +343,19 @@ def test_tensor_type_names_and_casts():
     assert cf(a, b)[4] is b                      # already that type: the same tensor
     c = _counts()
     assert c.get("graphs") == 1 and not c.get("recompiles"), c
+
+
+def test_itertools_combinatorics_over_values():
+    import itertools
+
+    def f(x, y):
+        out = [torch.ones(size) for size in itertools.combinations((1, 2, 3), 2)]
+        pairs = [a * b for a, b in itertools.permutations([x, y, x + 1], r=2)]
+        reps = [a - b for a, b in itertools.combinations_with_replacement((x, y), 2)]
+        return out, pairs, reps
+
+    cf = ember.compile(f, backend="eager", fullgraph=True)
+    x, y = torch.randn(3), torch.randn(3)
+    same(f(x, y), cf(x, y))
+    c = _counts()
+    assert c.get("graphs") == 1 and not c.get("recompiles"), c
