@@ -1,8 +1,9 @@
 """Capture, itertools and functools.partial over values (registered in builtins.BUILTINS).
 
 Consumes the argument values of a call to `itertools.chain/product/islice/zip_longest/count/
-repeat/accumulate/combinations/permutations/combinations_with_replacement` or `functools.partial`; produces an iterator value or a PartialV. Iterators
-are lazy (`GenV` with a step function) and pull from their inputs exactly as CPython's do, so a
+repeat/accumulate/combinations/permutations/combinations_with_replacement` or
+`functools.partial`; produces an iterator value or a PartialV. Iterators are lazy (`GenV` with
+a step function) and pull from their inputs exactly as CPython's do, so a
 generator feeding them runs only as far as eager would run it; `product` reads its inputs
 whole first, as CPython does.
 """
