@@ -11,9 +11,10 @@ import types
 
 import torch
 
+from . import ndarrays
 from .sources import MODULE_TABLES, AttrSource, DictEntrySource
-from .values import (BuiltinMethodV, DictV, FuncV, ListV, MethodV, NewObjV, ObjV, PartialV, SuperV,
-                     TensorV, TupleV, V, is_literal)
+from .values import (BuiltinMethodV, DictV, FuncV, ListV, MethodV, NdarrayV, NewObjV, ObjV,
+                     PartialV, SuperV, TensorV, TupleV, V, is_literal)
 
 
 _PARTIAL_PROBE = functools.partial(print)
@@ -42,6 +43,8 @@ def load_attr(tr, v: V, name: str) -> V:
         return ObjV(v.python_type())
     if isinstance(v, TensorV):
         return _tensor_attr(tr, v, name)
+    if isinstance(v, NdarrayV):
+        return ndarrays.load_attr(tr, v, name)
     if isinstance(v, ObjV):
         return _obj_attr(tr, v, name)
     if isinstance(v, NewObjV):

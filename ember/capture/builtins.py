@@ -16,8 +16,8 @@ import types
 import torch
 
 from .values import (STOP, BuiltinMethodV, ContextV, DictV, DictViewV, FuncV, GenV, IterV,
-                     LazyV, ListV, MethodV, NewObjV, ObjV, SYM_TYPES, SuperV, TensorV, TupleV, V,
-                     is_literal, is_model_output, peek, pending)
+                     LazyV, ListV, MethodV, NdarrayV, NewObjV, ObjV, SYM_TYPES, SuperV, TensorV,
+                     TupleV, V, is_literal, is_model_output, peek, pending)
 
 BUILTINS: dict = {}
 
@@ -139,7 +139,9 @@ def iterate(tr, v: V) -> list:
     if isinstance(v, ObjV):
         x = v.value
         if type(x) is set and tr.set_members.get(id(x)):
-            raise tr.unsupported("iterating a set that holds tensors")
+            if len(x) + len(tr.set_members[id(x)]) == 1:       # one member: no order to know
+                return [*(ObjV(i) for i in x), *tr.set_members[id(x)]]
+            raise tr.unsupported("iterating a set that holds tensors (in id-hash order)")
         if isinstance(x, (range, str, bytes, tuple, list, frozenset, set, dict)) and \
                 is_literal(tuple(x)) if isinstance(x, (set, frozenset, dict)) else \
                 isinstance(x, (range, str, bytes)):
@@ -155,6 +157,9 @@ def iterate(tr, v: V) -> list:
             return [tr.const_value(i) for i in x]
         if isinstance(x, torch.Size):
             return [ObjV(i) for i in x]
+        if type(x) is tuple:            # of objects (a class's __mro__): read item by item
+            return [tr.wrap(i, tr.item_source(v.source, k, frozen=True)) if v.source is not None
+                    else tr.const_value(i) for k, i in enumerate(x)]
     if isinstance(v, NewObjV):
         it = getattr(v.cls, "__iter__", None)
         if v.dataclass and is_model_output(v.cls):
@@ -196,7 +201,7 @@ def truth(tr, v: V) -> bool:
         return bool(v.items)
     if isinstance(v, DictViewV):
         return bool(v.d.items)
-    if isinstance(v, TensorV):
+    if isinstance(v, (TensorV, NdarrayV)):
         raise tr.unsupported("branching on a tensor value (data-dependent control flow)",
                              hint="use torch.where, or compute the condition outside")
     if isinstance(v, NewObjV):
@@ -221,6 +226,8 @@ def _len(tr, args, kwargs):
         if v.meta.dim() == 0:
             raise tr.unsupported("len() of a 0-d tensor")
         return ObjV(v.meta.shape[0])
+    if isinstance(v, NdarrayV):
+        return _len(tr, [v.t], {})
     if isinstance(v, ObjV):
         x = v.value
         f = getattr(type(x), "__len__", None)
@@ -432,8 +439,26 @@ def _make_agg(f):
             return acc
         if f in (any, all):
             raise tr.unsupported(f"{f.__name__}() over tensors needs their data")
+        if f is set and not kwargs:
+            return new_set(tr, items)
         raise tr.unsupported(f"{f.__name__}() over traced values")
     return h
+
+
+def new_set(tr, items) -> ObjV:
+    """A set the trace makes: constants in a real set, other values (tensors) kept by
+    identity in `tr.set_members`, as Python hashes them (a tensor's hash is its id)."""
+    s = set()
+    tr.own(s)
+    members = []
+    for i in items:
+        if isinstance(i, ObjV):
+            s.add(real(tr, i))
+        elif not any(m is i for m in members):
+            members.append(i)
+    if members:
+        tr.set_members[id(s)] = members
+    return ObjV(s)
 
 
 def _keyed(tr, f, items, key, kwargs):

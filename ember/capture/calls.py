@@ -10,20 +10,26 @@ Consumes a callee value, positional and keyword argument values; produces the re
 from __future__ import annotations
 
 import collections
+import copy
 import dataclasses
 import operator
 import types
 
 import torch
+import torch.utils._pytree as pytree
+from torch.nn.modules.lazy import LazyModuleMixin
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..errors import Unsupported
 from ..logging import warn_once
+from . import ndarrays
 from .checkpoint import call_checkpoint, is_checkpoint
 from .cond import call_cond, is_cond
 from .controls import fullgraph, global_hooks_present
 from .functorch import is_functorch
 from .values import (NULL, BuiltinMethodV, CellV, ContextV, DecoratedV, DictV, FuncV, GenV, IterV,
-                     ListV, NewModuleV, MethodV, NewObjV, ObjV, PartialV, SuperV, TensorV, TupleV, V,
+                     ListV, NdarrayV, NewModuleV, MethodV, NewObjV, ObjV, PartialV, SuperV, TensorV,
+                     TupleV, V,
                      is_literal, is_model_output, peek)
 
 _TORCH_MODULES = ("torch", "torch.nn.functional", "torch.linalg", "torch.fft", "torch.special",
@@ -190,6 +196,14 @@ def call_obj(tr, fn: ObjV, args: list, kwargs: dict) -> V:
     if getattr(f, "__module__", None) in _GRAPH_BREAK.get(getattr(f, "__name__", None), ()):
         raise tr.unsupported("torch._dynamo.graph_break() called",
                              hint="the code asks for a graph break here")
+    np_name = ndarrays.numpy_name(f)
+    if np_name is not None:
+        out = ndarrays.call_numpy(tr, f, np_name, args, kwargs)
+        if out is not None:
+            return out
+    out = ndarrays.to_tensor(tr, f, args, kwargs)
+    if out is not None:
+        return out
     try:
         h = BUILTINS.get(f)
     except TypeError:
@@ -234,6 +248,9 @@ def call_obj(tr, fn: ObjV, args: list, kwargs: dict) -> V:
     if isinstance(f, (types.BuiltinFunctionType, types.MethodWrapperType,
                       types.BuiltinMethodType)) or type(f).__name__ in ("method_descriptor",):
         mod = getattr(f, "__module__", None) or ""
+        if getattr(f, "__objclass__", None) is torch._C.TensorBase and args and \
+                isinstance(args[0], TensorV):       # torch.Tensor.add_(x, 1): x.add_(1)
+            return call_builtin_method(tr, args[0], f.__name__, args[1:], kwargs)
         self_obj = getattr(f, "__self__", None)
         mutable = isinstance(self_obj, (dict, list, set)) and not is_literal(self_obj) and \
             id(self_obj) not in tr.owned
@@ -380,6 +397,8 @@ def call_torch(tr, f, args, kwargs) -> V:
 def call_module(tr, mv: ObjV, args, kwargs) -> V:
     m = mv.value
     from .hooks import has_hooks, hooked_call, untraceable_hooks
+    if isinstance(m, LazyModuleMixin) and hasattr(m, "_initialize_hook"):
+        _materialize_lazy(tr, m, args, kwargs)
     why = untraceable_hooks(m)
     if why is not None:
         raise tr.unsupported(why, hint="that module runs eagerly; forward pre/post hooks are traced")
@@ -393,6 +412,57 @@ def call_module(tr, mv: ObjV, args, kwargs) -> V:
     if hooked:        # the hook dicts' versions are in the module-state snapshot
         return call(tr, ObjV(hooked_call), [mv, fwd, TupleV(list(args)), DictV(dict(kwargs))], {})
     return call(tr, fwd, args, kwargs)
+
+
+class _ShapesOnly(TorchDispatchMode):
+    """Refuses an op that mixes meta and real tensors (`param.copy_(meta_input)` copies
+    nothing from an example input and would leave the parameter uninitialized)."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        devs = {t.is_meta for t in pytree.tree_leaves((args, kwargs))
+                if isinstance(t, torch.Tensor)}
+        if len(devs) > 1:
+            raise RuntimeError(f"{func} reads an example input's data")
+        return func(*args, **kwargs)
+
+
+def _materialize_lazy(tr, m, args, kwargs) -> None:
+    """A lazy module's first call: its parameters are made now, from the shapes of the trace's
+    example inputs, by the pre-hook eager runs on that call (`_infer_parameters`: initialize,
+    drop the hooks, become `cls_to_become`), as Dynamo does; the frame is then traced again
+    (Retrace), seeing the module it became. Only shapes are read: an initializer that reads
+    data is Unsupported."""
+    def example(v):         # to_meta, keeping namedtuples (an initializer reads their fields)
+        if isinstance(v, TupleV) and hasattr(v.cls, "_fields"):
+            return v.cls(*(example(i) for i in v.items))
+        if isinstance(v, (ListV, TupleV)):
+            return type(v.items)(example(i) for i in v.items)
+        if isinstance(v, DictV):
+            return {k: example(x) for k, x in v.items.items()}
+        return tr.to_meta(v)
+
+    margs = tuple(example(a) for a in args)
+    mkw = {k: example(x) for k, x in kwargs.items()}
+    # a dry run on a copy first (its random draws undone): a failure leaves the module lazy
+    memo = {id(t): type(t)(requires_grad=t.requires_grad, device=t.device, dtype=t.dtype)
+            if isinstance(t, torch.nn.UninitializedParameter) else
+            type(t)(device=t.device, dtype=t.dtype)
+            for t in (*m.parameters(), *m.buffers())
+            if isinstance(t, torch.nn.parameter.UninitializedTensorMixin)}
+    for target in (copy.deepcopy(m, memo), m):
+        try:
+            with torch.random.fork_rng(devices=[], enabled=target is not m), _ShapesOnly():
+                target._infer_parameters(target, margs, mkw)
+        except (NotImplementedError, RuntimeError, TypeError, ValueError) as e:
+            raise tr.unsupported(f"initializing lazy module {type(m).__name__} from example "
+                                 f"shapes failed: {str(e).splitlines()[0] if str(e) else e!r}",
+                                 hint="call it once eagerly before compiling") from None
+        if any(t.is_meta for t in (*target.parameters(), *target.buffers())):
+            raise tr.unsupported(f"lazy module {type(m).__name__} made its parameters from "
+                                 "input data", hint="call it once eagerly before compiling")
+    from .interpreter import Retrace
+    raise Retrace()
 
 
 def call_class(tr, fn: ObjV, args, kwargs) -> V:
@@ -566,16 +636,50 @@ def _autocast_ctx(tr, cls, args, kwargs) -> ContextV:
                                  vals.get("cache_enabled")))
 
 
+def _tensor_type(tr, t: TensorV, args) -> V:
+    """`x.type()`: its legacy type name, for the real device; `x.type(T)` with a name, a
+    tensor type or a dtype: `x.to(dtype)` (the same tensor when the type is already T)."""
+    if not args:
+        name = torch.empty(0, dtype=t.meta.dtype).type()
+        if t.device.type != "cpu":
+            name = name.replace("torch.", f"torch.{t.device.type}.", 1)
+        return ObjV(name)
+    want = peek(args[0]) if isinstance(args[0], ObjV) else None
+    if isinstance(want, str):
+        obj = torch
+        for part in want.split(".")[1:] if want.startswith("torch.") else ["?"]:
+            obj = getattr(obj, part, None)
+        want = obj
+    if isinstance(want, torch.dtype):
+        dtype, cuda = want, t.device.type == "cuda"
+    elif type(want).__name__ == "tensortype":
+        dtype, cuda = want.dtype, want.is_cuda
+    else:
+        raise tr.unsupported(f"Tensor.type({args[0]!r:.40})")
+    if cuda != (t.device.type == "cuda") or t.device.type not in ("cpu", "cuda"):
+        raise tr.unsupported("Tensor.type() to another device", hint="use x.to(device)")
+    return tr.call_graph(torch.Tensor.to, [t, ObjV(dtype)], {})
+
+
 def call_builtin_method(tr, recv: V, name: str, args, kwargs) -> V:
     from .builtins import container_method
     if isinstance(recv, TensorV):
         if name == "register_hook":
             from .hooks import register_tensor_hook
             return register_tensor_hook(tr, recv, args, kwargs)
+        if name == "type" and not kwargs and len(args) <= 1:
+            return _tensor_type(tr, recv, args)
+        if name == "__iter__" and not args and not kwargs:
+            return IterV(tr.iterate(recv))      # the rows, as iter(x)
+        if name == "numpy" and not args and set(kwargs) <= {"force"}:
+            force = kwargs.get("force", ObjV(False))
+            return ndarrays.from_tensor(tr, recv, isinstance(force, ObjV) and bool(force.value))
         if name in _TENSOR_BLOCKED:
             raise tr.unsupported(f"Tensor.{name}() needs tensor data or mutates autograd state",
                                  hint="move it out of the compiled function")
         return tr.call_graph(getattr(torch.Tensor, name), [recv] + list(args), kwargs)
+    if isinstance(recv, NdarrayV):
+        return ndarrays.call_method(tr, recv, name, args, kwargs)
     if isinstance(recv, ContextV):
         from .handlers.contexts import context_method
         return context_method(tr, recv, name, args)

@@ -17,8 +17,8 @@ import types
 import torch
 import torch.fx as fx
 
-from .values import (CellV, DictV, DictViewV, FuncV, LazyV, ListV, NewModuleV, NewObjV, ObjV,
-                     PartialV, TensorV, TupleV, V, is_model_output)
+from .values import (CellV, DictV, DictViewV, FuncV, LazyV, ListV, NdarrayV, NewModuleV, NewObjV,
+                     ObjV, PartialV, TensorV, TupleV, V, is_model_output)
 
 
 @dataclasses.dataclass
@@ -138,6 +138,8 @@ class Rebuild:
             args = [self.expr(v.func)] + [self.expr(a) for a in v.args] + \
                 [f"**{{{self._key(k)}: {self.expr(x)}}}" for k, x in v.kwargs.items()]
             return self._temp(v, f"{self.bind(functools.partial, 'f')}({', '.join(args)})")
+        if isinstance(v, NdarrayV):       # shares the tensor's memory, as eager x.numpy() does
+            return self._temp(v, f"{self.expr(v.t)}.numpy()")
         if isinstance(v, DictViewV):      # a view of the dict as rebuilt: live there too
             return f"{self.expr(v.d)}.{v.view}()"
         if isinstance(v, FuncV):          # a closure or lambda made in the trace, made again

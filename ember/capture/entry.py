@@ -29,7 +29,7 @@ from .controls import fullgraph, global_hooks_present
 from .effects import finalize
 from .guards import RANKS, global_state
 from .hooks import root_call_for, root_eager_call, untraceable_hooks
-from .interpreter import CO_VARARGS, CO_VARKEYWORDS, Frame, Tracer
+from .interpreter import CO_VARARGS, CO_VARKEYWORDS, Frame, Retrace, Tracer
 from . import statecheck
 from .sources import AttrSource, ClosureSource, ConstSource, DictEntrySource, LocalSource
 from .values import ObjV
@@ -264,7 +264,11 @@ class Runner:
 
     def compile(self, locals_) -> Entry:
         with debug.graph_scope():       # EMBER_DEBUG_DIR: one folder for the frame's stages
-            return self._compile(locals_)
+            while True:       # each retrace follows one more lazy module's materialization
+                try:
+                    return self._compile(locals_)
+                except Retrace:
+                    continue
 
     def _compile(self, locals_) -> Entry:
         tr = Tracer(self.settings)
@@ -294,6 +298,8 @@ class Runner:
             runs_eagerly(f"unsupported:{id(self.code)}:{e.reason}", self.code,
                          self.code.co_firstlineno, f"{e}{why}")
             return build_entry(tr, None, self.argnames, eager=True, reason=str(e))
+        except Retrace:
+            raise
         except Exception as e:  # noqa: BLE001 - internal errors fall back unless strict
             if config.strict():
                 raise

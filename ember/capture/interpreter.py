@@ -56,6 +56,11 @@ class StopTrace(Exception):
         self.frame = frame
 
 
+class Retrace(Exception):
+    """The trace changed the state its guards describe (a lazy module made its parameters and
+    became another class): the frame is traced again from the start, once."""
+
+
 class Return:
     __slots__ = ("value",)
 
@@ -538,6 +543,8 @@ class Tracer:
             if dtype is not None:
                 args = [self._autocast_arg(a, dtype) for a in args]
                 kwargs = {k: self._autocast_arg(x, dtype) for k, x in kwargs.items()}
+        if any(isinstance(a, TensorV) for a in args):
+            args = [_numpy_number(a) for a in args]
         margs = [self.to_meta(a) for a in args]
         mkw = {k: self.to_meta(x) for k, x in kwargs.items()}
         if "device" in mkw and mkw["device"] is not None:
@@ -874,6 +881,17 @@ def _graph_constant(x) -> bool:
     if type(x).__module__ == "numpy" or type(x).__module__.startswith("numpy."):
         return False
     return callable(x) or type(x).__module__.split(".")[0] == "torch"
+
+
+def _numpy_number(v):
+    """A NumPy float or int next to a tensor operand, as the Python number it equals: torch
+    promotes the two alike (`x + np.float32(2)` is `x + 2.0`). Not np.bool_ (torch promotes it
+    as a float) nor a NumPy number alone (`torch.tensor(np.float64(1))` is float64)."""
+    if isinstance(v, ObjV) and type(v.value).__module__ == "numpy":
+        import numpy
+        if isinstance(v.value, (numpy.floating, numpy.integer)):
+            return ObjV(v.value.item())
+    return v
 
 
 def _has_tensor(x) -> bool:

@@ -1,8 +1,9 @@
 """Capture, itertools and functools.partial over values (registered in builtins.BUILTINS).
 
 Consumes the argument values of a call to `itertools.chain/product/islice/zip_longest/count/
-repeat/accumulate` or `functools.partial`; produces an iterator value or a PartialV. Iterators
-are lazy (`GenV` with a step function) and pull from their inputs exactly as CPython's do, so a
+repeat/accumulate/combinations/permutations/combinations_with_replacement` or
+`functools.partial`; produces an iterator value or a PartialV. Iterators are lazy (`GenV` with
+a step function) and pull from their inputs exactly as CPython's do, so a
 generator feeding them runs only as far as eager would run it; `product` reads its inputs
 whole first, as CPython does.
 """
@@ -54,6 +55,21 @@ def _product(tr, args, kwargs):
     r = real(tr, kwargs.get("repeat", ObjV(1)))
     lists = [iterate(tr, a) for a in args]
     return IterV([TupleV(t) for t in itertools.product(*lists, repeat=r)])
+
+
+def _combinatoric(f):
+    """combinations/permutations/combinations_with_replacement: like CPython, the input is
+    read whole first; the tuples hold the input's values (tensors stay symbolic)."""
+    def h(tr, args, kwargs):
+        items = iterate(tr, args[0])
+        rest = [real(tr, a) for a in [*args[1:], *kwargs.values()]]     # r
+        return IterV([TupleV([items[i] for i in t]) for t in f(range(len(items)), *rest)])
+    return h
+
+
+for _f in (itertools.combinations, itertools.permutations,
+           itertools.combinations_with_replacement):
+    BUILTINS[_f] = _combinatoric(_f)
 
 
 @builtin(itertools.islice)

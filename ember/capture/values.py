@@ -7,6 +7,8 @@
             only when the trace uses it (see the class); also a nested function, whose
             identity is guarded only when used
   TensorV   a tensor: an FX node + a meta-device example value (+ the real device)
+  NdarrayV  a NumPy array made from a tensor in the trace (x.numpy(), np.* on tensors): its
+            data is a TensorV; NumPy calls on it are torch._numpy calls in the graph (ndarrays.py)
   ListV / TupleV / DictV   containers whose items are values (tensors inside stay symbolic)
   DictViewV a live keys/values/items view of a DictV
   FuncV     a function created during the trace (MAKE_FUNCTION: lambdas, comprehensions, closures)
@@ -134,6 +136,22 @@ class TensorV(V):
 
     def __repr__(self):
         return f"TensorV({self.node.name}, {tuple(self.meta.shape)}, {self.meta.dtype})"
+
+
+class NdarrayV(V):
+    """A NumPy array whose data is the tensor value `t` (the same storage, as `x.numpy()`)."""
+    __slots__ = ("t",)
+    kind = "ndarray"
+
+    def __init__(self, t: TensorV):
+        self.t, self.source = t, None
+
+    def python_type(self):
+        import numpy
+        return numpy.ndarray
+
+    def __repr__(self):
+        return f"NdarrayV({self.t!r})"
 
 
 class ListV(V):

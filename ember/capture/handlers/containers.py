@@ -17,8 +17,8 @@ def build_list(tr, f, ins):
 
 @handler("BUILD_SET")
 def build_set(tr, f, ins):
-    from ..builtins import real
-    f.push(tr.const_value({real(tr, v) for v in f.popn(ins.arg)}))
+    from ..builtins import new_set
+    f.push(new_set(tr, f.popn(ins.arg)))
 
 
 @handler("BUILD_MAP")

@@ -8,7 +8,9 @@ from __future__ import annotations
 import operator
 import types
 
-from ..values import (NULL, SYM_TYPES, DictV, DictViewV, ListV, NewObjV, ObjV, TensorV, TupleV,
+from .. import ndarrays
+from ..values import (NULL, SYM_TYPES, DictV, DictViewV, ListV, NdarrayV, NewObjV, ObjV, TensorV,
+                      TupleV,
                       is_model_output, peek)
 from . import handler
 
@@ -37,6 +39,8 @@ def _const_like(v):
 
 def binary(tr, op, a, b):
     from ..builtins import real
+    if isinstance(a, NdarrayV) or isinstance(b, NdarrayV):
+        return ndarrays.binary(tr, op, a, b)
     if isinstance(a, TensorV) or isinstance(b, TensorV):
         if not isinstance(a, TensorV) and op in _INPLACE_TO_PLAIN:
             op = _INPLACE_TO_PLAIN[op]      # `n += tensor` with a number n is `n = n + tensor`
@@ -114,6 +118,8 @@ def _py_dunder(x, op, idx):
 
 
 def unary(tr, op, a):
+    if isinstance(a, NdarrayV):
+        return ndarrays.unary(tr, op, a)
     if isinstance(a, TensorV):
         if op is operator.not_:
             raise tr.unsupported("`not tensor` needs the tensor's data (data-dependent)")
@@ -218,6 +224,8 @@ def getitem(tr, c, k):
     from ..builtins import real
     if isinstance(c, TensorV):
         return tr.call_graph(operator.getitem, [c, k], {})
+    if isinstance(c, NdarrayV):
+        return ndarrays.getitem(tr, c, k)
     if isinstance(c, (ListV, TupleV)):
         if isinstance(k, TensorV):
             raise tr.unsupported("indexing a list with a tensor")

@@ -344,3 +344,76 @@ def test_lru_cache_function_is_traced():
     x = torch.randn(3)
     same(f(x), cf(x))
     assert _counts().get("graphs") == 1
+
+
+def test_iterating_a_tuple_of_classes_and_a_tensor_iterator():
+    def f(x):
+        names = [cls.__name__ for cls in type(x).__mro__]
+        for row in x.__iter__():
+            row.add_(1.0)
+        return x * 2, names
+
+    x = torch.randn(3, 2)
+    cf = ember.compile(f, backend="eager", fullgraph=True)
+    a, b = x.clone(), x.clone()
+    same(f(a), cf(b))
+    same(a, b)                                   # the rows were written in place
+    c = _counts()
+    assert c.get("graphs") == 1 and not c.get("recompiles"), c
+
+
+def test_sets_of_tensors_by_identity():
+    def f(x, y):
+        x.add_(1)
+        z = torch.Tensor.add_(x, 1)              # a TensorBase method called unbound
+        s = set([y])
+        t = {x}
+        t.add(z)
+        return x in s, y in s, 1 in s, len(t), len(set({x})), x * 2
+
+    cf = ember.compile(f, backend="eager", fullgraph=True)
+    x, y = torch.zeros(3), torch.ones(2)
+    xs, ys = x.clone(), y.clone()
+    same(f(x, y), cf(xs, ys))
+    same(x, xs)
+    assert cf(xs, xs)[:2] == (True, True) and f(x, x)[:2] == (True, True)   # aliased: recompiles
+    c = _counts()
+    assert c.get("graphs") == 2 and c.get("recompiles") == 1, c
+
+
+def test_set_of_tensors_leaving_the_frame_is_refused():
+    def f(x):
+        return {x, x + 1}
+
+    with __import__("pytest").raises(ember.Unsupported, match="set holding tensors"):
+        ember.compile(f, backend="eager", fullgraph=True)(torch.zeros(2))
+
+
+def test_tensor_type_names_and_casts():
+    def f(a, b):
+        m = a.type(torch.HalfTensor)
+        n = a.type("torch.DoubleTensor")
+        return b.type(m.type()), m.type(), n.type(), b.type(torch.float64), b.type(b.type())
+
+    cf = ember.compile(f, backend="eager", fullgraph=True)
+    a, b = torch.randn(3), torch.randn(3)
+    same(f(a, b), cf(a, b))
+    assert cf(a, b)[4] is b                      # already that type: the same tensor
+    c = _counts()
+    assert c.get("graphs") == 1 and not c.get("recompiles"), c
+
+
+def test_itertools_combinatorics_over_values():
+    import itertools
+
+    def f(x, y):
+        out = [torch.ones(size) for size in itertools.combinations((1, 2, 3), 2)]
+        pairs = [a * b for a, b in itertools.permutations([x, y, x + 1], r=2)]
+        reps = [a - b for a, b in itertools.combinations_with_replacement((x, y), 2)]
+        return out, pairs, reps
+
+    cf = ember.compile(f, backend="eager", fullgraph=True)
+    x, y = torch.randn(3), torch.randn(3)
+    same(f(x, y), cf(x, y))
+    c = _counts()
+    assert c.get("graphs") == 1 and not c.get("recompiles"), c

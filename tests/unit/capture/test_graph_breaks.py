@@ -377,21 +377,30 @@ def test_break_in_helper_two_levels_deep(capsys):
 
 def to_numpy(x):
     y = x * 2
-    arr = y.numpy()  # BREAK
+    arr = y.numpy()
     return y + 1, arr
 
 
 def np_asarray(x):
     y = x - 3
-    arr = np.asarray(y)  # BREAK
+    arr = np.asarray(y)
     return y.abs(), arr
 
 
-@pytest.mark.parametrize("fn", [to_numpy, np_asarray], ids=["x.numpy", "np.asarray"])
-def test_numpy_interop(capsys, fn):
+def np_random(x):
+    y = x - 3
+    n = np.random.randint(1, 2)  # BREAK
+    return y.abs() * n
+
+
+@pytest.mark.parametrize("fn, graphs, breaks", [(to_numpy, 1, 0), (np_asarray, 1, 0),
+                                                (np_random, 2, 1)],
+                         ids=["x.numpy", "np.asarray", "np.random"])
+def test_numpy_interop(capsys, fn, graphs, breaks):
+    """NumPy on tensors is traced (test_numpy.py); NumPy's own generator breaks the graph."""
     compare(capsys, fn, X)
     no_recompiles_no_fallbacks()
-    counts(fn, X, graphs=2, breaks=1)
+    counts(fn, X, graphs=graphs, breaks=breaks)
 
 
 LOG = logging.getLogger("tests.graph_breaks.user")
@@ -1586,7 +1595,7 @@ FULLGRAPH_CASES = [
     (print_mid, (X,), print_mid, "print"),
     (item_then_float, (X,), item_then_float, "item"),
     (branchy, (POS,), branchy, "branch"),
-    (to_numpy, (X,), to_numpy, "numpy"),
+    (np_random, (X,), np_random, "numpy"),
     (nested_root, (X,), deep2, "print"),
 ]
 

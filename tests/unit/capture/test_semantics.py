@@ -354,15 +354,15 @@ def test_frame_that_runs_eagerly_whole_is_listed_by_explain():
     torch.testing.assert_close(e.result, f(x3, []))
 
 
-def test_numpy_arrays_break_cleanly():
+def test_numpy_arrays_made_in_the_frame_are_traced():
     np = pytest.importorskip("numpy")
 
     def f(x):
-        a = np.ones(3)
+        a = np.ones(3)                   # float64, as NumPy makes it: the sum is float64
         return x + torch.from_numpy(a) + torch.as_tensor(np.asarray([1.0, 2.0, 3.0]))
 
-    e = explain_same(f, x3, graphs=2, breaks=4)
-    assert all("numpy" in str(b) or "builtin" in str(b) for b in e.breaks), str(e)
+    e = explain_same(f, x3, graphs=1, breaks=0)
+    assert e.result.dtype == torch.float64
 
     def g(x):                           # a range is spelled in graph code
         return x + torch.tensor(range(3))
