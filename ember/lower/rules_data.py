@@ -11,6 +11,7 @@ from __future__ import annotations
 import sympy
 import torch
 
+from ..loopir.index import is_symbolic
 from ..loopir.ops import compute_dtype, ops
 from ..loopir.nodes import InputBuffer, Pointwise
 from .ir import Pending, Reindex, TensorValue, View, as_size, as_sizes, meta_view, view_impl
@@ -373,7 +374,9 @@ def index(ctx, node, x, indices):
 def max_pool2d_with_indices(ctx, node, x, kernel_size, stride=(), padding=0, dilation=1,
                             ceil_mode=False):
     """Window max as an unrolled pointwise body: values and indices are separate Pending
-    values, so in inference the unused indices are never computed."""
+    values, so in inference the unused indices are never computed. Window positions and
+    indices are int32 when the plane is small enough (and widened once at the end): the
+    selects then have as many lanes as the float compares that drive them."""
     pair = lambda v: (v, v) if isinstance(v, int) else (tuple(v) * 2 if len(v) == 1 else tuple(v))  # noqa: E731
     (kh, kw), (ph, pw), (dh, dw) = pair(kernel_size), pair(padding), pair(dilation)
     sh, sw = pair(stride) if stride else (kh, kw)
@@ -385,6 +388,8 @@ def max_pool2d_with_indices(ctx, node, x, kernel_size, stride=(), padding=0, dil
     Ho, Wo = size[-2:]
     lx = x.loader()
     cd = compute_dtype(x.dtype)
+    small = not any(map(is_symbolic, (H, W))) and (H + 2 * ph) * (W + 2 * pw) < 2 ** 31
+    it = torch.int32 if small else torch.int64
 
     def window(index):
         *lead, oh, ow = index
@@ -396,9 +401,9 @@ def max_pool2d_with_indices(ctx, node, x, kernel_size, stride=(), padding=0, dil
                 for e, lo_, hi_, n in ((h, i * dh - ph, (Ho - 1) * sh - ph + i * dh, H),
                                        (w, j * dw - pw, (Wo - 1) * sw - pw + j * dw, W)):
                     if lo_ < 0:
-                        conds.append(ops.ge(ops.index_expr(e, torch.int64), ops.constant(0, torch.int64)))
+                        conds.append(ops.ge(ops.index_expr(e, it), ops.constant(0, it)))
                     if hi_ >= n:
-                        conds.append(ops.lt(ops.index_expr(e, torch.int64), ops.constant(n, torch.int64)))
+                        conds.append(ops.lt(ops.index_expr(e, it), ops.constant(n, it)))
                 idx = list(lead) + [h, w]
                 if conds:
                     m = conds[0]
@@ -407,13 +412,13 @@ def max_pool2d_with_indices(ctx, node, x, kernel_size, stride=(), padding=0, dil
                     v = ops.masked(m, lambda idx=idx: lx(idx), float("-inf"))
                 else:
                     v = lx(idx)
-                flat = ops.index_expr(h * W + w, torch.int64)
+                flat = ops.index_expr(h * W + w, it)
                 if best is None:
                     best, bidx = v, flat
                 else:
                     take = ops.logical_or(ops.gt(v, best), ops.isnan(v))
                     best, bidx = ops.where(take, v, best), ops.where(take, flat, bidx)
-        return best, bidx
+        return best, ops.to_dtype(bidx, torch.int64)
     vals = Pending(Pointwise(size, x.dtype, lambda i: window(i)[0]))
     inds = Pending(Pointwise(size, torch.int64, lambda i: window(i)[1]))
     return (vals, inds)
