@@ -392,8 +392,10 @@ def max_pool2d_with_indices(ctx, node, x, kernel_size, stride=(), padding=0, dil
     it = torch.int32 if small else torch.int64
 
     def window(index):
+        """Eager's loop: the index starts at the window's first in-bounds tap, the value at
+        -inf; a tap is taken when it is greater or NaN (padding taps never are)."""
         *lead, oh, ow = index
-        best = bidx = None
+        taps = []       # (in-bounds mask or None, value, flat index) in row-major order
         for i in range(kh):
             for j in range(kw):
                 h, w = oh * sh - ph + i * dh, ow * sw - pw + j * dw
@@ -405,6 +407,7 @@ def max_pool2d_with_indices(ctx, node, x, kernel_size, stride=(), padding=0, dil
                     if hi_ >= n:
                         conds.append(ops.lt(ops.index_expr(e, it), ops.constant(n, it)))
                 idx = list(lead) + [h, w]
+                m = None
                 if conds:
                     m = conds[0]
                     for c in conds[1:]:
@@ -412,12 +415,19 @@ def max_pool2d_with_indices(ctx, node, x, kernel_size, stride=(), padding=0, dil
                     v = ops.masked(m, lambda idx=idx: lx(idx), float("-inf"))
                 else:
                     v = lx(idx)
-                flat = ops.index_expr(h * W + w, it)
-                if best is None:
-                    best, bidx = v, flat
-                else:
-                    take = ops.logical_or(ops.gt(v, best), ops.isnan(v))
-                    best, bidx = ops.where(take, v, best), ops.where(take, flat, bidx)
+                taps.append((m, v, ops.index_expr(h * W + w, it)))
+        if taps[0][0] is None:          # no padding in the first tap: it is the start
+            best, bidx = taps[0][1], taps[0][2]
+            rest = taps[1:]
+        else:                           # the first tap that is in bounds (one always is)
+            first = next((k for k, t in enumerate(taps) if t[0] is None), len(taps) - 1)
+            bidx = taps[first][2]
+            for m, _, flat in reversed(taps[:first]):
+                bidx = ops.where(m, flat, bidx)
+            best, rest = ops.constant(float("-inf"), x.dtype), taps
+        for _, v, flat in rest:
+            take = ops.logical_or(ops.gt(v, best), ops.isnan(v))
+            best, bidx = ops.where(take, v, best), ops.where(take, flat, bidx)
         return best, ops.to_dtype(bidx, torch.int64)
     vals = Pending(Pointwise(size, x.dtype, lambda i: window(i)[0]))
     inds = Pending(Pointwise(size, torch.int64, lambda i: window(i)[1]))
