@@ -4,7 +4,10 @@ Each `Kernel` becomes `extern "C" void kernelN(T* buf, ...)` taking raw pointers
 produced by running the loop IR under `CppHandler`, which emits one typed temporary per op
 (CSE by expression text). The outer loop is `#pragma omp parallel for` when there is enough
 work; contiguous inner loops get `#pragma omp simd` (with reduction clauses for accumulators);
-a kernel that is one big reduction to a scalar uses per-thread partials. fp16/bf16 are loaded
+a kernel that is one big reduction to a scalar uses per-thread partials. Statements that do not
+change along the simd loop are hoisted before it, and masked loads are branch-free where they
+can be (clamped indices, selects; see CppHandler.masked): g++ 12 does not vectorize an `if`
+around a load, nor a plain select, when the condition is loop-invariant (channels-last pooling). fp16/bf16 are loaded
 as float and accumulated in float. Math functions come from the prelude (ember::exp etc.),
 written so GCC can vectorize them without -ffast-math.
 
