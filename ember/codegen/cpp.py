@@ -4,7 +4,10 @@ Each `Kernel` becomes `extern "C" void kernelN(T* buf, ...)` taking raw pointers
 produced by running the loop IR under `CppHandler`, which emits one typed temporary per op
 (CSE by expression text). The outer loop is `#pragma omp parallel for` when there is enough
 work; contiguous inner loops get `#pragma omp simd` (with reduction clauses for accumulators);
-a kernel that is one big reduction to a scalar uses per-thread partials. fp16/bf16 are loaded
+a kernel that is one big reduction to a scalar uses per-thread partials. Statements that do not
+change along the simd loop are hoisted before it, and masked loads are branch-free where they
+can be (clamped indices, selects; see CppHandler.masked): g++ 12 does not vectorize an `if`
+around a load, nor a plain select, when the condition is loop-invariant (channels-last pooling). fp16/bf16 are loaded
 as float and accumulated in float. Math functions come from the prelude (ember::exp etc.),
 written so GCC can vectorize them without -ffast-math.
 
@@ -49,6 +52,7 @@ def _blocks(n, block: int) -> str:
 # --- the handler ---------------------------------------------------------------------------
 
 LOOP_VAR = re.compile(r"v\d+")
+TEMP = re.compile(r"\b(?:v|tmp|idx|acc|part)\d+\b")    # names the generated code declares
 # integer ops that fault on a zero divisor (a masked-off lane may hold any value)
 INT_TRAPS = {"floordiv", "truncdiv", "remainder", "fmod", "truediv"}
 
@@ -150,6 +154,10 @@ class CppHandler:
         self.ors: dict = {}       # logical_or result -> its operands (see where)
         self.need_if = False      # the masked body wants the `if` form (see masked)
         self.ranges: dict = {}    # loop var -> its size, for simplify_index
+        self.simd = None          # (var, size) of the `omp simd` loop being emitted, if any
+        self.hoisted = None       # IndentedBuffer: statements placed before that loop
+        self.hoisted_cse: dict = {}   # their temporaries, valid in the whole loop body
+        self.invariant: set = set()   # temporaries declared before that loop (or hoisted)
 
     def simple(self, index):
         return simplify_index(sympy.expand(index), self.ranges)
@@ -164,16 +172,46 @@ class CppHandler:
         self.n += 1
         return f"{prefix}{self.n - 1}"
 
-    def emit(self, expr: str, dtype) -> CppVal:
+    def emit(self, expr: str, dtype, hoist: bool = True) -> CppVal:
+        """A temporary for `expr` (CSE by text). Inside a simd loop an expression that does not
+        change along it is hoisted before the loop (also out of a masked `if` body: unless
+        hoist=False it cannot fault, see _hoistable), so the vectorizer sees a uniform value."""
         key = (expr, dtype)
-        hit = self.cse.get(key)
+        hit = self.cse.get(key) or self.hoisted_cse.get(key)
         if hit is not None:
             return hit
         name = self.fresh()
-        self.code.writeline(f"{ctype(dtype)} {name} = {expr};")
+        line = f"{ctype(dtype)} {name} = {expr};"
+        if self.simd is None:
+            self.invariant.add(name)
+            self.code.writeline(line)
+        elif hoist and self.is_invariant(expr) and self._hoistable(expr):
+            self.invariant.add(name)
+            self.hoisted.writeline(line)
+            self.hoisted_cse[key] = CppVal(name, dtype)
+        else:
+            self.code.writeline(line)
         val = CppVal(name, dtype)
         self.cse[key] = val
         return val
+
+    def is_invariant(self, expr: str) -> bool:
+        """Whether C++ `expr` has one value for all iterations of the simd loop: no load, and
+        every name in it an outer loop var or an invariant temporary. (Accumulators, `if`-form
+        results and indirect indices are never invariant.)"""
+        if self.simd is None:
+            return True
+        if "[" in expr:
+            return False
+        simd = str(self.simd[0])
+        return all(t != simd and (t[0] == "v" or t in self.invariant) for t in TEMP.findall(expr))
+
+    @staticmethod
+    def _hoistable(expr: str) -> bool:
+        """No integer division by a value (ops with a zero check) and no index division by a
+        size symbol (a size may be 0 where the loop would not run)."""
+        return not INT_DIV.search(expr) and not (SIZE_NAME.search(expr)
+                                                and ("/" in expr or "%" in expr))
 
     # scopes: temporaries declared inside a block are forgotten when it closes
     def push(self):
@@ -259,26 +297,61 @@ class CppHandler:
             x, y = self.ors[str(c)]
             return self.where(y, a, self.where(x, a, b))
         dt = a.dtype if isinstance(a, CppVal) else b.dtype
-        a, b = self._as(a, dt), self._as(b, dt)
-        return self.emit(f"({self._as(c, torch.bool)} ? {a} : {b})", dt)
+        a, b, c = self._as(a, dt), self._as(b, dt), self._as(c, torch.bool)
+        return self.emit(self._select(c, a, b), dt)
+
+    def _select(self, c, a, b) -> str:
+        if self.simd is not None and self.is_invariant(str(c)):
+            return f"ember::pick({c}, {a}, {b})"
+        return f"({c} ? {a} : {b})"
 
     def _clamped(self, name: str, index, idx: str) -> str:
-        """A load's index inside a branch-free masked body, clamped into the buffer so a
-        masked-off lane reads some element of it (its value is then not selected). Not
-        `mask ? idx : 0`: g++ turns that back into a masked load, which it cannot vectorize
-        with a strided index (pooling windows); a 32-bit clamp becomes a vector gather. A
-        load contiguous in some loop variable (padding, stride-1 pooling) keeps the `if`
-        form: there g++'s masked vector load beats a gather."""
+        """A load's index inside a branch-free masked body, made safe for a masked-off lane (its
+        value is then not selected):
+        - contiguous in the simd loop var v (index = rest + c*v) under a mask that does not
+          change along v (channels-last pooling windows, padding of outer dims): `rest` is
+          clamped so all lanes stay in the buffer. For a lane that is on, the whole vector is
+          (the mask holds for all v), so the clamp changes nothing; the clamp is invariant, so
+          g++ hoists it and emits a plain vector load plus a select.
+        - otherwise clamped as a whole into the buffer: a 32-bit clamp becomes a vector gather
+          (strided NCHW pooling windows). Not `mask ? idx : 0`: g++ turns that back into a
+          masked load, which it does not vectorize.
+        A load contiguous in v under a mask that changes along v keeps the `if` form (padding or
+        cat along the last dim): there g++'s masked vector load beats a gather."""
         buf = self.buffers[name]
         extent = 1 + sum((sz - 1) * st for sz, st in zip(buf.size, buf.stride))
+        if is_symbolic(extent) or extent <= 0 or 0 in buf.size:
+            # (a symbolic buffer may be empty at run time: nothing to clamp into)
+            self.need_if = True
+            return idx
+        rebased = self._rebased(index, extent)
+        if rebased is not None:
+            return rebased
         contiguous = any(index.coeff(v) == 1 for v in index.free_symbols
                          if LOOP_VAR.fullmatch(str(v)))
-        if contiguous or is_symbolic(extent) or extent <= 0 or 0 in buf.size:
-            # (a symbolic buffer may be empty at run time: nothing to clamp into)
+        if contiguous:
             self.need_if = True
             return idx
         it = "int32_t" if extent < 2 ** 31 else "int64_t"
         return f"std::min<{it}>(std::max<{it}>(static_cast<{it}>({idx}), 0), {extent - 1})"
+
+    def _rebased(self, index, extent) -> str | None:
+        """`clamp(rest) + c*v` for a load rest + c*v contiguous-ish in the simd var v under an
+        invariant mask (see _clamped), or None."""
+        if self.simd is None or not self.is_invariant(self.load_mask):
+            return None
+        v, n = self.simd
+        e = self.simple(index).xreplace(self.subs) if self.subs else self.simple(index)
+        c = e.coeff(v)
+        rest = sympy.expand(e - c * v)
+        if not (c.is_Integer and 1 <= c <= 4) or rest.has(v) or is_symbolic(n):
+            return None
+        hi = extent - 1 - int(c) * (int(n) - 1)
+        if hi < 0:
+            return None
+        base = self.emit(f"std::min<int64_t>(std::max<int64_t>({cexpr(rest)}, 0), {_int(hi)})",
+                         torch.int64)
+        return f"{base} + {cexpr(c * v)}"
 
     def masked(self, mask, body, other):
         """`mask ? body() : other`. Branch-free when the body cannot fault on a masked-off lane
@@ -298,7 +371,7 @@ class CppHandler:
         dt = value.dtype
         if not trap and isinstance(value, CppVal):
             self.code.lines.extend(line[4:] for line in inner.lines)
-            return self.emit(f"({mask} ? {value} : {literal(other, dt)})", dt)
+            return self.emit(self._select(mask, value, literal(other, dt)), dt)
         name = self.fresh()
         self.code.writeline(f"{ctype(dt)} {name} = {literal(other, dt)};")
         self.code.writeline(f"if ({mask}) {{")
@@ -321,12 +394,13 @@ class CppHandler:
 
         def op(*args):
             dt = next((a.dtype for a in args if isinstance(a, CppVal)), torch.float32)
-            if name in INT_TRAPS and not dt.is_floating_point:
+            trap = name in INT_TRAPS and not dt.is_floating_point
+            if trap:
                 self.need_if = True
             vals = [self._as(a, dt) for a in args]
             out = torch.bool if name in COMPARE else dt
             f = CPP_INT.get(name, fmt) if _is_int(dt) else fmt
-            val = self.emit(f.format(*vals), out)
+            val = self.emit(f.format(*vals), out, hoist=not trap)
             if name == "logical_or":
                 self.ors[str(val)] = tuple(vals)
             return val
@@ -728,14 +802,21 @@ class KernelCodegen:
                     pragma += self.par_if
             elif last and simd_last:
                 pragma = "#pragma omp simd" + (f" {reduction}" if reduction else "")
-            if pragma and not (partial and i == 0 and last and simd_last):
-                code.writeline(pragma)
-            elif pragma:
+            if last and simd_last:
+                hoist_at = len(code.lines)
+                hoisted = IndentedBuffer(code.level)
+            if pragma:
                 code.writeline(pragma)
             code.writeline(f"for (int64_t {v} = 0; {v} < {_int(size)}; ++{v})")
             code.writeline("{")
             code.level += 1
+        outer = h.simd, h.hoisted, h.hoisted_cse
+        if n and simd_last:
+            h.simd, h.hoisted, h.hoisted_cse = (vars_[-1], ranges[-1]), hoisted, {}
         body()
+        if n and simd_last:
+            code.lines[hoist_at:hoist_at] = hoisted.lines
+        h.simd, h.hoisted, h.hoisted_cse = outer
         for _ in range(n):
             code.level -= 1
             code.writeline("}")

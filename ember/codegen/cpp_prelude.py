@@ -56,6 +56,21 @@ static inline double remainder(double a, double b) {
 }
 template <typename T> static inline T pow_(T a, T b) { return std::pow(a, b); }
 
+// m ? a : b for an m that is the same in every iteration of the simd loop: g++ 12 does not
+// vectorize a select on a loop-invariant bool (masked pooling windows, padding), but it does
+// vectorize these bit operations (the mask k is hoisted and broadcast).
+template <typename T> static inline T pick(bool m, T a, T b) {
+    if constexpr (std::is_same_v<T, bool>) {
+        return (m & a) | (!m & b);
+    } else {
+        using U = std::conditional_t<sizeof(T) == 8, uint64_t, std::conditional_t<sizeof(T) == 4,
+                  uint32_t, std::conditional_t<sizeof(T) == 2, uint16_t, uint8_t>>>;
+        U k = static_cast<U>(-static_cast<U>(m));
+        return __builtin_bit_cast(T, static_cast<U>((__builtin_bit_cast(U, a) & k)
+                                                    | (__builtin_bit_cast(U, b) & ~k)));
+    }
+}
+
 // ---- integer arithmetic that wraps like eager (signed overflow is UB in C++) ----
 // computed in an unsigned type at least as wide as int (uint16 * uint16 promotes to signed
 // int and can overflow it), then narrowed, which is modular

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sympy
 import torch
 
-from ..loopir.index import contiguous_strides
+from ..loopir.index import contiguous_strides, is_symbolic
 from ..loopir.ops import compute_dtype, ops
 from ..loopir.nodes import InputBuffer, Pointwise
 from .ir import (Pending, Reindex, SHAPE_ENV, TensorValue, View, as_size, as_sizes, meta_view,
@@ -391,7 +391,9 @@ def index(ctx, node, x, indices):
 def max_pool2d_with_indices(ctx, node, x, kernel_size, stride=(), padding=0, dilation=1,
                             ceil_mode=False):
     """Window max as an unrolled pointwise body: values and indices are separate Pending
-    values, so in inference the unused indices are never computed."""
+    values, so in inference the unused indices are never computed. Window positions and
+    indices are int32 when the plane is small enough (and widened once at the end): the
+    selects then have as many lanes as the float compares that drive them."""
     pair = lambda v: (v, v) if isinstance(v, int) else (tuple(v) * 2 if len(v) == 1 else tuple(v))  # noqa: E731
     (kh, kw), (ph, pw), (dh, dw) = pair(kernel_size), pair(padding), pair(dilation)
     sh, sw = pair(stride) if stride else (kh, kw)
@@ -403,10 +405,14 @@ def max_pool2d_with_indices(ctx, node, x, kernel_size, stride=(), padding=0, dil
     Ho, Wo = size[-2:]
     lx = x.loader()
     cd = compute_dtype(x.dtype)
+    small = not any(map(is_symbolic, (H, W))) and (H + 2 * ph) * (W + 2 * pw) < 2 ** 31
+    it = torch.int32 if small else torch.int64
 
     def window(index):
+        """Eager's loop: the index starts at the window's first in-bounds tap, the value at
+        -inf; a tap is taken when it is greater or NaN (padding taps never are)."""
         *lead, oh, ow = index
-        best = bidx = None
+        taps = []       # (in-bounds mask or None, value, flat index) in row-major order
         for i in range(kh):
             for j in range(kw):
                 h, w = oh * sh - ph + i * dh, ow * sw - pw + j * dw
@@ -414,10 +420,11 @@ def max_pool2d_with_indices(ctx, node, x, kernel_size, stride=(), padding=0, dil
                 for e, lo_, hi_, n in ((h, i * dh - ph, (Ho - 1) * sh - ph + i * dh, H),
                                        (w, j * dw - pw, (Wo - 1) * sw - pw + j * dw, W)):
                     if lo_ < 0:
-                        conds.append(ops.ge(ops.index_expr(e, torch.int64), ops.constant(0, torch.int64)))
+                        conds.append(ops.ge(ops.index_expr(e, it), ops.constant(0, it)))
                     if hi_ >= n:
-                        conds.append(ops.lt(ops.index_expr(e, torch.int64), ops.constant(n, torch.int64)))
+                        conds.append(ops.lt(ops.index_expr(e, it), ops.constant(n, it)))
                 idx = list(lead) + [h, w]
+                m = None
                 if conds:
                     m = conds[0]
                     for c in conds[1:]:
@@ -425,13 +432,20 @@ def max_pool2d_with_indices(ctx, node, x, kernel_size, stride=(), padding=0, dil
                     v = ops.masked(m, lambda idx=idx: lx(idx), float("-inf"))
                 else:
                     v = lx(idx)
-                flat = ops.index_expr(h * W + w, torch.int64)
-                if best is None:
-                    best, bidx = v, flat
-                else:
-                    take = ops.logical_or(ops.gt(v, best), ops.isnan(v))
-                    best, bidx = ops.where(take, v, best), ops.where(take, flat, bidx)
-        return best, bidx
+                taps.append((m, v, ops.index_expr(h * W + w, it)))
+        if taps[0][0] is None:          # no padding in the first tap: it is the start
+            best, bidx = taps[0][1], taps[0][2]
+            rest = taps[1:]
+        else:                           # the first tap that is in bounds (one always is)
+            first = next((k for k, t in enumerate(taps) if t[0] is None), len(taps) - 1)
+            bidx = taps[first][2]
+            for m, _, flat in reversed(taps[:first]):
+                bidx = ops.where(m, flat, bidx)
+            best, rest = ops.constant(float("-inf"), x.dtype), taps
+        for _, v, flat in rest:
+            take = ops.logical_or(ops.gt(v, best), ops.isnan(v))
+            best, bidx = ops.where(take, v, best), ops.where(take, flat, bidx)
+        return best, ops.to_dtype(bidx, torch.int64)
     vals = Pending(Pointwise(size, x.dtype, lambda i: window(i)[0]))
     inds = Pending(Pointwise(size, torch.int64, lambda i: window(i)[1]))
     return (vals, inds)

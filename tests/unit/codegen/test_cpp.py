@@ -1,4 +1,7 @@
 """C++ codegen on small hand-built loop IR: loop planning, pragmas, tails and dtypes."""
+import re
+import subprocess
+
 import sympy
 import torch
 
@@ -6,7 +9,7 @@ from ember.loopir.index import FloorDiv, ModularIndexing, sym
 from ember.loopir.ops import ops
 from ember.codegen.cpp import cexpr, generate_tu, plan_loops
 from ember.loopir.nodes import ComputedBuffer, InputBuffer, Pointwise, Reduction
-from ember.runtime.build import build, load
+from ember.runtime.build import CXX, FLAGS, build, load
 from ember.schedule.deps import node_deps
 from ember.schedule.fuse import fuse
 from ember.schedule.memory import mark_locals
@@ -155,3 +158,79 @@ def test_long_float_sums_accumulate_in_double(tmp_path, monkeypatch):
                              for a in sigs[steps[0].name]])
         ref = t.double().sum(1)
         assert float(((res.double() - ref) / ref).abs().max()) < 2e-7
+
+
+def _window_max_cl(x, n, w, c, other):
+    """Channels-last window max: out[i, j, ch] = max(x[i, j-1, ch], x[i, j, ch]), masked at
+    the left edge; the mask moves with j, not with the innermost (simd) dim ch."""
+    xl = x.loader()
+
+    def body(i):
+        best = None
+        for k in range(2):
+            col = i[1] - 1 + k
+            m = ops.ge(ops.index_expr(col, torch.int32), ops.constant(0, torch.int32))
+            v = ops.masked(m, lambda col=col: xl([i[0], col, i[2]]), other)
+            best = v if best is None else ops.where(
+                ops.logical_or(ops.gt(v, best), ops.isnan(v)), v, best)
+        return best
+    return ComputedBuffer("buf0", torch.float32, (n, w, c), (w * c, c, 1), body=Pointwise(
+        (n, w, c), torch.float32, body))
+
+
+def test_masked_load_with_invariant_mask_vectorizes(tmp_path, monkeypatch):
+    """#24: a load contiguous in the simd dim under a mask that does not move with it (channels-
+    last pooling, padding of outer dims) is branch-free: its clamped base and the mask are
+    hoisted before the simd loop, the select is ember::pick, and g++ vectorizes the loop (the
+    `if` form it replaces never vectorized). Values, NaN and the -inf edge match."""
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))
+    n, w, c = 3, 9, 40
+    x = InputBuffer("arg0", torch.float32, (n, w, c), (w * c, c, 1), position=0)
+    steps, src, fns, sigs = _compile([_window_max_cl(x, n, w, c, float("-inf"))], [x])
+    kernel = src[src.index('extern "C"'):]
+    assert "if (" not in kernel and "ember::pick(" in kernel, kernel
+    simd_at = kernel.index("#pragma omp simd")
+    assert "std::min<int64_t>(std::max<int64_t>(" in kernel[:simd_at], kernel   # hoisted base
+    assert ">= static_cast<int32_t>(0)" in kernel[:simd_at], kernel               # hoisted mask
+    t = torch.randn(n, w, c)
+    t[1, 3, 7] = float("nan")
+    t[2, :, 5] = float("-inf")
+    res = torch.empty(n, w, c)
+    fns[steps[0].name](*[{"arg0": t, "buf0": res}[a].data_ptr() for a in sigs[steps[0].name]])
+    pad = torch.nn.functional.pad(t, (0, 0, 1, 0), value=float("-inf"))
+    windows = pad.unfold(1, 2, 1)
+    exp = torch.where(windows.isnan().any(-1), float("nan"), windows.amax(-1))
+    torch.testing.assert_close(res, exp, equal_nan=True)
+    # the compiler's own report: the simd loop of this kernel is vectorized
+    cpp = tmp_path / "k.cpp"
+    cpp.write_text(src)
+    first = src[:src.index('extern "C"')].count("\n") + kernel[:simd_at].count("\n") + 1
+    report = subprocess.run([CXX, *FLAGS, "-fopt-info-vec-optimized", str(cpp), "-o",
+                             str(tmp_path / "k.so")], capture_output=True, text=True).stderr
+    lines = [int(m) for m in re.findall(r"k\.cpp:(\d+):\d+: optimized: loop vectorized", report)]
+    assert any(first <= ln <= src.count("\n") for ln in lines), (first, report)
+
+
+def test_hoisting_keeps_integer_division_under_its_mask(tmp_path, monkeypatch):
+    """An invariant integer division inside a masked body stays under the mask: hoisting it
+    before the simd loop would divide by zero where the mask is off (and raise)."""
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))
+    n, w, c = 2, 5, 16
+    x = InputBuffer("arg0", torch.int64, (n, w, c), (w * c, c, 1), position=0)
+    xl = x.loader()
+
+    def body(i):
+        m = ops.ge(ops.index_expr(i[1], torch.int64), ops.constant(1, torch.int64))
+        return ops.masked(m, lambda: ops.add(xl(i), ops.floordiv(
+            ops.constant(7, torch.int64), ops.index_expr(i[1], torch.int64))), 0)
+    out = ComputedBuffer("buf0", torch.int64, (n, w, c), (w * c, c, 1), body=Pointwise(
+        (n, w, c), torch.int64, body))
+    steps, src, fns, sigs = _compile([out], [x])
+    kernel = src[src.index('extern "C"'):]
+    assert "ember::ifloordiv" in kernel[kernel.index("#pragma omp simd"):], kernel
+    t = torch.randint(-9, 9, (n, w, c))
+    res = torch.empty(n, w, c, dtype=torch.int64)
+    fns[steps[0].name](*[{"arg0": t, "buf0": res}[a].data_ptr() for a in sigs[steps[0].name]])
+    j = torch.arange(w).view(1, w, 1)
+    exp = torch.where(j >= 1, t + torch.div(7, j.clamp(min=1), rounding_mode="floor"), 0)
+    assert torch.equal(res, exp)

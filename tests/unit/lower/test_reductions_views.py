@@ -3,7 +3,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from .helpers import check
+from .helpers import check, compile_fn
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16], ids=str)
@@ -198,3 +198,36 @@ def test_multi_stage_reductions_over_outer_dim(case):
            "softmax_dim0": lambda t: torch.softmax(t, 0),
            "log_softmax_nchw": lambda t: torch.log_softmax(t.view(2, 30, 10, 35), 1)}
     check(fns[case], x, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("fmt", [torch.contiguous_format, torch.channels_last], ids=["nchw", "cl"])
+@pytest.mark.parametrize("k,s,p,d,ceil", [(3, 2, 1, 1, False), (2, 2, 1, 1, True), (3, 1, 1, 2, False)])
+def test_max_pool2d_padded_inf_nan_both_layouts(fmt, k, s, p, d, ceil):
+    """Padded windows under masked (branch-free) loads: values and indices equal eager, also
+    where a window is all -inf (the index is its first in-bounds tap, never a padding tap) and
+    where it holds NaN (the last NaN wins)."""
+    x = torch.randn(2, 16, 9, 10)
+    x[0, :, :5, :5] = float("-inf")
+    x[1, 3, 2, 5] = x[1, 3, 2, 6] = float("nan")
+    x[1, 5, 0, 0] = float("nan")
+    x = x.contiguous(memory_format=fmt)
+    fn = lambda t: F.max_pool2d_with_indices(t, k, s, p, d, ceil_mode=ceil)  # noqa: E731
+    run, stats = compile_fn(fn, x)
+    assert stats["kernels"] == 1 and stats["externs"] == 0 and stats["fallbacks"] == []
+    (got_v, got_i), (ref_v, ref_i) = run(x), fn(x)
+    torch.testing.assert_close(got_v, ref_v, atol=0, rtol=0, equal_nan=True)
+    assert torch.equal(got_i, ref_i)
+    assert got_v.stride() == ref_v.stride() and got_i.stride() == ref_i.stride()
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16], ids=str)
+def test_max_pool2d_channels_last_other_dtypes(dtype):
+    # ember::pick selects on the bits of the storage width (64-bit lanes for double)
+    x = torch.randn(2, 24, 7, 8).to(dtype).contiguous(memory_format=torch.channels_last)
+    x[0, 1, 0, 0] = float("nan")
+    fn = lambda t: F.max_pool2d_with_indices(t, 3, 2, 1)  # noqa: E731
+    run, stats = compile_fn(fn, x)
+    assert stats["kernels"] == 1
+    (got_v, got_i), (ref_v, ref_i) = run(x), fn(x)
+    torch.testing.assert_close(got_v, ref_v, atol=0, rtol=0, equal_nan=True)
+    assert torch.equal(got_i, ref_i)
