@@ -158,6 +158,7 @@ class CppHandler:
         self.hoisted = None       # IndentedBuffer: statements placed before that loop
         self.hoisted_cse: dict = {}   # their temporaries, valid in the whole loop body
         self.invariant: set = set()   # temporaries declared before that loop (or hoisted)
+        self.writes: set = set()      # buffers the kernel stores (their loads are not hoisted)
 
     def simple(self, index):
         return simplify_index(sympy.expand(index), self.ranges)
@@ -172,10 +173,11 @@ class CppHandler:
         self.n += 1
         return f"{prefix}{self.n - 1}"
 
-    def emit(self, expr: str, dtype, hoist: bool = True) -> CppVal:
+    def emit(self, expr: str, dtype, hoist: bool = True, load: bool = False) -> CppVal:
         """A temporary for `expr` (CSE by text). Inside a simd loop an expression that does not
         change along it is hoisted before the loop (also out of a masked `if` body: unless
-        hoist=False it cannot fault, see _hoistable), so the vectorizer sees a uniform value."""
+        hoist=False it cannot fault, see _hoistable), so the vectorizer sees a uniform value.
+        `load`: expr is one load whose index is checked like an expression (see load)."""
         key = (expr, dtype)
         hit = self.cse.get(key) or self.hoisted_cse.get(key)
         if hit is not None:
@@ -185,7 +187,7 @@ class CppHandler:
         if self.simd is None:
             self.invariant.add(name)
             self.code.writeline(line)
-        elif hoist and self.is_invariant(expr) and self._hoistable(expr):
+        elif hoist and self.is_invariant(expr, load) and self._hoistable(expr):
             self.invariant.add(name)
             self.hoisted.writeline(line)
             self.hoisted_cse[key] = CppVal(name, dtype)
@@ -195,13 +197,13 @@ class CppHandler:
         self.cse[key] = val
         return val
 
-    def is_invariant(self, expr: str) -> bool:
-        """Whether C++ `expr` has one value for all iterations of the simd loop: no load, and
-        every name in it an outer loop var or an invariant temporary. (Accumulators, `if`-form
-        results and indirect indices are never invariant.)"""
+    def is_invariant(self, expr: str, load: bool = False) -> bool:
+        """Whether C++ `expr` has one value for all iterations of the simd loop: no load (but
+        the one a `load` expr is), and every name in it an outer loop var or an invariant
+        temporary. (Accumulators, `if`-form results and indirect indices are never invariant.)"""
         if self.simd is None:
             return True
-        if "[" in expr:
+        if "[" in expr and not load:
             return False
         simd = str(self.simd[0])
         return all(t != simd and (t[0] == "v" or t in self.invariant) for t in TEMP.findall(expr))
@@ -236,11 +238,20 @@ class CppHandler:
         if name in self.local:
             raise AssertionError(f"local buffer {name} read before it is written")
         dt = self.buffers[name].dtype
+        # A load at an index the simd loop does not move (a per-row scale, a per-head bias) is
+        # hoisted before the loop like any invariant expression, and what it feeds with it
+        # (Swin v2's exp(min(logit_scale[h], log 100))): in the loop, g++ cannot prove that the
+        # kernel's stores leave it unchanged, reloads it in the latch (PRE) and then gives up
+        # if-converting the loop ("control flow in loop"), or keeps a select on a now
+        # invariant compare that it cannot vectorize. Not under a mask (the index may be out of
+        # bounds there), not a buffer this kernel writes, and only when the loop surely runs.
+        hoist = (self.load_mask is None and name not in self.writes and self.simd is not None
+                 and not is_symbolic(self.simd[1]) and int(self.simd[1]) > 0)
         if dt == torch.bfloat16:
-            return self.emit(f"ember::bf16_to_float({name}[{idx}])", torch.float32)
+            return self.emit(f"ember::bf16_to_float({name}[{idx}])", torch.float32, hoist, True)
         if dt == torch.float16:
-            return self.emit(f"static_cast<float>({name}[{idx}])", torch.float32)
-        return self.emit(f"{name}[{idx}]", dt)
+            return self.emit(f"static_cast<float>({name}[{idx}])", torch.float32, hoist, True)
+        return self.emit(f"{name}[{idx}]", dt, hoist, True)
 
     def store(self, name, index, value):
         idx = self.idx(index)
@@ -569,6 +580,7 @@ class KernelCodegen:
         self.buffers = buffers
         self.h = CppHandler(buffers, kernel.local, kernel.row_local,
                             [loop_var(i) for i in range(len(kernel.outer))])
+        self.h.writes = {n.name for n in kernel.nodes}
         self.outer_ranges = {loop_var(i): n for i, n in enumerate(kernel.outer)}
         self.h.ranges = self.outer_ranges
 
