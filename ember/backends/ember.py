@@ -37,7 +37,7 @@ from ..runtime import graph_cache
 from ..runtime.build import build_async, load
 from ..runtime.cudagraphs import cudagraphify
 from ..schedule import schedule
-from . import layout
+from . import layout, split
 from .freeze import copy_module, fold_batchnorm_per_call, freeze
 from .speed import speed_checked    # never slower than eager
 
@@ -52,6 +52,8 @@ STATS: list = []
 def ember_backend(gm, example_inputs, **kwargs):
     options = kwargs.get("options") or {}
     _refuse_implicit_autocast(gm)
+    if split.data_dependent(gm):    # Dynamo's unbacked sizes: compiled around the data reads
+        return split.split_at_data(gm, lambda g, ex: ember_backend(g, ex, **kwargs)).forward
     # inference graphs: frozen weights (freeze.py) and channels-last convs (layout.py)
     frozen = freeze(gm, example_inputs, options, lambda g, ex: _compile(g, ex, options))
     if frozen is not None:
