@@ -245,12 +245,21 @@ def _select_plain(x, dim, i):
 
 # --- cat / pad / gather ----------------------------------------------------------------------
 
+#: a cat of more parts is an aten.cat extern (as Inductor's max_pointwise_cat_inputs): as a loop,
+#: each element would test every part's range (DenseNet's 32-way cats, whose channels-last
+#: channel dim is the simd dim, ran scalar at ~20 ns an element; the extern is a memcpy per part)
+POINTWISE_CAT_PARTS = 8
+
+
 @rule(aten.cat.default)
 def cat(ctx, node, tensors, dim=0):
     out = out_meta(node)
     size = as_sizes(out.shape)
     dim = dim % len(size)
     parts = [t for t in tensors if not (len(t.size) == 1 and t.size[0] == 0)]
+    if len(parts) > POINTWISE_CAT_PARTS:
+        return ctx.extern(aten.cat.default, (list(tensors), dim), {}, out,
+                          out_variant=aten.cat.out)
     cd = compute_dtype(out.dtype)
     offsets, acc = [], 0
     for t in parts:

@@ -76,6 +76,21 @@ def test_cat_pad_gather():
           a, b, idx)
 
 
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_many_part_cat_is_one_extern(channels_last):
+    """DenseNet's cats of up to 32 feature maps: more than POINTWISE_CAT_PARTS parts is an
+    aten.cat extern (with an out= buffer), its consumer one plain kernel; fewer stay a loop.
+    Mixed dtypes promote as eager's cat does."""
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    xs = [torch.randn(2, 3 + k % 2, 5, 4).contiguous(memory_format=fmt) for k in range(11)]
+    xs[4] = xs[4].double()
+
+    def f(*ts):
+        return torch.relu(torch.cat(ts, 1) * 2 + 1), torch.cat(ts[:3], 1) - 1
+    stats = check(f, *xs)
+    assert stats["externs"] == 1 and stats["kernels"] == 2, stats
+
+
 def test_embedding():
     w = torch.randn(10, 4)
     i = torch.tensor([[0, 3, 9], [1, 1, 2]])
