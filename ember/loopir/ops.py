@@ -107,11 +107,14 @@ class CountHandler(OpsHandler):
         self.full_loads = 0
         self.ops = 0
         self.transcendental = 0
+        self.gathers = 0            # indirect (data-dependent) indices
+        self.indices: list = []     # every load's index
         self.names: set[str] = set()
         self.dims = frozenset(dims)
 
     def load(self, name, index):
         self.loads += 1
+        self.indices.append(index)
         free = getattr(index, "free_symbols", frozenset())
         self.full_loads += self.dims <= free
         self.names.add(name)
@@ -126,6 +129,7 @@ class CountHandler(OpsHandler):
 
     def indirect_indexing(self, value, size, check=True):
         self.ops += 1
+        self.gathers += 1
         return sympy.Integer(0)
 
     def default(self, name, *args, **kwargs):

@@ -20,7 +20,7 @@ import torch
 import torch.fx
 
 from .. import shapes
-from ..loopir.index import contiguous_strides
+from ..loopir.index import FloorDiv, ModularIndexing, contiguous_strides, simplify_index
 from ..loopir.ops import count_body
 from ..errors import InternalError
 from ..logging import get_logger
@@ -46,6 +46,11 @@ MAX_INLINE_OPS = 120
 # their own costs more than recomputing them from cache.
 AMPLIFY = 8
 AMPLIFY_NUMEL = 4096
+# A body that gathers (an indirect index, or a div/mod index left after simplification) makes
+# its user's loop scalar wherever it is inlined: realized once it is read twice over (Swin's
+# relative position bias table[index] and shifted-window mask, inlined into each window's
+# softmax, ran at ~23 ns an element).
+IRREGULAR_AMPLIFY = 2
 
 
 def meta_of(x):
@@ -150,12 +155,17 @@ class GraphLowering:
             n_in = 1
             for s in base.size:
                 n_in *= int(s)
-            if n_in < AMPLIFY_NUMEL or n_out < AMPLIFY * n_in:
+            if n_in < AMPLIFY_NUMEL or n_out < min(AMPLIFY, IRREGULAR_AMPLIFY) * n_in:
                 continue
             index = [sympy.Symbol(f"i{d}", integer=True, nonnegative=True)
                      for d in range(len(base.size))]
             counts = count_body(base.node.inner_fn, index)
-            if counts.transcendental or counts.ops >= REALIZE_OPS:
+            ranges = dict(zip(index, base.size))
+            irregular = counts.gathers or any(
+                simplify_index(e, ranges).has(FloorDiv, ModularIndexing) for e in counts.indices
+                if isinstance(e, sympy.Expr))
+            heavy = counts.transcendental or counts.ops >= REALIZE_OPS
+            if irregular and n_out >= IRREGULAR_AMPLIFY * n_in or heavy and n_out >= AMPLIFY * n_in:
                 self.realize(base)
 
     # --- externs --------------------------------------------------------------------------------

@@ -123,3 +123,36 @@ def test_costly_value_broadcast_over_many_elements_is_computed_once():
     # a per-channel value (under AMPLIFY_NUMEL elements) stays inlined: one kernel
     check(lambda x, v: x * torch.rsqrt(v + 1e-5).view(1, -1, 1, 1), torch.randn(8, 64, 16, 16),
           torch.rand(64) + 0.5, kernels=1)
+
+
+def _computed_sizes(f, *args):
+    from ember.aot import trace_aten
+    from ember.decomp import get_decompositions
+    from ember.loopir.nodes import ComputedBuffer
+    from ember.lower.lowering import GraphLowering
+    gm = trace_aten(f, args, decompositions=get_decompositions())
+    nodes = GraphLowering(gm, list(args)).run().nodes
+    return [tuple(int(s) for s in n.size) for n in nodes if isinstance(n, ComputedBuffer)]
+
+
+def test_gathered_value_read_twice_over_is_computed_once():
+    """Swin v1: the relative position bias table[index] (a gather) and the shifted-window mask (a
+    view of a 56x56 image as 7x7 windows: div/mod indices) are cheap bodies, but inlined into
+    the windows' softmax they made its simd loops scalar (~23 ns an element). A gathering body
+    read at least IRREGULAR_AMPLIFY times over is stored once; a plain broadcast (a contiguous
+    per-window value) stays inlined."""
+    def f(scores, table, index, img):
+        bias = table[index].permute(2, 0, 1)                                 # (3, 49, 49)
+        win = img.view(8, 7, 8, 7).permute(0, 2, 1, 3).reshape(64, 49)
+        mask = (win.unsqueeze(1) - win.unsqueeze(2)).ne(0).float() * -100.0   # (64, 49, 49)
+        s = scores.view(2, 64, 3, 49, 49) + bias.unsqueeze(0) + mask.unsqueeze(1).unsqueeze(0)
+        return torch.softmax(s, -1)
+    args = (torch.randn(128, 3, 49, 49), torch.randn(169, 3), torch.randint(0, 169, (49, 49)),
+            torch.randint(0, 9, (56, 56)).float())
+    check(f, *args)
+    sizes = _computed_sizes(f, *args)
+    assert any(sorted(s) == [3, 49, 49] for s in sizes) and (64, 49, 49) in sizes, sizes
+    # contiguous, no gather: inlined (read 4x over, under AMPLIFY)
+    plain = _computed_sizes(lambda s, b: torch.softmax(s.view(4, 64, 49, 49) + b, -1),
+                            torch.randn(256, 49, 49), torch.randn(64, 49, 49))
+    assert (64, 49, 49) not in plain, plain
