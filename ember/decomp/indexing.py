@@ -119,6 +119,10 @@ def index_twin(self, indices):
     return aten.index.Tensor(self, indices)
 
 
+def _needs_backward(*tensors) -> bool:
+    return torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in tensors)
+
+
 @register(aten._embedding_bag.default)
 def embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sparse=False,
                   per_sample_weights=None, include_last_offset=False, padding_idx=-1):
@@ -128,8 +132,11 @@ def embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sp
     path, bag_size has B+1 rows with include_last_offset, max_indices B rows for sum/mean), so a
     graph saving the extern's own would see sizes change at run time. These are what the CPU
     backward kernels accept: offset2bag (N,) = the bag of each index, bag_size (B,) = the non-
-    padding indices of each bag, max_indices (B, D) from the kernel in max mode, else empty."""
-    if sparse or not on_cpu(weight) or indices.dim() != 1 or indices.dtype != offsets.dtype:
+    padding indices of each bag, max_indices (B, D) from the kernel in max mode, else empty.
+    Without a gradient to compute (no backward will read them) the op stays eager's own extern,
+    whose auxiliary outputs a graph returning them must give as eager does."""
+    if sparse or not on_cpu(weight) or indices.dim() != 1 or indices.dtype != offsets.dtype or \
+            not _needs_backward(weight, per_sample_weights):
         return NotImplemented
     out = aten._embedding_bag_forward_only.default(
         weight, indices, offsets, scale_grad_by_freq, mode, sparse, per_sample_weights,

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import ember
-from ember.decomp import DECOMPS
+from ember.decomp import DECOMPS, indexing
 from ember.testing.decomp_mode import DecompMode
 
 aten = torch.ops.aten
@@ -32,7 +32,8 @@ def _inputs(last, dtype=torch.float32, n=20):
 
 
 @pytest.mark.parametrize("mode,psw,last,pad", CONFIGS)
-def test_decomposition_feeds_the_cpu_backward_kernels(mode, psw, last, pad):
+def test_decomposition_feeds_the_cpu_backward_kernels(mode, psw, last, pad, monkeypatch):
+    monkeypatch.setattr(indexing, "_needs_backward", lambda *t: True)   # the training form
     weight, indices, offsets, w = _inputs(last, torch.float64)
     weight.requires_grad_()
     w = w.requires_grad_() if psw else None
@@ -90,3 +91,21 @@ def test_compiled_training_matches_eager(mode, psw, last, pad):
     counts = ember.stats()["counts"]
     assert counts["graphs"] == 1 and not counts.get("fallbacks") and \
         not counts.get("graph_breaks")
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean", "max"])
+def test_without_grad_the_op_and_its_auxiliary_outputs_are_eagers(mode):
+    """No backward reads the auxiliary outputs, so the op stays eager's extern: a graph that
+    returns them gives eager's (offset2bag is empty on CPU's sum fast path, max_indices has one
+    row per bag; the training form's differ). Inductor's test_embedding_bag returned them."""
+    import ember
+    weight, indices, offsets, _ = _inputs(False, torch.float32)
+    weight.requires_grad_()
+
+    def f(w, i, o):
+        return aten._embedding_bag.default(w, i, o, False, MODES[mode], False, None)
+    with torch.no_grad():
+        got, ref = ember.compile(f)(weight, indices, offsets), f(weight, indices, offsets)
+    for g, r in zip(got, ref):
+        assert g.shape == r.shape
+        torch.testing.assert_close(g, r)
