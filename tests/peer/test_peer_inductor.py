@@ -28,6 +28,8 @@ SUBSET = [
     "CpuTests::test_dtype_sympy_expr_cpu",              # a backward size seen only as s1 - 1
     "CpuTests::test_input_mutation3_cpu",               # torch.ops.aten.sigmoid_ on an input
     "CpuTests::test_cat_unbacked_2d_cpu",               # y.item() of an input: a variant per value
+    "CpuTests::test_embedding_bag_cpu",                 # auxiliary outputs (was a wrong value)
+    "CpuTests::test_nonzero_unbacked_refinement_cpu",   # split at a data-dependent size
 ]
 
 
