@@ -114,3 +114,29 @@ def test_all_size_one_buffer_layout_check_is_valid_python():
     ns = {"empty_strided": torch.empty_strided, "g": g}
     exec(w.code.getvalue(), ns)
     assert ns["g"] is g
+
+
+def test_an_extern_view_keeps_its_base_alive():
+    """view_as_complex (an extern: kernels are real-only) returns a view of a kernel's output;
+    the base was freed at the extern and its memory reused by the next kernel's output while
+    the view was still read (by _conj after it): a WRONG VALUE. The base now lives as long as
+    the view (schedule/memory.py), also when the view reaches the graph's outputs."""
+    from ember.aot import trace_aten
+    from ember.decomp import get_decompositions
+    from ember.backends.ember import compile_aten_graph
+
+    def f(a, z):
+        c = torch.view_as_complex((a * 2).reshape(-1, 2))
+        w = (a + 1).sin() * 3
+        y = torch.view_as_real(c * z).flatten() + w
+        return y, torch.view_as_real(c.conj() * z).flatten() * y
+    a, z = torch.randn(1024), torch.randn(512, dtype=torch.complex64)
+    run, _ = compile_fn(f, a, z)
+    for got, want in zip(run(a, z), f(a, z)):
+        torch.testing.assert_close(got, want)
+    gm = trace_aten(f, (a, z), decompositions=get_decompositions())
+    text = compile_aten_graph(gm, [a, z]).ember_wrapper
+    view, rest = text.split(" = aten_view_as_complex_default(as_strided(")
+    view, base = view.split()[-1], rest.split(",")[0]
+    reuse = text.find(f"= {base}  # reuse")
+    assert reuse == -1 or reuse > text.index(f"aten__conj_default({view})"), text
