@@ -1,0 +1,242 @@
+"""Backends, flex_attention: the fused CPU attention as two torch.library ops every backend runs.
+
+Capture (ember/capture/flex.py) turns `flex_attention(q, k, v, score_mod, block_mask, ...)` into
+one graph node `torch.ops.ember.flex_attention(q, k, v, block_mask, score_bufs, mask_bufs, mods,
+scale, gqa)`, where `mods` names the traced score_mod / mask_mod subgraphs in `MODS` and the bufs
+are the tensors they read (a relative-position bias, sequence lengths), lifted to graph inputs.
+aot traces the node through its fake kernel and, for training, its registered autograd formula
+(`torch.ops.ember.flex_attention_backward`); the kernel backend calls both as externs.
+
+At the first call per shape the ops trace each mod to an aten graph over 0-dim tensors (aot's
+tracer), translate it to C++ (ember.codegen.flex_cpp), build the kernel (ember.runtime, disk
+cache) and run it. `check_mods` does the same translation at capture time, so a mod the kernel
+cannot fuse is a graph break there, never a failure at run time.
+
+Consumes: the op's tensors. Produces: (out, lse) and the gradients.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from ..aot import trace_aten
+from ..codegen import flex_cpp
+from ..errors import Unsupported
+from ..runtime import build as rt_build
+
+#: mods key -> (score_mod graph | None, mask_mod graph | None); torch-level graphs whose
+#: placeholders are (score, b, h, q_idx, kv_idx, *bufs) and (b, h, q_idx, kv_idx, *bufs)
+MODS: dict[str, tuple] = {}
+DTYPES = (torch.float32, torch.float64)
+_FLAGS = [f for f in rt_build.FLAGS if f != "-ffp-contract=off"] + ["-ffp-contract=fast"]
+
+
+def register_mods(score_gm, mask_gm) -> str:
+    text = "\n".join(g.code if g is not None else "None" for g in (score_gm, mask_gm))
+    key = hashlib.sha256(text.encode()).hexdigest()[:16]
+    MODS.setdefault(key, (score_gm, mask_gm))
+    return key
+
+
+def _standins(dtype):
+    """0-dim example inputs of a mod: score (the query dtype) and four int32 indices."""
+    return [torch.zeros((), dtype=dtype)] + [torch.zeros((), dtype=torch.int32)] * 4
+
+
+def _mask_as_score(mask_gm):
+    """mask_mod(b, h, q, kv, *bufs) as a function of (score, b, h, q, kv, *bufs)."""
+    return lambda s, b, h, q, kv, *bufs: mask_gm(b, h, q, kv, *bufs)
+
+
+@functools.lru_cache(None)
+def _aten_mod(key: str, which: int, dtype, buf_specs: tuple):
+    """The mod's aten graph over 0-dim stand-ins and buffers of `buf_specs`, translated."""
+    gm = MODS[key][which]
+    if gm is None:
+        return None
+    bufs = [torch.empty_strided(s, st, dtype=dt, device="meta") for s, st, dt in buf_specs]
+    fn = gm if which == 0 else _mask_as_score(gm)
+    aten_gm = trace_aten(fn, _standins(dtype) + bufs)
+    return aten_gm
+
+
+def _buf_spec(bufs) -> tuple:
+    return tuple((tuple(b.shape), tuple(b.stride()), b.dtype) for b in bufs)
+
+
+def check_mods(key: str, dtype, score_bufs, mask_bufs) -> None:
+    """Raise Unsupported (with the reason) unless both mods translate to C++."""
+    _translated(key, dtype, _buf_spec(score_bufs), _buf_spec(mask_bufs))
+
+
+@functools.lru_cache(None)
+def _translated(key, dtype, score_spec, mask_spec):
+    out = []
+    for which, spec, prefix in ((0, score_spec, "sm"), (1, mask_spec, "mm")):
+        gm = _aten_mod(key, which, dtype, spec)
+        if gm is None:
+            out.append((None, [], []))
+            continue
+        consts = gm.meta.get("constants", [])
+        names = [f"{prefix}_buf{i}" for i in range(len(spec) + len(consts))]
+        out.append((flex_cpp.translate(gm, prefix, names),
+                    list(zip(names, [s[2] for s in spec] + [c.dtype for c in consts])), consts))
+    return out
+
+
+def _spec(q, k, v, block_mask, scale, block_size) -> flex_cpp.FlexSpec:
+    B, HQ, LQ, D = q.shape
+    HKV, LKV, DV = k.shape[1], k.shape[2], v.shape[3]
+    mask = None
+    if block_mask:
+        kv_num, kv_idx, full_num, _, q_num, q_idx = block_mask[:6]
+        mask = (kv_num.shape[0], kv_num.shape[1], kv_num.shape[2], kv_idx.shape[3],
+                full_num is not None, q_num.shape[2] if q_num is not None else 1,
+                q_idx.shape[3] if q_idx is not None else 1)
+    return flex_cpp.FlexSpec(q.dtype, B, HQ, HKV, LQ, LKV, D, DV, float(scale), block_size[0],
+                             block_size[1], mask)
+
+
+@functools.lru_cache(None)
+def _kernel(key, spec: flex_cpp.FlexSpec, score_spec, mask_spec):
+    (score, sbufs, _), (mask, mbufs, _) = _translated(key, spec.dtype, score_spec, mask_spec)
+    src = flex_cpp.forward_source(spec, score, mask, sbufs + mbufs)
+    lib = ctypes.CDLL(str(rt_build.build(src, flags=_FLAGS)))
+    fn = lib.flex_fwd
+    fn.argtypes = [ctypes.c_void_p] * 10
+    fn.restype = None
+    return fn, lib
+
+
+def _ptr(t):
+    return t.data_ptr() if t is not None else None
+
+
+def _block_args(block_mask):
+    if not block_mask:
+        return [None] * 4
+    return [t.contiguous() if t is not None else None for t in block_mask[:4]]
+
+
+# --- the ops ------------------------------------------------------------------------------------
+
+@torch.library.custom_op("ember::flex_attention", mutates_args=())
+def flex_attention(q: Tensor, k: Tensor, v: Tensor, block_mask: list[Optional[Tensor]],
+                   score_bufs: list[Tensor], mask_bufs: list[Tensor], mods: str, scale: float,
+                   block_size: list[int]) -> tuple[Tensor, Tensor]:
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    spec = _spec(q, k, v, block_mask, scale, block_size)
+    fn, _ = _kernel(mods, spec, _buf_spec(score_bufs), _buf_spec(mask_bufs))
+    (_, _, sconsts), (_, _, mconsts) = _translated(mods, spec.dtype, _buf_spec(score_bufs),
+                                                   _buf_spec(mask_bufs))
+    bufs = list(score_bufs) + list(sconsts) + list(mask_bufs) + list(mconsts)
+    arr = (ctypes.c_void_p * max(1, len(bufs)))(*[b.data_ptr() for b in bufs])
+    out = q.new_empty(q.shape[:3] + (v.shape[3],))
+    lse = q.new_empty(q.shape[:3])
+    kv = _block_args(block_mask)
+    fn(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(),
+       *[_ptr(t) for t in kv], ctypes.cast(arr, ctypes.c_void_p))
+    return out, lse
+
+
+@flex_attention.register_fake
+def _(q, k, v, block_mask, score_bufs, mask_bufs, mods, scale, block_size):
+    return q.new_empty(q.shape[:3] + (v.shape[3],)), q.new_empty(q.shape[:3])
+
+
+@torch.library.custom_op("ember::flex_attention_backward", mutates_args=())
+def flex_attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+                            grad_out: Tensor, grad_lse: Optional[Tensor],
+                            block_mask: list[Optional[Tensor]], score_bufs: list[Tensor],
+                            mask_bufs: list[Tensor], mods: str, scale: float,
+                            block_size: list[int]) -> tuple[Tensor, Tensor, Tensor, list[Tensor]]:
+    return _math_backward(q, k, v, grad_out, grad_lse, block_mask, score_bufs, mask_bufs, mods,
+                          scale, block_size)
+
+
+@flex_attention_backward.register_fake
+def _(q, k, v, out, lse, grad_out, grad_lse, block_mask, score_bufs, mask_bufs, mods, scale,
+      block_size):
+    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
+            [torch.empty_like(b) for b in score_bufs])
+
+
+def _math_backward(q, k, v, grad_out, grad_lse, block_mask, score_bufs, mask_bufs, mods, scale,
+                   block_size):
+    """Eager's own flex_attention, differentiated by autograd (materializes the scores)."""
+    from torch.nn.attention import flex_attention as fa
+    score_gm, mask_gm = MODS[mods]
+    diff = [b.is_floating_point() for b in score_bufs]
+    with torch.enable_grad():
+        q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+        sb = [b.detach().requires_grad_(d) for b, d in zip(score_bufs, diff)]
+        bm = _block_mask(q, k, block_mask, mask_gm, mask_bufs, block_size)
+        sm = None if score_gm is None else lambda s, b, h, qi, kv: score_gm(s, b, h, qi, kv, *sb)
+        with _quiet():
+            o, lse = fa.flex_attention(q, k, v, score_mod=sm, block_mask=bm, scale=scale,
+                                       enable_gqa=q.shape[1] != k.shape[1], return_lse=True)
+        outs, grads = [o], [grad_out]
+        if grad_lse is not None:
+            outs.append(lse)
+            grads.append(grad_lse)
+        wrt = [q, k, v] + [b for b, d in zip(sb, diff) if d]
+        got = list(torch.autograd.grad(outs, wrt, grads, allow_unused=True))
+    got = [torch.zeros_like(w) if g is None else g for g, w in zip(got, wrt)]
+    it = iter(got[3:])
+    bufs = [next(it) if d else torch.zeros_like(b) for b, d in zip(score_bufs, diff)]
+    return got[0], got[1], got[2], bufs
+
+
+def _block_mask(q, k, block_mask, mask_gm, mask_bufs, block_size):
+    from torch.nn.attention import flex_attention as fa
+    mm = fa.noop_mask if mask_gm is None else \
+        (lambda b, h, qi, kv: mask_gm(b, h, qi, kv, *mask_bufs))
+    if not block_mask:
+        return fa.create_block_mask(mm, None, None, q.shape[2], k.shape[2], device="cpu",
+                                    BLOCK_SIZE=tuple(block_size)) if mask_gm is not None else None
+    return fa.BlockMask(q.shape[2:3] + k.shape[2:3], *block_mask, BLOCK_SIZE=tuple(block_size),
+                        mask_mod=mm)
+
+
+class _quiet:
+    def __enter__(self):
+        import warnings
+        self._w = warnings.catch_warnings()
+        self._w.__enter__()
+        warnings.simplefilter("ignore")
+
+    def __exit__(self, *exc):
+        return self._w.__exit__(*exc)
+
+
+def _setup(ctx, inputs, output):
+    q, k, v, block_mask, score_bufs, mask_bufs, mods, scale, block_size = inputs
+    ctx.save_for_backward(q, k, v, *output, *[t for t in block_mask if t is not None],
+                          *score_bufs, *mask_bufs)
+    ctx.layout = ([t is not None for t in block_mask], len(score_bufs), len(mask_bufs))
+    ctx.mods, ctx.scale, ctx.block_size = mods, scale, block_size
+
+
+def _backward(ctx, grad_out, grad_lse):
+    present, n_s, n_m = ctx.layout
+    saved = list(ctx.saved_tensors)
+    q, k, v, out, lse = saved[:5]
+    it = iter(saved[5:])
+    block_mask = [next(it) if p else None for p in present]
+    score_bufs = [next(it) for _ in range(n_s)]
+    mask_bufs = [next(it) for _ in range(n_m)]
+    if grad_out is None:
+        grad_out = torch.zeros_like(out)
+    dq, dk, dv, dbufs = flex_attention_backward(q, k, v, out, lse, grad_out, grad_lse, block_mask,
+                                                score_bufs, mask_bufs, ctx.mods, ctx.scale,
+                                                ctx.block_size)
+    dbufs = [g if b.is_floating_point() else None for g, b in zip(dbufs, score_bufs)]
+    return dq, dk, dv, None, dbufs, None, None, None, None
+
+
+flex_attention.register_autograd(_backward, setup_context=_setup)
