@@ -154,7 +154,8 @@ def flex_attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: T
                             grad_out: Tensor, grad_lse: Optional[Tensor],
                             block_mask: list[Optional[Tensor]], score_bufs: list[Tensor],
                             mask_bufs: list[Tensor], mods: str, scale: float,
-                            block_size: list[int]) -> tuple[Tensor, Tensor, Tensor, list[Tensor]]:
+                            block_size: list[int]) -> list[Tensor]:
+    """[dq, dk, dv, *d score_bufs] (one flat list: aot registers each output)."""
     return _math_backward(q, k, v, grad_out, grad_lse, block_mask, score_bufs, mask_bufs, mods,
                           scale, block_size)
 
@@ -162,24 +163,23 @@ def flex_attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: T
 @flex_attention_backward.register_fake
 def _(q, k, v, out, lse, grad_out, grad_lse, block_mask, score_bufs, mask_bufs, mods, scale,
       block_size):
-    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v),
-            [torch.empty_like(b) for b in score_bufs])
+    return [torch.empty_like(t) for t in [q, k, v, *score_bufs]]
 
 
 def _math_backward(q, k, v, grad_out, grad_lse, block_mask, score_bufs, mask_bufs, mods, scale,
                    block_size):
-    """Eager's own flex_attention, differentiated by autograd (materializes the scores)."""
-    from torch.nn.attention import flex_attention as fa
-    score_gm, mask_gm = MODS[mods]
+    """Autograd through the dense computation (`dense_attention`; materializes the scores)."""
     diff = [b.is_floating_point() for b in score_bufs]
-    with torch.enable_grad():
-        q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
-        sb = [b.detach().requires_grad_(d) for b, d in zip(score_bufs, diff)]
-        bm = _block_mask(q, k, block_mask, mask_gm, mask_bufs, block_size)
-        sm = None if score_gm is None else lambda s, b, h, qi, kv: score_gm(s, b, h, qi, kv, *sb)
-        with _quiet():
-            o, lse = fa.flex_attention(q, k, v, score_mod=sm, block_mask=bm, scale=scale,
-                                       enable_gqa=q.shape[1] != k.shape[1], return_lse=True)
+    # the kernel backend runs backward graphs under inference mode: leave it (and copy its
+    # inference tensors, which autograd may not save) to differentiate here
+    with torch.inference_mode(False), torch.enable_grad():
+        q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
+        sb = [b.detach().clone().requires_grad_(d) for b, d in zip(score_bufs, diff)]
+        block_mask = [t if t is None else t.clone() for t in block_mask]
+        mask_bufs = [t.clone() for t in mask_bufs]
+        grad_out = grad_out.clone()
+        grad_lse = grad_lse if grad_lse is None else grad_lse.clone()
+        o, lse = dense_attention(q, k, v, block_mask, sb, mask_bufs, mods, scale, block_size)
         outs, grads = [o], [grad_out]
         if grad_lse is not None:
             outs.append(lse)
@@ -189,29 +189,48 @@ def _math_backward(q, k, v, grad_out, grad_lse, block_mask, score_bufs, mask_buf
     got = [torch.zeros_like(w) if g is None else g for g, w in zip(got, wrt)]
     it = iter(got[3:])
     bufs = [next(it) if d else torch.zeros_like(b) for b, d in zip(score_bufs, diff)]
-    return got[0], got[1], got[2], bufs
+    return got[:3] + bufs
 
 
-def _block_mask(q, k, block_mask, mask_gm, mask_bufs, block_size):
-    from torch.nn.attention import flex_attention as fa
-    mm = fa.noop_mask if mask_gm is None else \
-        (lambda b, h, qi, kv: mask_gm(b, h, qi, kv, *mask_bufs))
-    if not block_mask:
-        return fa.create_block_mask(mm, None, None, q.shape[2], k.shape[2], device="cpu",
-                                    BLOCK_SIZE=tuple(block_size)) if mask_gm is not None else None
-    return fa.BlockMask(q.shape[2:3] + k.shape[2:3], *block_mask, BLOCK_SIZE=tuple(block_size),
-                        mask_mod=mm)
+def dense_attention(q, k, v, block_mask, score_bufs, mask_bufs, mods, scale, block_size):
+    """(out, lse) by dense torch ops with the kernel's semantics: blocks the block mask does not
+    list are skipped, full blocks skip mask_mod, a row attending nothing gives 0 and -inf. The
+    mods run on broadcast index tensors, which is what eager's vmap over them computes."""
+    score_gm, mask_gm = MODS[mods]
+    B, HQ, LQ, _ = q.shape
+    G, LKV = HQ // k.shape[1], k.shape[2]
+    k, v = k.repeat_interleave(G, 1), v.repeat_interleave(G, 1)
+    ar = [torch.arange(n, dtype=torch.int32) for n in (B, HQ, LQ, LKV)]
+    b, h, qi, kj = (a.view([-1 if i == d else 1 for i in range(4)]) for d, a in enumerate(ar))
+    s = (q @ k.transpose(-1, -2)) * scale
+    if score_gm is not None:
+        s = score_gm(s, b, h, qi, kj, *score_bufs)
+    if block_mask:
+        partial, full = (_dense_blocks(n, i, LQ, LKV, block_size) for n, i in
+                         (block_mask[:2], block_mask[2:4]))
+        keep = partial if mask_gm is None else partial & mask_gm(b, h, qi, kj, *mask_bufs)
+        s = s.masked_fill(~(keep | full), float("-inf"))
+    m = s.detach().amax(-1, keepdim=True)
+    m = torch.where(m == float("-inf"), 0.0, m)
+    e = torch.exp(s - m)
+    l = e.sum(-1, keepdim=True)
+    ok = l > 0
+    l1 = torch.where(ok, l, 1.0)
+    lse = torch.where(ok, m + torch.log(l1), float("-inf")).squeeze(-1)
+    return (e / l1) @ v, lse
 
 
-class _quiet:
-    def __enter__(self):
-        import warnings
-        self._w = warnings.catch_warnings()
-        self._w.__enter__()
-        warnings.simplefilter("ignore")
-
-    def __exit__(self, *exc):
-        return self._w.__exit__(*exc)
+def _dense_blocks(num, idx, LQ, LKV, block_size):
+    """[B, H, LQ, LKV] bool: the elements of the blocks the (num, idx) lists name."""
+    if num is None:
+        return torch.zeros(1, 1, LQ, LKV, dtype=torch.bool)
+    nkb = -(-LKV // block_size[1])
+    listed = torch.arange(idx.shape[-1]) < num.unsqueeze(-1)
+    blocks = torch.zeros(idx.shape[:3] + (nkb + 1,), dtype=torch.bool)
+    blocks.scatter_(-1, torch.where(listed, idx.long(), nkb), True)
+    dense = blocks[..., :nkb].repeat_interleave(block_size[0], 2).repeat_interleave(
+        block_size[1], 3)
+    return dense[:, :, :LQ, :LKV]
 
 
 def _setup(ctx, inputs, output):
@@ -232,11 +251,11 @@ def _backward(ctx, grad_out, grad_lse):
     mask_bufs = [next(it) for _ in range(n_m)]
     if grad_out is None:
         grad_out = torch.zeros_like(out)
-    dq, dk, dv, dbufs = flex_attention_backward(q, k, v, out, lse, grad_out, grad_lse, block_mask,
+    dq, dk, dv, *dbufs = flex_attention_backward(q, k, v, out, lse, grad_out, grad_lse, block_mask,
                                                 score_bufs, mask_bufs, ctx.mods, ctx.scale,
                                                 ctx.block_size)
     dbufs = [g if b.is_floating_point() else None for g, b in zip(dbufs, score_bufs)]
-    return dq, dk, dv, None, dbufs, None, None, None, None
+    return dq, dk, dv, [None] * len(present), dbufs, [None] * n_m, None, None, None
 
 
 flex_attention.register_autograd(_backward, setup_context=_setup)

@@ -103,7 +103,7 @@ def _block_mask(tr, bm_v, LQ, LKV):
     """([8 tensors or None] or [], (q block, kv block), mask_mod value or None)."""
     m = _module()
     if isinstance(bm_v, ObjV) and bm_v.value is None:
-        return [], (128, 128), None
+        return [], (128, 128), ObjV(None)
     if not (isinstance(bm_v, ObjV) and isinstance(bm_v.value, m.BlockMask)):
         raise tr.unsupported("flex_attention with a block mask made inside the compiled code",
                              hint="create the BlockMask outside and pass it in")

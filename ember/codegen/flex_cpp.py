@@ -340,8 +340,11 @@ def forward_source(spec: FlexSpec, score, mask, bufs) -> str:
     """`flex_fwd(Q, K, V, O, LSE, kv_num, kv_idx, full_num, full_idx, bufs)`."""
     sm = score.function("score_mod", spec.dtype) if score else ""
     mm = mask.function("mask_mod", torch.bool) if mask else ""
-    score_expr = "score_mod(s, b, h, qi, kj)" if score else "s"
-    mask_test = "if (!full && !mask_mod(T(0), b, h, qi, kj)) s = NEG_INF;" if mask else ""
+    score_loop = ("#pragma omp simd\n                for (int j = 0; j < jn; ++j) "
+                  "Sr[j] = score_mod(Sr[j], b, h, qi, j0 + j);") if score else ""
+    mask_loop = ("if (!full) {\n                #pragma omp simd\n                for (int j = 0; "
+                 "j < jn; ++j) Sr[j] = mask_mod(T(0), b, h, qi, j0 + j) ? Sr[j] : NEG_INF;\n"
+                 "                }") if mask else ""
     return PRELUDE + _consts(spec) + _COMMON + f"""
 extern "C" void flex_fwd(const T* __restrict__ Q, const T* __restrict__ K, const T* __restrict__ V,
                          T* __restrict__ O, T* __restrict__ LSE,
@@ -373,17 +376,13 @@ extern "C" void flex_fwd(const T* __restrict__ Q, const T* __restrict__ K, const
             tile_abt(Qs, Kt, S);
             for (int r = 0; r < rn; ++r) {{
                 const int qi = r0 + r;
+                T* Sr = S[r];
+                {score_loop}
+                {mask_loop}
+                for (int j = jn; j < KBP; ++j) Sr[j] = NEG_INF;
                 T mx = m[r];
-                for (int j = 0; j < KBP; ++j) {{
-                    const int kj = j0 + j;
-                    T s = S[r][j];
-                    if (j < jn) {{
-                        s = {score_expr};
-                        {mask_test}
-                    }} else s = NEG_INF;
-                    S[r][j] = s;
-                    mx = s > mx ? s : mx;
-                }}
+                #pragma omp simd reduction(max:mx)
+                for (int j = 0; j < KBP; ++j) mx = Sr[j] > mx ? Sr[j] : mx;
                 if (mx == NEG_INF) {{
                     for (int j = 0; j < KBP; ++j) S[r][j] = 0;
                     continue;
