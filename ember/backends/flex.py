@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from ..aot import trace_aten
+from ..decomp import get_decompositions
 from ..codegen import flex_cpp
 from ..errors import Unsupported
 from ..runtime import build as rt_build
@@ -33,6 +34,9 @@ from ..runtime import build as rt_build
 #: placeholders are (score, b, h, q_idx, kv_idx, *bufs) and (b, h, q_idx, kv_idx, *bufs)
 MODS: dict[str, tuple] = {}
 DTYPES = (torch.float32, torch.float64)
+# backward formulas (tanh_backward, ...) as pointwise math the translation table covers
+_DECOMPS = {op: fn for op, fn in get_decompositions().items()
+            if "backward" in op.name() or op in (torch.ops.aten.zeros_like.default,)}
 _FLAGS = [f for f in rt_build.FLAGS if f != "-ffp-contract=off"] + ["-ffp-contract=fast"]
 
 
@@ -53,16 +57,30 @@ def _mask_as_score(mask_gm):
     return lambda s, b, h, q, kv, *bufs: mask_gm(b, h, q, kv, *bufs)
 
 
+def _grad_of(gm):
+    """d gm(score, ...) / d score, as a function of the same inputs."""
+    def grad(s, *rest):
+        with torch.enable_grad():
+            s = s.detach().requires_grad_()
+            out = gm(s, *rest)
+            if not out.requires_grad:
+                return torch.zeros_like(s)
+            return torch.autograd.grad(out, s, torch.ones_like(out))[0]
+    return grad
+
+
 @functools.lru_cache(None)
 def _aten_mod(key: str, which: int, dtype, buf_specs: tuple):
-    """The mod's aten graph over 0-dim stand-ins and buffers of `buf_specs`, translated."""
-    gm = MODS[key][which]
+    """The aten graph of score_mod (which=0), mask_mod (1) or d score_mod / d score (2) over
+    0-dim stand-ins and buffers of `buf_specs`."""
+    gm = MODS[key][1 if which == 1 else 0]
     if gm is None:
         return None
     bufs = [torch.empty_strided(s, st, dtype=dt, device="meta") for s, st, dt in buf_specs]
-    fn = gm if which == 0 else _mask_as_score(gm)
-    aten_gm = trace_aten(fn, _standins(dtype) + bufs)
-    return aten_gm
+    fn = (gm, _mask_as_score(gm), _grad_of(gm))[which]
+    # the kernel backend runs graphs under inference mode, where autograd records nothing
+    with torch.inference_mode(False):
+        return trace_aten(fn, _standins(dtype) + bufs, decompositions=_DECOMPS)
 
 
 def _buf_spec(bufs) -> tuple:
@@ -75,9 +93,12 @@ def check_mods(key: str, dtype, score_bufs, mask_bufs) -> None:
 
 
 @functools.lru_cache(None)
-def _translated(key, dtype, score_spec, mask_spec):
+def _translated(key, dtype, score_spec, mask_spec, grad=False):
+    """[(translated, [(buf name, dtype)], lifted constants)] for score_mod, mask_mod and, with
+    grad=True, d score_mod / d score."""
     out = []
-    for which, spec, prefix in ((0, score_spec, "sm"), (1, mask_spec, "mm")):
+    mods = ((0, score_spec, "sm"), (1, mask_spec, "mm")) + (((2, score_spec, "sg"),) if grad else ())
+    for which, spec, prefix in mods:
         gm = _aten_mod(key, which, dtype, spec)
         if gm is None:
             out.append((None, [], []))
@@ -117,13 +138,30 @@ def _ptr(t):
     return t.data_ptr() if t is not None else None
 
 
-def _block_args(block_mask):
+def _block_args(block_mask, n=4):
     if not block_mask:
-        return [None] * 4
-    return [t.contiguous() if t is not None else None for t in block_mask[:4]]
+        return [None] * n
+    return [t.contiguous() if t is not None else None for t in block_mask[:n]]
 
 
 # --- the ops ------------------------------------------------------------------------------------
+
+@functools.lru_cache(None)
+def _bwd_kernel(key, spec: flex_cpp.FlexSpec, score_spec, mask_spec):
+    mods = _translated(key, spec.dtype, score_spec, mask_spec, grad=True)
+    (score, sbufs, _), (mask, mbufs, _), (grad, gbufs, _) = mods
+    src = flex_cpp.backward_source(spec, score, grad, mask, sbufs + mbufs + gbufs)
+    lib = ctypes.CDLL(str(rt_build.build(src, flags=_FLAGS)))
+    fn = lib.flex_bwd
+    fn.argtypes = [ctypes.c_void_p] * 18
+    fn.restype = None
+    return fn, lib, [c for _, _, c in mods]
+
+
+def _buf_array(bufs):
+    arr = (ctypes.c_void_p * max(1, len(bufs)))(*[b.data_ptr() for b in bufs])
+    return ctypes.cast(arr, ctypes.c_void_p), arr
+
 
 @torch.library.custom_op("ember::flex_attention", mutates_args=())
 def flex_attention(q: Tensor, k: Tensor, v: Tensor, block_mask: list[Optional[Tensor]],
@@ -134,13 +172,12 @@ def flex_attention(q: Tensor, k: Tensor, v: Tensor, block_mask: list[Optional[Te
     fn, _ = _kernel(mods, spec, _buf_spec(score_bufs), _buf_spec(mask_bufs))
     (_, _, sconsts), (_, _, mconsts) = _translated(mods, spec.dtype, _buf_spec(score_bufs),
                                                    _buf_spec(mask_bufs))
-    bufs = list(score_bufs) + list(sconsts) + list(mask_bufs) + list(mconsts)
-    arr = (ctypes.c_void_p * max(1, len(bufs)))(*[b.data_ptr() for b in bufs])
+    arr, _keep = _buf_array([*score_bufs, *sconsts, *mask_bufs, *mconsts])
     out = q.new_empty(q.shape[:3] + (v.shape[3],))
     lse = q.new_empty(q.shape[:3])
     kv = _block_args(block_mask)
     fn(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(),
-       *[_ptr(t) for t in kv], ctypes.cast(arr, ctypes.c_void_p))
+       *[_ptr(t) for t in kv], arr)
     return out, lse
 
 
@@ -155,9 +192,27 @@ def flex_attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: T
                             block_mask: list[Optional[Tensor]], score_bufs: list[Tensor],
                             mask_bufs: list[Tensor], mods: str, scale: float,
                             block_size: list[int]) -> list[Tensor]:
-    """[dq, dk, dv, *d score_bufs] (one flat list: aot registers each output)."""
-    return _math_backward(q, k, v, grad_out, grad_lse, block_mask, score_bufs, mask_bufs, mods,
-                          scale, block_size)
+    """[dq, dk, dv, *d score_bufs] (one flat list: aot registers each output). The fused kernel
+    when no floating-point tensor is captured by score_mod (their gradients would scatter into
+    the buffers), else autograd through the dense computation."""
+    if any(b.is_floating_point() for b in score_bufs) or block_mask and block_mask[4] is None:
+        return _math_backward(q, k, v, grad_out, grad_lse, block_mask, score_bufs, mask_bufs,
+                              mods, scale, block_size)
+    q, k, v, out, grad_out = (t.contiguous() for t in (q, k, v, out, grad_out))
+    spec = _spec(q, k, v, block_mask, scale, block_size)
+    fn, _, consts = _bwd_kernel(mods, spec, _buf_spec(score_bufs), _buf_spec(mask_bufs))
+    arr, _keep = _buf_array([*score_bufs, *consts[0], *mask_bufs, *consts[1], *score_bufs,
+                             *consts[2]])
+    delta = (grad_out * out).sum(-1)
+    if grad_lse is not None:
+        delta = delta - grad_lse
+    lse = lse.contiguous()
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    masks = _block_args(block_mask, 8)
+    fn(q.data_ptr(), k.data_ptr(), v.data_ptr(), grad_out.data_ptr(), lse.data_ptr(),
+       delta.contiguous().data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
+       *[_ptr(t) for t in masks], arr)
+    return [dq, dk, dv, *[torch.zeros_like(b) for b in score_bufs]]
 
 
 @flex_attention_backward.register_fake

@@ -108,6 +108,9 @@ SCALAR.update({
     aten.clamp.default: ("clamp",),
     aten.scalar_tensor.default: ("const",),
     aten.full.default: ("const",),
+    aten.full_like.default: ("const",),
+    aten.zeros_like.default: ("fill", 0),
+    aten.ones_like.default: ("fill", 1),
 })
 
 
@@ -189,6 +192,8 @@ class _Scalars:
                 expr = f"ember::maximum({expr}, static_cast<{t}>({self.arg(lo)}))"
             if hi is not None:
                 expr = f"ember::minimum({expr}, static_cast<{t}>({self.arg(hi)}))"
+        elif rule[0] == "fill":
+            expr = literal(rule[1], val.dtype)
         else:  # const
             value = n.args[0] if n.target is aten.scalar_tensor.default else n.args[1]
             expr = literal(value, val.dtype)
@@ -274,12 +279,13 @@ constexpr T NEG_INF = -std::numeric_limits<T>::infinity();
 static inline vec vload(const T* p) { vec v; std::memcpy(&v, p, sizeof(vec)); return v; }
 static inline void vstore(T* p, vec v) { std::memcpy(p, &v, sizeof(vec)); }
 
-// C[RQ][KBP] = A[RQ][D] * Bt[D][KBP]: 4 rows x 2 vectors per register tile
-static inline void tile_abt(const T (*A)[D], const T (*Bt)[KBP], T (*C)[KBP]) {
+// C[RQ][KBP] = A[RQ][N] * Bt[N][KBP]: 4 rows x 2 vectors per register tile
+template <int N>
+static inline void tile_abt(const T (*A)[N], const T (*Bt)[KBP], T (*C)[KBP]) {
     for (int r = 0; r < RQ; r += 4)
         for (int j = 0; j < KBP; j += 2 * W) {
             vec c[4][2] = {};
-            for (int d = 0; d < D; ++d) {
+            for (int d = 0; d < N; ++d) {
                 vec b0 = vload(&Bt[d][j]), b1 = vload(&Bt[d][j + W]);
                 for (int i = 0; i < 4; ++i) { T a = A[r + i][d]; c[i][0] += a * b0; c[i][1] += a * b1; }
             }
@@ -310,28 +316,31 @@ static inline void tile_pm(const T (*P)[LDP], const T* M, int ldm, int n, T (*Ac
     }
 }
 
-// Kt[d][j] = K[j][d] for j < n, zero padding up to KBP
+// Kt[d][j] = K[j][d] for j < n (rows of N), zero padding up to KBP
+template <int N>
 static inline void load_t(const T* K, int n, T (*Kt)[KBP]) {
-    for (int d = 0; d < D; ++d) {
-        for (int j = 0; j < n; ++j) Kt[d][j] = K[(int64_t)j * D + d];
+    for (int d = 0; d < N; ++d) {
+        for (int j = 0; j < n; ++j) Kt[d][j] = K[(int64_t)j * N + d];
         for (int j = n; j < KBP; ++j) Kt[d][j] = T(0);
     }
 }
 """
 
 
-def _mask_walk(side: str) -> str:
-    """C++ that calls `visit(block, full)` for every block the block mask lists."""
+def _mask_walk(kv_side: bool = True) -> str:
+    """C++ that calls `visit(block, full)` for every block the block mask lists for row `blk`
+    (kv blocks of a query block, or with kv_side=False query blocks of a kv block)."""
+    n, nblk, w, pre = ("NKB", "NQBM", "KVI", "") if kv_side else ("NQB", "NKBM", "QI", "q")
     return f"""
         if constexpr (!HAS_MASK) {{
-            for (int kb = 0; kb < N{side}B; ++kb) visit(kb, true);
+            for (int kb = 0; kb < {n}; ++kb) visit(kb, true);
         }} else {{
-            const int64_t row = ((int64_t)(BM == 1 ? 0 : b) * HM + (HM == 1 ? 0 : h)) * NBLK + blk;
-            const int np = num[row];
-            for (int i = 0; i < np; ++i) visit(idx[row * IDXW + i], false);
+            const int64_t row = ((int64_t)(BM == 1 ? 0 : b) * HM + (HM == 1 ? 0 : h)) * {nblk} + blk;
+            const int np = {pre}num[row];
+            for (int i = 0; i < np; ++i) visit({pre}idx[row * {w} + i], false);
             if constexpr (HAS_FULL) {{
-                const int nf = full_num[row];
-                for (int i = 0; i < nf; ++i) visit(full_idx[row * IDXW + i], true);
+                const int nf = {pre}full_num[row];
+                for (int i = 0; i < nf; ++i) visit({pre}full_idx[row * {w} + i], true);
             }}
         }}"""
 
@@ -351,7 +360,6 @@ extern "C" void flex_fwd(const T* __restrict__ Q, const T* __restrict__ K, const
                          const int32_t* num, const int32_t* idx, const int32_t* full_num,
                          const int32_t* full_idx, void** bufs) {{
     {_buf_decls(bufs)}
-    constexpr int NBLK = NQBM, IDXW = KVI;
     #pragma omp parallel
     {{
     alignas(64) T Qs[RQ][D]; alignas(64) T Kt[D][KBP]; alignas(64) T S[RQ][KBP];
@@ -372,8 +380,8 @@ extern "C" void flex_fwd(const T* __restrict__ Q, const T* __restrict__ K, const
         auto visit = [&](int kb, bool full) {{
             const int j0 = kb * KBS, jn = std::min(KBS, LKV - j0);
             if (jn <= 0) return;
-            load_t(K + ((int64_t)(b * HKV + hk) * LKV + j0) * D, jn, Kt);
-            tile_abt(Qs, Kt, S);
+            load_t<D>(K + ((int64_t)(b * HKV + hk) * LKV + j0) * D, jn, Kt);
+            tile_abt<D>(Qs, Kt, S);
             for (int r = 0; r < rn; ++r) {{
                 const int qi = r0 + r;
                 T* Sr = S[r];
@@ -400,7 +408,7 @@ extern "C" void flex_fwd(const T* __restrict__ Q, const T* __restrict__ K, const
                 for (int j = 0; j < KBP; ++j) S[r][j] = 0;
             tile_pm<RQ, DV, KBP>(S, V + ((int64_t)(b * HKV + hk) * LKV + j0) * DV, DV, jn, acc);
         }};
-        {_mask_walk("K")}
+        {_mask_walk()}
         T* Op = O + ((int64_t)(b * HQ + h) * LQ + r0) * DV;
         T* Lp = LSE + (int64_t)(b * HQ + h) * LQ + r0;
         for (int r = 0; r < rn; ++r) {{
@@ -409,6 +417,131 @@ extern "C" void flex_fwd(const T* __restrict__ Q, const T* __restrict__ K, const
             Lp[r] = l[r] > 0 ? m[r] + std::log(l[r]) : NEG_INF;
         }}
     }}
+    }}
+}}
+"""
+
+
+def backward_source(spec: FlexSpec, score, grad, mask, bufs) -> str:
+    """`flex_bwd(Q, K, V, dO, LSE, DELTA, dQ, dK, dV, kv lists, q lists, bufs)`; `grad` is
+    d score_mod / d score (None: the identity). DELTA = rowsum(dO * O) - dLSE."""
+    sm = score.function("score_mod", spec.dtype) if score else ""
+    gm = grad.function("score_grad", spec.dtype) if grad else ""
+    mm = mask.function("mask_mod", torch.bool) if mask else ""
+    z = "score_mod(s, b, h, qi, j0 + j)" if score else "s"
+    g = " * score_grad(s, b, h, qi, j0 + j)" if grad else ""
+    keep = "(full || mask_mod(T(0), b, h, qi, j0 + j))" if mask else "true"
+    # P and dS of one tile from the recomputed scores S and dP = dO Vᵀ (in place)
+    tile = f"""
+    auto grad_tile = [&](int b, int h, int r0, int rn, int j0, int jn, bool full) {{
+        const T* Lp = LSE + (int64_t)(b * HQ + h) * LQ;
+        const T* Dp = DELTA + (int64_t)(b * HQ + h) * LQ;
+        for (int r = 0; r < RQ; ++r) {{
+            const int qi = r0 + r;
+            T* Sr = S[r]; T* Gr = dP[r];
+            if (r >= rn || Lp[qi] == NEG_INF) {{
+                for (int j = 0; j < KBP; ++j) {{ Sr[j] = 0; Gr[j] = 0; }}
+                continue;
+            }}
+            const T lse = Lp[qi], dl = Dp[qi];
+            #pragma omp simd
+            for (int j = 0; j < jn; ++j) {{
+                const T s = Sr[j];
+                const T p = {keep} ? ember::exp({z} - lse) : T(0);
+                Sr[j] = p;
+                Gr[j] = p * (Gr[j] - dl){g};
+            }}
+            for (int j = jn; j < KBP; ++j) {{ Sr[j] = 0; Gr[j] = 0; }}
+        }}
+    }};"""
+    load_rows = """
+        auto load_rows = [&](const T* src, int r0, int rn, int n, T mul, T* dst) {
+            for (int r = 0; r < RQ; ++r)
+                for (int d = 0; d < n; ++d)
+                    dst[r * n + d] = r < rn ? src[(int64_t)(r0 + r) * n + d] * mul : T(0);
+        };"""
+    return PRELUDE + _consts(spec) + _COMMON + f"""
+extern "C" void flex_bwd(const T* __restrict__ Q, const T* __restrict__ K, const T* __restrict__ V,
+                         const T* __restrict__ dO, const T* __restrict__ LSE,
+                         const T* __restrict__ DELTA, T* __restrict__ dQ, T* __restrict__ dK,
+                         T* __restrict__ dV, const int32_t* num, const int32_t* idx,
+                         const int32_t* full_num, const int32_t* full_idx, const int32_t* qnum,
+                         const int32_t* qidx, const int32_t* qfull_num, const int32_t* qfull_idx,
+                         void** bufs) {{
+    {_buf_decls(bufs)}
+    #pragma omp parallel
+    {{
+    T* Qs = new T[RQ * D]; T* dOs = new T[RQ * DV]; T* acc = new T[RQ * D];
+    T (*S)[KBP] = new T[RQ][KBP]; T (*dP)[KBP] = new T[RQ][KBP];
+    T (*Kt)[KBP] = new T[D][KBP]; T (*Vt)[KBP] = new T[DV][KBP];
+    T (*Pt)[RQ] = new T[KBP][RQ]; T (*DSt)[RQ] = new T[KBP][RQ];
+    T (*dKa)[D] = new T[KBP][D]; T (*dVa)[DV] = new T[KBP][DV];
+    {sm}
+    {gm}
+    {mm}
+    {tile}
+    {load_rows}
+    // dQ: tasks over (b, h, RQ query rows), walking the kv blocks of their query block
+    #pragma omp for schedule(dynamic, 1)
+    for (int t = 0; t < B * HQ * NCH; ++t) {{
+        const int ch = NCH - 1 - t % NCH, h = (t / NCH) % HQ, b = t / (NCH * HQ);
+        const int r0 = ch * RQ, rn = std::min(RQ, LQ - r0), blk = r0 / QBS, hk = h / G;
+        const int64_t bh = (int64_t)(b * HQ + h) * LQ;
+        load_rows(Q + bh * D, r0, rn, D, SCALE, Qs);
+        load_rows(dO + bh * DV, r0, rn, DV, T(1), dOs);
+        std::fill(acc, acc + RQ * D, T(0));
+        auto visit = [&](int kb, bool full) {{
+            const int j0 = kb * KBS, jn = std::min(KBS, LKV - j0);
+            if (jn <= 0) return;
+            const int64_t kv = (int64_t)(b * HKV + hk) * LKV + j0;
+            load_t<D>(K + kv * D, jn, Kt);
+            load_t<DV>(V + kv * DV, jn, Vt);
+            tile_abt<D>((const T (*)[D])Qs, Kt, S);
+            tile_abt<DV>((const T (*)[DV])dOs, Vt, dP);
+            grad_tile(b, h, r0, rn, j0, jn, full);
+            tile_pm<RQ, D, KBP>(dP, K + kv * D, D, jn, (T (*)[D])acc);
+        }};
+        {_mask_walk()}
+        for (int r = 0; r < rn; ++r)
+            for (int d = 0; d < D; ++d) dQ[(bh + r0 + r) * D + d] = acc[r * D + d] * SCALE;
+    }}
+    // dK, dV: tasks over (b, kv head, kv block), walking the query blocks that attend it
+    #pragma omp for schedule(dynamic, 1)
+    for (int t = 0; t < B * HKV * NKB; ++t) {{
+        const int blk = NKB - 1 - t % NKB, hk = (t / NKB) % HKV, b = t / (NKB * HKV);
+        const int j0 = blk * KBS, jn = std::min(KBS, LKV - j0);
+        const int64_t kv = (int64_t)(b * HKV + hk) * LKV + j0;
+        load_t<D>(K + kv * D, jn, Kt);
+        load_t<DV>(V + kv * DV, jn, Vt);
+        for (int j = 0; j < KBP; ++j) {{
+            for (int d = 0; d < D; ++d) dKa[j][d] = 0;
+            for (int d = 0; d < DV; ++d) dVa[j][d] = 0;
+        }}
+        for (int h = hk * G; h < (hk + 1) * G; ++h) {{
+            const int64_t bh = (int64_t)(b * HQ + h) * LQ;
+            auto visit = [&](int qb, bool full) {{
+                for (int r0 = qb * QBS; r0 < std::min(LQ, (qb + 1) * QBS); r0 += RQ) {{
+                    const int rn = std::min(RQ, LQ - r0);
+                    load_rows(Q + bh * D, r0, rn, D, SCALE, Qs);
+                    load_rows(dO + bh * DV, r0, rn, DV, T(1), dOs);
+                    tile_abt<D>((const T (*)[D])Qs, Kt, S);
+                    tile_abt<DV>((const T (*)[DV])dOs, Vt, dP);
+                    grad_tile(b, h, r0, rn, j0, jn, full);
+                    for (int r = 0; r < RQ; ++r)
+                        for (int j = 0; j < KBP; ++j) {{ Pt[j][r] = S[r][j]; DSt[j][r] = dP[r][j]; }}
+                    tile_pm<KBP, DV, RQ>(Pt, dOs, DV, RQ, dVa);
+                    tile_pm<KBP, D, RQ>(DSt, Qs, D, RQ, dKa);   // Qs carries SCALE
+                }}
+            }};
+            {_mask_walk(kv_side=False)}
+        }}
+        for (int j = 0; j < jn; ++j) {{
+            for (int d = 0; d < D; ++d) dK[(kv + j) * D + d] = dKa[j][d];
+            for (int d = 0; d < DV; ++d) dV[(kv + j) * DV + d] = dVa[j][d];
+        }}
+    }}
+    delete[] Qs; delete[] dOs; delete[] acc; delete[] S; delete[] dP; delete[] Kt; delete[] Vt;
+    delete[] Pt; delete[] DSt; delete[] dKa; delete[] dVa;
     }}
 }}
 """
