@@ -4,9 +4,15 @@
         python -m benchmarks.flex_attention [--threads 2] [--reps 9] [--len 1024] [--mask causal]
 
 Issue #28's case by default: causal block mask, batch 1, 8 heads, 1024 tokens, head dim 64,
-float32. Each repetition times eager, ember and torch.compile once each, in rotating order (paired
-and alternating), after warm-up; prints the median and the min-max spread per variant, and the
-speedups of the medians. Values are checked against eager first.
+float32. Each repetition times every variant once, in rotating order (paired and alternating),
+after warm-up; prints the median and the min-max spread per variant, and the speedups of the
+medians. Values are checked against eager first.
+
+Forward: eager flex_attention, ember.compile'd and torch.compile'd. Forward+backward: PyTorch's
+flex_attention has no CPU backward (eager and torch.compile raise NotImplementedError when an
+input requires grad), so ember's flex_attention is timed against the same attention written as
+dense torch ops (scores, score_mod on broadcast indices, mask, softmax, @ v), eager and
+torch.compile'd.
 """
 from __future__ import annotations
 
@@ -42,7 +48,7 @@ def main(argv=None):
     torch.manual_seed(0)
     L, H, D = args.len, args.heads, args.dim
     bm = create_block_mask(MASKS[args.mask], None, None, L, L, device="cpu")
-    bias = torch.randn(2 * L - 1, requires_grad=True) * 0.1 if args.bias else None
+    bias = (torch.randn(2 * L - 1) * 0.1).requires_grad_() if args.bias else None
 
     def rel(score, b, h, q, kv):
         return score + bias[q - kv + L - 1]
@@ -50,45 +56,62 @@ def main(argv=None):
     def attn(q, k, v):
         return flex_attention(q, k, v, score_mod=rel if args.bias else None, block_mask=bm)
 
-    variants = {"eager": attn, "ember": ember.compile(attn), "torch.compile": torch.compile(attn)}
-    q, k, v = (torch.randn(1, H, L, D) for _ in range(3))
-    ref = attn(q, k, v)
-    for name, fn in variants.items():
-        t0 = time.perf_counter()
-        err = (fn(q, k, v) - ref).abs().max().item()
-        print(f"{name:14s} first call {time.perf_counter() - t0:6.2f} s   max |err| vs eager "
-              f"{err:.2e}")
+    def dense(q, k, v):
+        i = torch.arange(L)
+        qi, kj = i.view(1, 1, L, 1), i.view(1, 1, 1, L)
+        s = q @ k.transpose(-1, -2) * D ** -0.5
+        if args.bias:
+            s = rel(s, None, None, qi, kj)
+        s = s.masked_fill(~MASKS[args.mask](None, None, qi, kj), float("-inf"))
+        return torch.softmax(s, -1) @ v
 
-    def fwd(fn):
-        with torch.no_grad():
-            fn(q, k, v)
-
-    def fwd_bwd(fn):
-        fn(q, k, v).sum().backward()
-        q.grad = k.grad = v.grad = None
-
-    modes = [("forward", fwd)] + ([] if args.no_backward else [("forward+backward", fwd_bwd)])
-    names = list(variants)
+    mk = lambda: [torch.randn(1, H, L, D) for _ in range(3)]          # noqa: E731
+    q, k, v = mk()
     print(f"threads={args.threads} L={L} heads={H} dim={D} mask={args.mask} bias={args.bias} "
           f"reps={args.reps}")
-    for mode, run in modes:
-        for fn in variants.values():      # warm-up (compiles the backward too)
-            run(fn)
-            run(fn)
-        times = {n: [] for n in names}
-        for r in range(args.reps):
-            order = names[r % 3:] + names[:r % 3]
-            for n in order:
-                t0 = time.perf_counter()
-                run(variants[n])
-                times[n].append(time.perf_counter() - t0)
-        med = {n: statistics.median(ts) for n, ts in times.items()}
-        for n in names:
-            ts = times[n]
-            print(f"  {mode:17s} {n:14s} median {1e3 * med[n]:8.1f} ms  "
-                  f"[{1e3 * min(ts):.1f} .. {1e3 * max(ts):.1f}]")
-        print(f"  {mode:17s} ember vs eager {med['eager'] / med['ember']:.2f}x   "
-              f"ember vs torch.compile {med['torch.compile'] / med['ember']:.2f}x")
+    fwd = {"eager": attn, "ember": ember.compile(attn), "torch.compile": torch.compile(attn)}
+    with torch.no_grad():
+        report("forward", fwd, lambda fn: fn(q, k, v), attn(q, k, v), args.reps)
+    if args.no_backward:
+        return
+    qg, kg, vg = (t.requires_grad_() for t in mk())
+    bwd = {"eager dense": dense, "ember flex": ember.compile(attn),
+           "torch.compile dense": torch.compile(dense)}
+
+    def fwd_bwd(fn):
+        out = fn(qg, kg, vg)
+        out.sum().backward()
+        qg.grad = kg.grad = vg.grad = None
+        return out
+    with torch.no_grad():
+        ref = dense(qg, kg, vg)
+    report("forward+backward", bwd, fwd_bwd, ref, args.reps)
+
+
+def report(mode, variants, run, ref, reps):
+    names = list(variants)
+    for name, fn in variants.items():
+        t0 = time.perf_counter()
+        err = (run(fn) - ref).abs().max().item()
+        run(fn)
+        run(fn)                               # warm-up: backward compiled, speed checks done
+        print(f"  {mode:17s} {name:20s} first calls {time.perf_counter() - t0:6.2f} s   "
+              f"max |err| vs eager {err:.2e}")
+    times = {n: [] for n in names}
+    for r in range(reps):
+        for n in names[r % 3:] + names[:r % 3]:
+            t0 = time.perf_counter()
+            run(variants[n])
+            times[n].append(time.perf_counter() - t0)
+    med = {n: statistics.median(ts) for n, ts in times.items()}
+    for n in names:
+        ts = times[n]
+        print(f"  {mode:17s} {n:20s} median {1e3 * med[n]:8.1f} ms  "
+              f"[{1e3 * min(ts):.1f} .. {1e3 * max(ts):.1f}]")
+    e = next(n for n in names if n.startswith("ember"))
+    a, c = (n for n in names if n != e)
+    print(f"  {mode:17s} ember vs {a}: {med[a] / med[e]:.2f}x   ember vs {c}: "
+          f"{med[c] / med[e]:.2f}x")
 
 
 if __name__ == "__main__":

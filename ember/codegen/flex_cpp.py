@@ -362,51 +362,56 @@ extern "C" void flex_fwd(const T* __restrict__ Q, const T* __restrict__ K, const
     {_buf_decls(bufs)}
     #pragma omp parallel
     {{
-    alignas(64) T Qs[RQ][D]; alignas(64) T Kt[D][KBP]; alignas(64) T S[RQ][KBP];
-    alignas(64) T acc[RQ][DV]; T m[RQ], l[RQ];
+    // a task is one query block (QBS rows, as the block mask lists kv blocks per query block):
+    // each kv block is transposed once and used by all its RQ-row chunks
+    T (*Qs)[D] = new T[QBS][D]; T (*acc)[DV] = new T[QBS][DV]; T* m = new T[QBS]; T* l = new T[QBS];
+    alignas(64) T Kt[D][KBP]; alignas(64) T S[RQ][KBP];
+    {sm}
+    {mm}
     #pragma omp for schedule(dynamic, 1)
-    for (int t = 0; t < B * HQ * NCH; ++t) {{
-        const int ch = NCH - 1 - t % NCH, h = (t / NCH) % HQ, b = t / (NCH * HQ);
-        const int r0 = ch * RQ, rn = std::min(RQ, LQ - r0), blk = r0 / QBS, hk = h / G;
+    for (int t = 0; t < B * HQ * NQB; ++t) {{
+        const int blk = NQB - 1 - t % NQB, h = (t / NQB) % HQ, b = t / (NQB * HQ);
+        const int r0 = blk * QBS, rn = std::min(QBS, LQ - r0), hk = h / G;
         const T* Qp = Q + ((int64_t)(b * HQ + h) * LQ + r0) * D;
-        for (int r = 0; r < RQ; ++r)
+        for (int r = 0; r < QBS; ++r) {{
             for (int d = 0; d < D; ++d) Qs[r][d] = r < rn ? Qp[(int64_t)r * D + d] * SCALE : T(0);
-        for (int r = 0; r < RQ; ++r) {{
             m[r] = NEG_INF; l[r] = 0;
             for (int d = 0; d < DV; ++d) acc[r][d] = 0;
         }}
-        {sm}
-        {mm}
         auto visit = [&](int kb, bool full) {{
             const int j0 = kb * KBS, jn = std::min(KBS, LKV - j0);
             if (jn <= 0) return;
             load_t<D>(K + ((int64_t)(b * HKV + hk) * LKV + j0) * D, jn, Kt);
-            tile_abt<D>(Qs, Kt, S);
-            for (int r = 0; r < rn; ++r) {{
-                const int qi = r0 + r;
+            for (int c0 = 0; c0 < rn; c0 += RQ) {{
+            const int cn = std::min(RQ, rn - c0);
+            tile_abt<D>(Qs + c0, Kt, S);
+            for (int r = 0; r < cn; ++r) {{
+                const int qi = r0 + c0 + r;
                 T* Sr = S[r];
                 {score_loop}
                 {mask_loop}
                 for (int j = jn; j < KBP; ++j) Sr[j] = NEG_INF;
-                T mx = m[r];
+                T mx = m[c0 + r];
                 #pragma omp simd reduction(max:mx)
                 for (int j = 0; j < KBP; ++j) mx = Sr[j] > mx ? Sr[j] : mx;
                 if (mx == NEG_INF) {{
-                    for (int j = 0; j < KBP; ++j) S[r][j] = 0;
+                    for (int j = 0; j < KBP; ++j) Sr[j] = 0;
                     continue;
                 }}
-                const T alpha = ember::exp(m[r] - mx);
+                const T alpha = ember::exp(m[c0 + r] - mx);
                 T sum = 0;
                 #pragma omp simd reduction(+:sum)
-                for (int j = 0; j < KBP; ++j) {{ T p = ember::exp(S[r][j] - mx); S[r][j] = p; sum += p; }}
-                l[r] = l[r] * alpha + sum;
-                m[r] = mx;
+                for (int j = 0; j < KBP; ++j) {{ T p = ember::exp(Sr[j] - mx); Sr[j] = p; sum += p; }}
+                l[c0 + r] = l[c0 + r] * alpha + sum;
+                m[c0 + r] = mx;
                 if (alpha != T(1))
-                    for (int d = 0; d < DV; ++d) acc[r][d] *= alpha;
+                    for (int d = 0; d < DV; ++d) acc[c0 + r][d] *= alpha;
             }}
-            for (int r = rn; r < RQ; ++r)
+            for (int r = cn; r < RQ; ++r)
                 for (int j = 0; j < KBP; ++j) S[r][j] = 0;
-            tile_pm<RQ, DV, KBP>(S, V + ((int64_t)(b * HKV + hk) * LKV + j0) * DV, DV, jn, acc);
+            tile_pm<RQ, DV, KBP>(S, V + ((int64_t)(b * HKV + hk) * LKV + j0) * DV, DV, jn,
+                                 acc + c0);
+            }}
         }};
         {_mask_walk()}
         T* Op = O + ((int64_t)(b * HQ + h) * LQ + r0) * DV;
@@ -417,6 +422,7 @@ extern "C" void flex_fwd(const T* __restrict__ Q, const T* __restrict__ K, const
             Lp[r] = l[r] > 0 ? m[r] + std::log(l[r]) : NEG_INF;
         }}
     }}
+    delete[] Qs; delete[] acc; delete[] m; delete[] l;
     }}
 }}
 """
