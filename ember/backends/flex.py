@@ -27,7 +27,7 @@ from torch import Tensor
 from ..aot import trace_aten
 from ..decomp import get_decompositions
 from ..codegen import flex_cpp
-from ..errors import Unsupported
+from ..logging import get_logger
 from ..runtime import build as rt_build
 
 #: mods key -> (score_mod graph | None, mask_mod graph | None); torch-level graphs whose
@@ -35,6 +35,8 @@ from ..runtime import build as rt_build
 MODS: dict[str, tuple] = {}
 DTYPES = (torch.float32, torch.float64)
 # backward formulas (tanh_backward, ...) as pointwise math the translation table covers
+perf_log = get_logger("perf")
+_DENSE_LOGGED: set = set()
 _DECOMPS = {op: fn for op, fn in get_decompositions().items()
             if "backward" in op.name() or op in (torch.ops.aten.zeros_like.default,)}
 _FLAGS = [f for f in rt_build.FLAGS if f != "-ffp-contract=off"] + ["-ffp-contract=fast"]
@@ -191,13 +193,18 @@ def flex_attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: T
                             grad_out: Tensor, grad_lse: Optional[Tensor],
                             block_mask: list[Optional[Tensor]], score_bufs: list[Tensor],
                             mask_bufs: list[Tensor], mods: str, scale: float,
-                            block_size: list[int]) -> list[Tensor]:
+                            block_size: list[int], buf_grads: list[bool]) -> list[Tensor]:
     """[dq, dk, dv, *d score_bufs] (one flat list: aot registers each output). The fused kernel
-    when no floating-point tensor is captured by score_mod (their gradients would scatter into
-    the buffers), else autograd through the dense computation."""
-    if any(b.is_floating_point() for b in score_bufs) or block_mask and block_mask[4] is None:
+    unless a tensor score_mod reads needs a gradient (it would scatter into the buffer): then
+    autograd through the dense computation, logged once under EMBER_LOGS=perf."""
+    if any(buf_grads) or block_mask and block_mask[4] is None:
+        if mods not in _DENSE_LOGGED:
+            _DENSE_LOGGED.add(mods)
+            perf_log.info("flex_attention backward runs dense (materializes the scores): %s",
+                          "a tensor score_mod reads needs a gradient" if any(buf_grads) else
+                          "the block mask has no q_num_blocks/q_indices")
         return _math_backward(q, k, v, grad_out, grad_lse, block_mask, score_bufs, mask_bufs,
-                              mods, scale, block_size)
+                              mods, scale, block_size, buf_grads)
     q, k, v, out, grad_out = (t.contiguous() for t in (q, k, v, out, grad_out))
     spec = _spec(q, k, v, block_mask, scale, block_size)
     fn, _, consts = _bwd_kernel(mods, spec, _buf_spec(score_bufs), _buf_spec(mask_bufs))
@@ -217,14 +224,13 @@ def flex_attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: T
 
 @flex_attention_backward.register_fake
 def _(q, k, v, out, lse, grad_out, grad_lse, block_mask, score_bufs, mask_bufs, mods, scale,
-      block_size):
+      block_size, buf_grads):
     return [torch.empty_like(t) for t in [q, k, v, *score_bufs]]
 
 
 def _math_backward(q, k, v, grad_out, grad_lse, block_mask, score_bufs, mask_bufs, mods, scale,
-                   block_size):
+                   block_size, diff):
     """Autograd through the dense computation (`dense_attention`; materializes the scores)."""
-    diff = [b.is_floating_point() for b in score_bufs]
     # the kernel backend runs backward graphs under inference mode: leave it (and copy its
     # inference tensors, which autograd may not save) to differentiate here
     with torch.inference_mode(False), torch.enable_grad():
@@ -294,6 +300,7 @@ def _setup(ctx, inputs, output):
                           *score_bufs, *mask_bufs)
     ctx.layout = ([t is not None for t in block_mask], len(score_bufs), len(mask_bufs))
     ctx.mods, ctx.scale, ctx.block_size = mods, scale, block_size
+    ctx.buf_grads = [b.requires_grad and b.is_floating_point() for b in score_bufs]
 
 
 def _backward(ctx, grad_out, grad_lse):
@@ -308,8 +315,8 @@ def _backward(ctx, grad_out, grad_lse):
         grad_out = torch.zeros_like(out)
     dq, dk, dv, *dbufs = flex_attention_backward(q, k, v, out, lse, grad_out, grad_lse, block_mask,
                                                 score_bufs, mask_bufs, ctx.mods, ctx.scale,
-                                                ctx.block_size)
-    dbufs = [g if b.is_floating_point() else None for g, b in zip(dbufs, score_bufs)]
+                                                ctx.block_size, ctx.buf_grads)
+    dbufs = [g if need else None for g, need in zip(dbufs, ctx.buf_grads)]
     return dq, dk, dv, [None] * len(present), dbufs, [None] * n_m, None, None, None
 
 

@@ -112,6 +112,9 @@ def _block_mask(tr, bm_v, LQ, LKV):
         raise tr.unsupported(f"flex_attention with a block mask for sequence lengths {seq} on "
                              f"inputs of lengths {(LQ, LKV)}")
     size = tuple(real(tr, load_attr(tr, bm_v, "BLOCK_SIZE")))
+    if size[0] % 4:        # the kernel's register tile is 4 query rows
+        raise tr.unsupported(f"flex_attention with a block mask of query block size {size[0]}",
+                             hint="the fused kernel needs a multiple of 4")
     fields = [load_attr(tr, bm_v, n) for n in _BLOCK_FIELDS]
     if not all(isinstance(f, TensorV) or isinstance(f, ObjV) and f.value is None for f in fields) \
             or not isinstance(fields[0], TensorV) or not isinstance(fields[1], TensorV):

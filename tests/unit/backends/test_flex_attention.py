@@ -214,3 +214,30 @@ def test_fused_backward_softcap_document_and_padding_masks(H, HKV):
     want = torch.autograd.grad(ref, [q, k, v], go)
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("with_bias", [False, True])   # fused backward / dense backward
+def test_lse_gradient_flows(with_bias):
+    L = 96
+    q, k, v = qkv(L=L, D=8, grad=True)
+    bias = torch.randn(L).requires_grad_(with_bias)
+    bm = create_block_mask(causal, None, None, L, L, device="cpu", BLOCK_SIZE=32)
+
+    def mod(score, b, h, qi, kv):
+        return score + bias[kv]
+
+    def f(q, k, v):
+        out, lse = flex_attention(q, k, v, score_mod=mod, block_mask=bm, return_lse=True)
+        return out.sum() + (lse * lse).sum()
+    got_loss = ember.compile(f, backend="aot_eager", fullgraph=True)(q, k, v)
+    wrt = [q, k, v] + ([bias] if with_bias else [])
+    got = torch.autograd.grad(got_loss, wrt)
+
+    i = torch.arange(L)
+    s = (q @ k.transpose(-1, -2) * 8 ** -0.5 + bias).masked_fill(i[None, :] > i[:, None],
+                                                                  float("-inf"))
+    lse = torch.logsumexp(s, -1)
+    loss = (torch.softmax(s, -1) @ v).sum() + (lse * lse).sum()
+    torch.testing.assert_close(got_loss, loss, rtol=1e-5, atol=1e-4)
+    for a, b in zip(got, torch.autograd.grad(loss, wrt)):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
