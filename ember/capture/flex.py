@@ -29,7 +29,7 @@ import torch.fx as fx
 
 from .attrs import load_attr
 from .builtins import real
-from .values import ListV, ObjV, TensorV, TupleV
+from .values import ListV, ObjV, TensorV, TupleV, peek
 
 _NAMES = ("query", "key", "value", "score_mod", "block_mask", "scale", "enable_gqa",
           "return_lse", "kernel_options")
@@ -120,14 +120,14 @@ def _block_mask(tr, bm_v, LQ, LKV):
             or not isinstance(fields[0], TensorV) or not isinstance(fields[1], TensorV):
         raise tr.unsupported("flex_attention with a malformed block mask")
     mask_v = load_attr(tr, bm_v, "mask_mod")
-    if isinstance(mask_v, ObjV) and mask_v.value is m.noop_mask:
+    if isinstance(mask_v, ObjV) and peek(mask_v) is m.noop_mask:   # peek: no ID guard
         mask_v = ObjV(None)
     return fields, size, mask_v
 
 
 def _trace_mod(tr, fn_v, lead_dtypes: list, out_dtype):
     """(GraphModule of the mod, [TensorV of each tensor it reads]) or (None, [])."""
-    if isinstance(fn_v, ObjV) and fn_v.value is None:
+    if isinstance(fn_v, ObjV) and peek(fn_v) is None:
         return None, []
     before = set(tr.graph.nodes)
     n_effects, n_mutated = len(tr.effects), len(tr.mutated)

@@ -241,3 +241,21 @@ def test_lse_gradient_flows(with_bias):
     torch.testing.assert_close(got_loss, loss, rtol=1e-5, atol=1e-4)
     for a, b in zip(got, torch.autograd.grad(loss, wrt)):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+def test_new_block_mask_per_call_does_not_recompile():
+    from ember import capture
+    q, k, v = qkv(B=2, L=128, D=8)
+
+    def f(q, k, v, bm):
+        return flex_attention(q, k, v, block_mask=bm)
+    cf = ember.compile(f, fullgraph=True)
+    for n in ([128, 50], [20, 128], [64, 64]):
+        lengths = torch.tensor(n)
+
+        def pad(b, h, qi, kv):
+            return kv < lengths[b]
+        bm = create_block_mask(pad, 2, None, 128, 128, device="cpu", BLOCK_SIZE=32)
+        torch.testing.assert_close(cf(q, k, v, bm), eager(q, k, v, block_mask=bm), **TOL)
+    st = capture.stats()
+    assert st["graphs"] == 1 and st.get("recompiles", 0) == 0, st
