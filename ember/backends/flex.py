@@ -27,6 +27,7 @@ from torch import Tensor
 from ..aot import trace_aten
 from ..decomp import get_decompositions
 from ..codegen import flex_cpp
+from ..errors import Unsupported
 from ..logging import get_logger
 from ..runtime import build as rt_build
 
@@ -149,15 +150,86 @@ def _block_args(block_mask, n=4):
 # --- the ops ------------------------------------------------------------------------------------
 
 @functools.lru_cache(None)
-def _bwd_kernel(key, spec: flex_cpp.FlexSpec, score_spec, mask_spec):
+def _bwd_kernel(key, spec: flex_cpp.FlexSpec, score_spec, mask_spec, need: tuple):
+    """The backward kernel; `need[i]`: score buffer i needs a gradient (the joint path)."""
     mods = _translated(key, spec.dtype, score_spec, mask_spec, grad=True)
     (score, sbufs, _), (mask, mbufs, _), (grad, gbufs, _) = mods
-    src = flex_cpp.backward_source(spec, score, grad, mask, sbufs + mbufs + gbufs)
+    consts = [c for _, _, c in mods]
+    bufs, joint, accs = sbufs + mbufs + gbufs, None, []
+    if any(need):
+        score, joint, jbufs, jconsts, accs = _joint_translation(key, spec.dtype, score_spec, need)
+        bufs += jbufs
+        consts.append(jconsts)
+    src = flex_cpp.backward_source(spec, score, grad, mask, bufs, joint, accs)
     lib = ctypes.CDLL(str(rt_build.build(src, flags=_FLAGS)))
     fn = lib.flex_bwd
-    fn.argtypes = [ctypes.c_void_p] * 18
+    fn.argtypes = [ctypes.c_void_p] * 19
     fn.restype = None
-    return fn, lib, [c for _, _, c in mods]
+    return fn, lib, consts
+
+
+class _Substitute(torch.fx.Interpreter):
+    """Run an aten graph with the values of some nodes given (by node name)."""
+
+    def __init__(self, gm, given: dict):
+        super().__init__(gm)
+        self.given = given
+
+    def run_node(self, n):
+        return self.given[n.name] if n.name in self.given else super().run_node(n)
+
+
+def _joint_translation(key, dtype, score_spec, need):
+    """score_mod translated with its loads from the buffers that need gradients recorded, and
+    its derivative with respect to (score, each such load) as a scalar graph of (score, b, h,
+    q, kv, d_out, loaded values..., buffers...), translated."""
+    aten_gm = _aten_mod(key, 0, dtype, score_spec)
+    consts = aten_gm.meta.get("constants", [])
+    names = [f"sm_buf{i}" for i in range(len(score_spec) + len(consts))]
+    for i, (size, stride, _) in enumerate(score_spec):
+        if need[i] and not _dense_strides(size, stride):
+            raise Unsupported("flex_attention backward: a captured tensor with overlapping "
+                              "strides needs a gradient")
+    score = flex_cpp.translate(aten_gm, "sm", names,
+                               watch=[names[i] for i, n in enumerate(need) if n])
+    loads = [n for *_, n in score.loads]
+    by_name = {n.name: n for n in aten_gm.graph.nodes}
+    xs = [torch.zeros((), dtype=by_name[n].meta["val"].dtype) for n in loads]
+    bufs = [torch.empty_strided(sz, st, dtype=dt, device="meta") for sz, st, dt in score_spec]
+
+    def joint(s, b, h, q, kv, gz, *rest):
+        x, other = list(rest[:len(xs)]), rest[len(xs):]
+        with torch.enable_grad():
+            s = s.detach().requires_grad_()
+            x = [t.detach().requires_grad_() for t in x]
+            out = _Substitute(aten_gm, dict(zip(loads, x))).run(s, b, h, q, kv, *other)[0]
+            grads = torch.autograd.grad(out, [s, *x], gz, allow_unused=True)
+        return [torch.zeros_like(w) if g is None else g for g, w in zip(grads, [s, *x])]
+    with torch.inference_mode(False):
+        jgm = trace_aten(joint, _standins(dtype) + [torch.zeros((), dtype=dtype)] + xs + bufs +
+                         list(consts), decompositions=_DECOMPS)
+    jconsts = jgm.meta.get("constants", [])
+    n_j = len(bufs) + len(consts) + len(jconsts)
+    jnames = [f"sj_buf{i}" for i in range(n_j)]
+    joint_t = flex_cpp.translate(jgm, "sj", jnames, n_scalars=6 + len(xs))
+    dtypes = [d for *_, d in score_spec] + [c.dtype for c in consts] + [c.dtype for c in jconsts]
+    accs = [(names[i], flex_cpp.ctype(dt), _extent(sz, st))
+            for i, ((sz, st, dt), n) in enumerate(zip(score_spec, need)) if n]
+    return score, joint_t, list(zip(jnames, dtypes)), list(consts) + list(jconsts), accs
+
+
+def _extent(size, stride) -> int:
+    return 1 + sum((n - 1) * s for n, s in zip(size, stride)) if all(size) else 0
+
+
+def _dense_strides(size, stride) -> bool:
+    """Every element at its own offset, no gaps (a permuted contiguous tensor)."""
+    expect = 1
+    for st, n in sorted((st, n) for n, st in zip(size, stride) if n != 1):
+        if st != expect:
+            return False
+        expect *= n
+    return True
 
 
 def _buf_array(bufs):
@@ -194,22 +266,32 @@ def flex_attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: T
                             block_mask: list[Optional[Tensor]], score_bufs: list[Tensor],
                             mask_bufs: list[Tensor], mods: str, scale: float,
                             block_size: list[int], buf_grads: list[bool]) -> list[Tensor]:
-    """[dq, dk, dv, *d score_bufs] (one flat list: aot registers each output). The fused kernel
-    unless a tensor score_mod reads needs a gradient (it would scatter into the buffer): then
-    autograd through the dense computation, logged once under EMBER_LOGS=perf."""
-    if any(buf_grads) or block_mask and block_mask[4] is None:
+    """[dq, dk, dv, *d score_bufs] (one flat list: aot registers each output). The fused kernel;
+    where it cannot be made (a derivative it cannot translate), autograd through the dense
+    computation, logged once under EMBER_LOGS=perf."""
+    need = tuple(bool(n) for n in buf_grads)
+    fused = None
+    if not (block_mask and block_mask[4] is None):
+        try:
+            fused = _bwd_kernel(mods, _spec(q, k, v, block_mask, scale, block_size),
+                                _buf_spec(score_bufs), _buf_spec(mask_bufs), need)
+        except Unsupported as e:
+            reason = str(e).splitlines()[0]
+    else:
+        reason = "the block mask has no q_num_blocks/q_indices"
+    if fused is None:
         if mods not in _DENSE_LOGGED:
             _DENSE_LOGGED.add(mods)
             perf_log.info("flex_attention backward runs dense (materializes the scores): %s",
-                          "a tensor score_mod reads needs a gradient" if any(buf_grads) else
-                          "the block mask has no q_num_blocks/q_indices")
+                          reason)
         return _math_backward(q, k, v, grad_out, grad_lse, block_mask, score_bufs, mask_bufs,
                               mods, scale, block_size, buf_grads)
+    fn, _, consts = fused
     q, k, v, out, grad_out = (t.contiguous() for t in (q, k, v, out, grad_out))
-    spec = _spec(q, k, v, block_mask, scale, block_size)
-    fn, _, consts = _bwd_kernel(mods, spec, _buf_spec(score_bufs), _buf_spec(mask_bufs))
     arr, _keep = _buf_array([*score_bufs, *consts[0], *mask_bufs, *consts[1], *score_bufs,
-                             *consts[2]])
+                             *consts[2], *[t for c in consts[3:] for t in (*score_bufs, *c)]])
+    gbufs = [torch.zeros_like(b) for b in score_bufs]     # same strides: offsets agree
+    garr, _gkeep = _buf_array([g for g, n in zip(gbufs, need) if n])
     delta = (grad_out * out).sum(-1)
     if grad_lse is not None:
         delta = delta - grad_lse
@@ -218,8 +300,8 @@ def flex_attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: T
     masks = _block_args(block_mask, 8)
     fn(q.data_ptr(), k.data_ptr(), v.data_ptr(), grad_out.data_ptr(), lse.data_ptr(),
        delta.contiguous().data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
-       *[_ptr(t) for t in masks], arr)
-    return [dq, dk, dv, *[torch.zeros_like(b) for b in score_bufs]]
+       *[_ptr(t) for t in masks], arr, garr)
+    return [dq, dk, dv, *gbufs]
 
 
 @flex_attention_backward.register_fake

@@ -47,12 +47,19 @@ def is_flex_attention(f) -> bool:
 
 
 def index_scalar(tr, c: TensorV, k):
-    """`c[i]` / `c[i, j]` with 0-dim integer tensors, inside a mod: aten.index.Tensor."""
+    """`c[i]` / `c[i, 0, j]` with 0-dim integer tensors (and ints), inside a mod: the ints as
+    selects (right to left, so the other positions hold), then aten.index.Tensor."""
     keys = list(k.items) if isinstance(k, TupleV) else [k]
-    if not all(isinstance(i, TensorV) and i.meta.dim() == 0 and not i.meta.is_floating_point()
-               and i.meta.dtype != torch.bool for i in keys):
+    is_index = [isinstance(i, TensorV) and i.meta.dim() == 0 and not i.meta.is_floating_point()
+                and i.meta.dtype != torch.bool for i in keys]
+    is_int = [isinstance(i, ObjV) and type(peek(i)) is int for i in keys]
+    if not any(is_index) or not all(a or b for a, b in zip(is_index, is_int)):
         return None
-    return tr.call_graph(torch.ops.aten.index.Tensor, [c, ListV(keys)], {})
+    for d in reversed(range(len(keys))):
+        if is_int[d]:
+            c = tr.call_graph(torch.select, [c, ObjV(d), keys[d]], {})
+    tensors = [i for i, t in zip(keys, is_index) if t]
+    return tr.call_graph(torch.ops.aten.index.Tensor, [c, ListV(tensors)], {})
 
 
 def call_flex(tr, args: list, kwargs: dict):

@@ -117,18 +117,21 @@ SCALAR.update({
 class _Scalars:
     """C++ statements for one scalar graph, inside the kernel where the buffers are in scope."""
 
-    def __init__(self, gm: torch.fx.GraphModule, prefix: str, bufs: list[str]):
+    def __init__(self, gm: torch.fx.GraphModule, prefix: str, bufs: list[str], n_scalars=5,
+                 watch=()):
         self.lines: list[str] = []
         self.env: dict = {}
         self.prefix = prefix
+        self.watch = set(watch)       # buffers whose element loads are recorded (gradients)
+        self.loads: list[tuple] = []  # (buffer name, offset, value name, aten node name)
         phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
-        self.params = [f"{prefix}_a{i}" for i in range(5)]
-        for n, name in zip(phs[:5], self.params):
+        self.params = [f"{prefix}_a{i}" for i in range(n_scalars)]
+        for n, name in zip(phs[:n_scalars], self.params):
             self.env[n] = name
-        for n, buf in zip(phs[5:], bufs):
+        for n, buf in zip(phs[n_scalars:], bufs):
             v = n.meta["val"]
             self.env[n] = (buf, "0", list(v.shape), list(v.stride()))   # a strided view
-        self.param_types = [ctype(n.meta["val"].dtype) for n in phs[:5]]
+        self.param_types = [ctype(n.meta["val"].dtype) for n in phs[:n_scalars]]
         self.outputs = []
         for n in gm.graph.nodes:
             if n.op == "call_function":
@@ -231,7 +234,24 @@ class _Scalars:
             return (buf, off, sizes, strides)
         name = f"{self.prefix}_{n.name}"
         self.lines.append(f"const auto {name} = {buf}[{off}];")
+        if buf in self.watch:
+            self.loads.append((buf, off, name, n.name))
         return name
+
+    def loads_function(self, name: str) -> str:
+        """A lambda `name(score, b, h, q, kv, int64_t* offs, T* vals)`: where each recorded load
+        reads (element offset) and what it reads."""
+        params = ", ".join(f"{t} {p}" for t, p in zip(self.param_types, self.params))
+        body = "\n        ".join(self.lines + [f"offs[{i}] = {off}; vals[{i}] = {v};"
+                                               for i, (_, off, v, _) in enumerate(self.loads)])
+        return f"auto {name} = [&]({params}, int64_t* offs, T* vals) {{\n        {body}\n    }};"
+
+    def outputs_function(self, name: str) -> str:
+        """A lambda `name(scalars..., T* outs)` writing every output."""
+        params = ", ".join(f"{t} {p}" for t, p in zip(self.param_types, self.params))
+        body = "\n        ".join(self.lines + [f"outs[{i}] = static_cast<T>({o});"
+                                               for i, o in enumerate(self.outputs)])
+        return f"auto {name} = [&]({params}, T* outs) {{\n        {body}\n    }};"
 
     def function(self, name: str, ret_dtype) -> str:
         """A lambda `name(score, b, h, q, kv)` returning the graph's first output."""
@@ -241,8 +261,9 @@ class _Scalars:
                 f"        return static_cast<{ctype(ret_dtype)}>({self.outputs[0]});\n    }};")
 
 
-def translate(gm: torch.fx.GraphModule, prefix: str, bufs: list[str]) -> _Scalars:
-    return _Scalars(gm, prefix, bufs)
+def translate(gm: torch.fx.GraphModule, prefix: str, bufs: list[str], n_scalars=5,
+              watch=()) -> _Scalars:
+    return _Scalars(gm, prefix, bufs, n_scalars, watch)
 
 
 # --- the kernels --------------------------------------------------------------------------------
@@ -428,18 +449,49 @@ extern "C" void flex_fwd(const T* __restrict__ Q, const T* __restrict__ K, const
 """
 
 
-def backward_source(spec: FlexSpec, score, grad, mask, bufs) -> str:
-    """`flex_bwd(Q, K, V, dO, LSE, DELTA, dQ, dK, dV, kv lists, q lists, bufs)`; `grad` is
-    d score_mod / d score (None: the identity). DELTA = rowsum(dO * O) - dLSE."""
+def backward_source(spec: FlexSpec, score, grad, mask, bufs, joint=None, accs=()) -> str:
+    """`flex_bwd(Q, K, V, dO, LSE, DELTA, dQ, dK, dV, kv lists, q lists, bufs, gouts)`; `grad`
+    is d score_mod / d score (None: the identity). DELTA = rowsum(dO * O) - dLSE.
+
+    With `joint` (score_mod's derivative with respect to the score and to each element it loads
+    from a buffer that needs a gradient, `score.loads`; outputs [dS, dx...]) the query-row pass
+    also adds dx into per-thread copies of those buffers' gradients (`accs`: [(buffer name,
+    C++ type, extent)]), summed into `gouts` at the end; that element loop stays scalar (two
+    lanes could hit one element)."""
     sm = score.function("score_mod", spec.dtype) if score else ""
     gm = grad.function("score_grad", spec.dtype) if grad else ""
     mm = mask.function("mask_mod", torch.bool) if mask else ""
     z = "score_mod(s, b, h, qi, j0 + j)" if score else "s"
     g = " * score_grad(s, b, h, qi, j0 + j)" if grad else ""
     keep = "(full || mask_mod(T(0), b, h, qi, j0 + j))" if mask else "true"
+    body = f"""Gr[j] = p * (Gr[j] - dl){g};"""
+    simd, acc_decl, acc_sum = "#pragma omp simd", "", ""
+    if joint is not None:
+        m = len(score.loads)
+        which = {name: i for i, (name, _, _) in enumerate(accs)}
+        adds = " ".join(f"gacc{which[buf]}[offs[{k}]] += outs[{k + 1}];"
+                        for k, (buf, _, _, _) in enumerate(score.loads))
+        xs = "".join(f", vals[{k}]" for k in range(m))
+        sm += "\n    " + score.loads_function("score_loads") + "\n    " + \
+            joint.outputs_function("score_joint")
+        simd = ""
+        body = f"""const T dz = p * (Gr[j] - dl);
+                if (p == T(0)) {{ Gr[j] = 0; continue; }}
+                int64_t offs[{max(m, 1)}]; T vals[{max(m, 1)}], outs[{m + 1}];
+                score_loads(s, b, h, qi, j0 + j, offs, vals);
+                score_joint(s, b, h, qi, j0 + j, dz{xs}, outs);
+                Gr[j] = outs[0];
+                if (accumulate) {{ {adds} }}"""
+        acc_decl = "\n    ".join(f"{t}* gacc{i} = new {t}[{n}]();"
+                                 for i, (_, t, n) in enumerate(accs))
+        acc_sum = "#pragma omp critical\n    {\n" + "\n".join(
+            f"        for (int64_t e = 0; e < {n}; ++e) static_cast<{t}*>(gouts[{i}])[e] += "
+            f"gacc{i}[e];\n        delete[] gacc{i};" for i, (_, t, n) in enumerate(accs)) + \
+            "\n    }"
     # P and dS of one tile from the recomputed scores S and dP = dO Vᵀ (in place)
     tile = f"""
-    auto grad_tile = [&](int b, int h, int r0, int rn, int j0, int jn, bool full) {{
+    auto grad_tile = [&](int b, int h, int r0, int rn, int j0, int jn, bool full,
+                         bool accumulate) {{
         const T* Lp = LSE + (int64_t)(b * HQ + h) * LQ;
         const T* Dp = DELTA + (int64_t)(b * HQ + h) * LQ;
         for (int r = 0; r < RQ; ++r) {{
@@ -450,12 +502,12 @@ def backward_source(spec: FlexSpec, score, grad, mask, bufs) -> str:
                 continue;
             }}
             const T lse = Lp[qi], dl = Dp[qi];
-            #pragma omp simd
+            {simd}
             for (int j = 0; j < jn; ++j) {{
                 const T s = Sr[j];
                 const T p = {keep} ? ember::exp({z} - lse) : T(0);
                 Sr[j] = p;
-                Gr[j] = p * (Gr[j] - dl){g};
+                {body}
             }}
             for (int j = jn; j < KBP; ++j) {{ Sr[j] = 0; Gr[j] = 0; }}
         }}
@@ -473,7 +525,7 @@ extern "C" void flex_bwd(const T* __restrict__ Q, const T* __restrict__ K, const
                          T* __restrict__ dV, const int32_t* num, const int32_t* idx,
                          const int32_t* full_num, const int32_t* full_idx, const int32_t* qnum,
                          const int32_t* qidx, const int32_t* qfull_num, const int32_t* qfull_idx,
-                         void** bufs) {{
+                         void** bufs, void** gouts) {{
     {_buf_decls(bufs)}
     #pragma omp parallel
     {{
@@ -485,6 +537,7 @@ extern "C" void flex_bwd(const T* __restrict__ Q, const T* __restrict__ K, const
     {sm}
     {gm}
     {mm}
+    {acc_decl}
     {tile}
     {load_rows}
     // dQ: tasks over (b, h, RQ query rows), walking the kv blocks of their query block
@@ -504,13 +557,14 @@ extern "C" void flex_bwd(const T* __restrict__ Q, const T* __restrict__ K, const
             load_t<DV>(V + kv * DV, jn, Vt);
             tile_abt<D>((const T (*)[D])Qs, Kt, S);
             tile_abt<DV>((const T (*)[DV])dOs, Vt, dP);
-            grad_tile(b, h, r0, rn, j0, jn, full);
+            grad_tile(b, h, r0, rn, j0, jn, full, true);
             tile_pm<RQ, D, KBP>(dP, K + kv * D, D, jn, (T (*)[D])acc);
         }};
         {_mask_walk()}
         for (int r = 0; r < rn; ++r)
             for (int d = 0; d < D; ++d) dQ[(bh + r0 + r) * D + d] = acc[r * D + d] * SCALE;
     }}
+    {acc_sum}
     // dK, dV: tasks over (b, kv head, kv block), walking the query blocks that attend it
     #pragma omp for schedule(dynamic, 1)
     for (int t = 0; t < B * HKV * NKB; ++t) {{
@@ -532,7 +586,7 @@ extern "C" void flex_bwd(const T* __restrict__ Q, const T* __restrict__ K, const
                     load_rows(dO + bh * DV, r0, rn, DV, T(1), dOs);
                     tile_abt<D>((const T (*)[D])Qs, Kt, S);
                     tile_abt<DV>((const T (*)[DV])dOs, Vt, dP);
-                    grad_tile(b, h, r0, rn, j0, jn, full);
+                    grad_tile(b, h, r0, rn, j0, jn, full, false);
                     for (int r = 0; r < RQ; ++r)
                         for (int j = 0; j < KBP; ++j) {{ Pt[j][r] = S[r][j]; DSt[j][r] = dP[r][j]; }}
                     tile_pm<KBP, DV, RQ>(Pt, dOs, DV, RQ, dVa);

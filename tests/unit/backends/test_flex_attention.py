@@ -259,3 +259,28 @@ def test_new_block_mask_per_call_does_not_recompile():
         torch.testing.assert_close(cf(q, k, v, bm), eager(q, k, v, block_mask=bm), **TOL)
     st = capture.stats()
     assert st["graphs"] == 1 and st.get("recompiles", 0) == 0, st
+
+
+def test_fused_backward_scatters_gradients_into_two_captured_tensors():
+    """Gradients of tensors score_mod reads are added per loaded element (per-thread copies of
+    the gradient, summed): no dense fallback. Mixed int/tensor indexing (`b2[h, 0]`) too."""
+    from ember.backends import flex as kernel
+    L = 160
+    q, k, v = qkv(L=L, D=16, grad=True)
+    b1 = (torch.randn(2 * L - 1) * 0.5).requires_grad_()
+    b2 = (torch.randn(2, L) * 0.5).requires_grad_()
+    bm = create_block_mask(causal, None, None, L, L, device="cpu", BLOCK_SIZE=32)
+
+    def mod(score, b, h, qi, kv):
+        return torch.tanh(score + b1[qi - kv + L - 1]) * b2[h, kv] + b2[h, 0]
+
+    def f(q, k, v):
+        return flex_attention(q, k, v, score_mod=mod, block_mask=bm)
+    kernel._DENSE_LOGGED.clear()
+    out = ember.compile(f, fullgraph=True)(q, k, v)
+    go = torch.randn_like(out)
+    got = torch.autograd.grad(out, [q, k, v, b1, b2], go)
+    want = torch.autograd.grad(dense(q, k, v, causal, mod), [q, k, v, b1, b2], go)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    assert not kernel._DENSE_LOGGED
