@@ -15,7 +15,8 @@ The backward recomputes each tile from the saved lse: dP = dO·Vᵀ, dS = P ⊙ 
 Δ = rowsum(dO ⊙ O) (minus the lse gradient), and the chain rule through score_mod uses its
 derivative graph (`score_grad`: d score_mod / d score, traced by the backend with autograd). Query
 tasks write dQ; kv tasks (walking the transposed block mask) write dK and dV, so no two threads
-write the same row.
+write the same row. Gradients of buffers score_mod reads come from its derivative with respect to
+each loaded element (`joint`), added into per-thread copies of the buffer gradient.
 
 Scalar graphs are translated node by node with the `SCALAR` table (aten op -> C++ expression);
 an op outside it raises Unsupported naming the op, and capture turns that into a graph break.
