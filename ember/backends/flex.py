@@ -296,7 +296,7 @@ def flex_attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: T
     if grad_lse is not None:
         delta = delta - grad_lse
     lse = lse.contiguous()
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    dq, dk, dv = torch.zeros_like(q), torch.empty_like(k), torch.empty_like(v)
     masks = _block_args(block_mask, 8)
     fn(q.data_ptr(), k.data_ptr(), v.data_ptr(), grad_out.data_ptr(), lse.data_ptr(),
        delta.contiguous().data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),

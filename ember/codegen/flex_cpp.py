@@ -528,6 +528,7 @@ extern "C" void flex_bwd(const T* __restrict__ Q, const T* __restrict__ K, const
                          const int32_t* qidx, const int32_t* qfull_num, const int32_t* qfull_idx,
                          void** bufs, void** gouts) {{
     {_buf_decls(bufs)}
+    const bool one_pass = B * HKV >= 2 * omp_get_max_threads();
     #pragma omp parallel
     {{
     T* Qs = new T[RQ * D]; T* dOs = new T[RQ * DV]; T* acc = new T[RQ * D];
@@ -541,6 +542,57 @@ extern "C" void flex_bwd(const T* __restrict__ Q, const T* __restrict__ K, const
     {acc_decl}
     {tile}
     {load_rows}
+    // dK, dV of one kv block (b, kv head, blk), walking the query blocks that attend it; with
+    // with_dq also dQ += dS K into the rows of this kv head's query heads (the caller owns them)
+    auto kv_block = [&](int b, int hk, int blk, bool with_dq) {{
+        const int j0 = blk * KBS, jn = std::min(KBS, LKV - j0);
+        const int64_t kv = (int64_t)(b * HKV + hk) * LKV + j0;
+        load_t<D>(K + kv * D, jn, Kt);
+        load_t<DV>(V + kv * DV, jn, Vt);
+        for (int j = 0; j < KBP; ++j) {{
+            for (int d = 0; d < D; ++d) dKa[j][d] = 0;
+            for (int d = 0; d < DV; ++d) dVa[j][d] = 0;
+        }}
+        for (int h = hk * G; h < (hk + 1) * G; ++h) {{
+            const int64_t bh = (int64_t)(b * HQ + h) * LQ;
+            auto visit = [&](int qb, bool full) {{
+                for (int r0 = qb * QBS; r0 < std::min(LQ, (qb + 1) * QBS); r0 += RQ) {{
+                    const int rn = std::min(RQ, LQ - r0);
+                    load_rows(Q + bh * D, r0, rn, D, SCALE, Qs);
+                    load_rows(dO + bh * DV, r0, rn, DV, T(1), dOs);
+                    tile_abt<D>((const T (*)[D])Qs, Kt, S);
+                    tile_abt<DV>((const T (*)[DV])dOs, Vt, dP);
+                    grad_tile(b, h, r0, rn, j0, jn, full, with_dq);
+                    for (int r = 0; r < RQ; ++r)
+                        for (int j = 0; j < KBP; ++j) {{ Pt[j][r] = S[r][j]; DSt[j][r] = dP[r][j]; }}
+                    tile_pm<KBP, DV, RQ>(Pt, dOs, DV, RQ, dVa);
+                    tile_pm<KBP, D, RQ>(DSt, Qs, D, RQ, dKa);   // Qs carries SCALE
+                    if (with_dq) {{
+                        load_rows(dQ + bh * D, r0, rn, D, T(1), acc);
+                        tile_pm<RQ, D, KBP>(dP, K + kv * D, D, jn, (T (*)[D])acc);
+                        for (int r = 0; r < rn; ++r)
+                            for (int d = 0; d < D; ++d) dQ[(bh + r0 + r) * D + d] = acc[r * D + d];
+                    }}
+                }}
+            }};
+            {_mask_walk(kv_side=False)}
+        }}
+        for (int j = 0; j < jn; ++j) {{
+            for (int d = 0; d < D; ++d) dK[(kv + j) * D + d] = dKa[j][d];
+            for (int d = 0; d < DV; ++d) dV[(kv + j) * DV + d] = dVa[j][d];
+        }}
+    }};
+    if (one_pass) {{
+        // enough kv heads for every thread: a task per (b, kv head) owns its query heads' dQ
+        // rows (dQ arrives zeroed), so S and dP are computed once
+        #pragma omp for schedule(dynamic, 1)
+        for (int t = 0; t < B * HKV; ++t) {{
+            const int hk = t % HKV, b = t / HKV;
+            for (int blk = 0; blk < NKB; ++blk) kv_block(b, hk, blk, true);
+            T* rows = dQ + (int64_t)(b * HQ + hk * G) * LQ * D;
+            for (int64_t e = 0; e < (int64_t)G * LQ * D; ++e) rows[e] *= SCALE;
+        }}
+    }} else {{
     // dQ: tasks over (b, h, RQ query rows), walking the kv blocks of their query block
     #pragma omp for schedule(dynamic, 1)
     for (int t = 0; t < B * HQ * NCH; ++t) {{
@@ -565,42 +617,12 @@ extern "C" void flex_bwd(const T* __restrict__ Q, const T* __restrict__ K, const
         for (int r = 0; r < rn; ++r)
             for (int d = 0; d < D; ++d) dQ[(bh + r0 + r) * D + d] = acc[r * D + d] * SCALE;
     }}
-    {acc_sum}
-    // dK, dV: tasks over (b, kv head, kv block), walking the query blocks that attend it
+    // dK, dV: tasks over (b, kv head, kv block)
     #pragma omp for schedule(dynamic, 1)
-    for (int t = 0; t < B * HKV * NKB; ++t) {{
-        const int blk = NKB - 1 - t % NKB, hk = (t / NKB) % HKV, b = t / (NKB * HKV);
-        const int j0 = blk * KBS, jn = std::min(KBS, LKV - j0);
-        const int64_t kv = (int64_t)(b * HKV + hk) * LKV + j0;
-        load_t<D>(K + kv * D, jn, Kt);
-        load_t<DV>(V + kv * DV, jn, Vt);
-        for (int j = 0; j < KBP; ++j) {{
-            for (int d = 0; d < D; ++d) dKa[j][d] = 0;
-            for (int d = 0; d < DV; ++d) dVa[j][d] = 0;
-        }}
-        for (int h = hk * G; h < (hk + 1) * G; ++h) {{
-            const int64_t bh = (int64_t)(b * HQ + h) * LQ;
-            auto visit = [&](int qb, bool full) {{
-                for (int r0 = qb * QBS; r0 < std::min(LQ, (qb + 1) * QBS); r0 += RQ) {{
-                    const int rn = std::min(RQ, LQ - r0);
-                    load_rows(Q + bh * D, r0, rn, D, SCALE, Qs);
-                    load_rows(dO + bh * DV, r0, rn, DV, T(1), dOs);
-                    tile_abt<D>((const T (*)[D])Qs, Kt, S);
-                    tile_abt<DV>((const T (*)[DV])dOs, Vt, dP);
-                    grad_tile(b, h, r0, rn, j0, jn, full, false);
-                    for (int r = 0; r < RQ; ++r)
-                        for (int j = 0; j < KBP; ++j) {{ Pt[j][r] = S[r][j]; DSt[j][r] = dP[r][j]; }}
-                    tile_pm<KBP, DV, RQ>(Pt, dOs, DV, RQ, dVa);
-                    tile_pm<KBP, D, RQ>(DSt, Qs, D, RQ, dKa);   // Qs carries SCALE
-                }}
-            }};
-            {_mask_walk(kv_side=False)}
-        }}
-        for (int j = 0; j < jn; ++j) {{
-            for (int d = 0; d < D; ++d) dK[(kv + j) * D + d] = dKa[j][d];
-            for (int d = 0; d < DV; ++d) dV[(kv + j) * DV + d] = dVa[j][d];
-        }}
+    for (int t = 0; t < B * HKV * NKB; ++t)
+        kv_block(t / (NKB * HKV), (t / NKB) % HKV, NKB - 1 - t % NKB, false);
     }}
+    {acc_sum}
     delete[] Qs; delete[] dOs; delete[] acc; delete[] S; delete[] dP; delete[] Kt; delete[] Vt;
     delete[] Pt; delete[] DSt; delete[] dKa; delete[] dVa;
     }}
