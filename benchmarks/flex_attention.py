@@ -42,6 +42,9 @@ def main(argv=None):
     ap.add_argument("--mask", default="causal", choices=sorted(MASKS))
     ap.add_argument("--bias", action="store_true", help="add a relative-position bias score_mod")
     ap.add_argument("--no-backward", action="store_true")
+    ap.add_argument("--cpu-time", action="store_true",
+                    help="time with process CPU time (less sensitive to other load on a shared "
+                         "machine; with --threads 1 it is the work done)")
     args = ap.parse_args(argv)
     warnings.filterwarnings("ignore")
     torch.set_num_threads(args.threads)
@@ -65,13 +68,14 @@ def main(argv=None):
         s = s.masked_fill(~MASKS[args.mask](None, None, qi, kj), float("-inf"))
         return torch.softmax(s, -1) @ v
 
+    clock = time.process_time if args.cpu_time else time.perf_counter
     mk = lambda: [torch.randn(1, H, L, D) for _ in range(3)]          # noqa: E731
     q, k, v = mk()
     print(f"threads={args.threads} L={L} heads={H} dim={D} mask={args.mask} bias={args.bias} "
-          f"reps={args.reps}")
+          f"reps={args.reps} clock={'process CPU time' if args.cpu_time else 'wall'}")
     fwd = {"eager": attn, "ember": ember.compile(attn), "torch.compile": torch.compile(attn)}
     with torch.no_grad():
-        report("forward", fwd, lambda fn: fn(q, k, v), attn(q, k, v), args.reps)
+        report("forward", fwd, lambda fn: fn(q, k, v), attn(q, k, v), args.reps, clock)
     if args.no_backward:
         return
     qg, kg, vg = (t.requires_grad_() for t in mk())
@@ -85,10 +89,10 @@ def main(argv=None):
         return out
     with torch.no_grad():
         ref = dense(qg, kg, vg)
-    report("forward+backward", bwd, fwd_bwd, ref, args.reps)
+    report("forward+backward", bwd, fwd_bwd, ref, args.reps, clock)
 
 
-def report(mode, variants, run, ref, reps):
+def report(mode, variants, run, ref, reps, clock):
     names = list(variants)
     for name, fn in variants.items():
         t0 = time.perf_counter()
@@ -100,9 +104,9 @@ def report(mode, variants, run, ref, reps):
     times = {n: [] for n in names}
     for r in range(reps):
         for n in names[r % 3:] + names[:r % 3]:
-            t0 = time.perf_counter()
+            t0 = clock()
             run(variants[n])
-            times[n].append(time.perf_counter() - t0)
+            times[n].append(clock() - t0)
     med = {n: statistics.median(ts) for n, ts in times.items()}
     for n in names:
         ts = times[n]
