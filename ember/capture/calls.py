@@ -25,6 +25,7 @@ from ..logging import warn_once
 from . import ndarrays
 from .checkpoint import call_checkpoint, is_checkpoint
 from .cond import call_cond, is_cond
+from .flex import call_flex, is_flex_attention
 from .controls import fullgraph, global_hooks_present
 from .functorch import is_functorch
 from .values import (NULL, BuiltinMethodV, CellV, ContextV, DecoratedV, DictV, FuncV, GenV, IterV,
@@ -218,6 +219,8 @@ def call_obj(tr, fn: ObjV, args: list, kwargs: dict) -> V:
         return call_checkpoint(tr, args, kwargs)
     if is_cond(f):
         return call_cond(tr, args, kwargs)
+    if is_flex_attention(f):
+        return call_flex(tr, args, kwargs)
     if type(f).__name__ == "_lru_cache_wrapper" and hasattr(f, "__wrapped__"):
         # functools.lru_cache/cache: the wrapped function is traced, as Dynamo does; its cache is
         # neither read nor filled (a function whose result is mutated later would differ)

@@ -9,6 +9,7 @@ import operator
 import types
 
 from .. import ndarrays
+from ..flex import index_scalar
 from ..values import (NULL, SYM_TYPES, DictV, DictViewV, ListV, NdarrayV, NewObjV, ObjV, TensorV,
                       TupleV,
                       is_model_output, peek)
@@ -223,6 +224,10 @@ def contains_op(tr, f, ins):
 def getitem(tr, c, k):
     from ..builtins import real
     if isinstance(c, TensorV):
+        if getattr(tr, "flex_mods", 0):            # inside a flex_attention score/mask mod
+            out = index_scalar(tr, c, k)
+            if out is not None:
+                return out
         return tr.call_graph(operator.getitem, [c, k], {})
     if isinstance(c, NdarrayV):
         return ndarrays.getitem(tr, c, k)
