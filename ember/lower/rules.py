@@ -12,6 +12,7 @@ Consumes: GraphLowering helpers (ctx). Produces: RULES.
 """
 from __future__ import annotations
 
+import itertools
 from typing import Callable
 
 import sympy
@@ -403,8 +404,16 @@ def _dims(x, dims):
     return sorted({d % n for d in dims})
 
 
-def reduce(ctx, x, dims, keepdim, rtype, dtype, src_dtype=None, pre=None) -> View:
-    """Store a Reduction of x over dims (output shaped as eager: keepdim or not)."""
+#: a reduction over at most this many elements (ResNeSt's sum over 2 radix splits, a pair of
+#: heads) is a pointwise sum of loads, as Inductor unrolls them: as a reduction loop, its simd
+#: loop ran over those 2 elements and every output was a scalar iteration
+UNROLL_REDUCTION = 8
+_COMBINE = {"sum": "add", "prod": "mul", "max": "maximum", "min": "minimum", "any": "logical_or"}
+
+
+def reduce(ctx, x, dims, keepdim, rtype, dtype, src_dtype=None, pre=None):
+    """A Reduction of x over dims (output shaped as eager: keepdim or not): stored, or a pending
+    value of unrolled loads when it reduces at most UNROLL_REDUCTION elements."""
     dims = _dims(x, dims)
     size = x.size
     keep = [d for d in range(len(size)) if d not in dims]
@@ -422,8 +431,21 @@ def reduce(ctx, x, dims, keepdim, rtype, dtype, src_dtype=None, pre=None) -> Vie
             full[d] = r
         v = load(full)
         return pre(v) if pre is not None else v
+    if rtype in _COMBINE and all(isinstance(r, int) for r in rsize) and \
+            0 < numel(rsize) <= UNROLL_REDUCTION:
+        return Pending(Pointwise(osize, dtype, lambda index: _unrolled(
+            inner, index, rsize, rtype, src_dtype, dtype)))
     buf = ctx.add_computed(Reduction(osize, rsize, rtype, dtype, src_dtype, inner))
     return View(buf, buf.size, buf.stride, 0)
+
+
+def _unrolled(inner, index, rsize, rtype, src_dtype, dtype):
+    acc = None
+    for rindex in itertools.product(*(range(r) for r in rsize)):
+        v = inner(index, [sympy.Integer(r) for r in rindex])
+        acc = v if acc is None else getattr(ops, _COMBINE[rtype])(acc, v)
+    cd = compute_dtype(dtype)
+    return acc if rtype == "any" or src_dtype == cd else ops.to_dtype(acc, cd)
 
 
 @rule(aten.sum.dim_IntList, aten.sum.default)

@@ -246,3 +246,26 @@ def test_max_pool2d_channels_last_other_dtypes(dtype):
     (got_v, got_i), (ref_v, ref_i) = run(x), fn(x)
     torch.testing.assert_close(got_v, ref_v, atol=0, rtol=0, equal_nan=True)
     assert torch.equal(got_i, ref_i)
+
+
+def test_tiny_reductions_are_unrolled_pointwise():
+    """A reduction over <= UNROLL_REDUCTION elements is a pointwise sum of loads (ResNeSt's sum
+    over 2 radix splits ran its simd loop over those 2). Values as eager, NaN and dtypes too."""
+    from ember.aot import trace_aten
+    from ember.decomp import get_decompositions
+    from ember.loopir.nodes import ComputedBuffer, Reduction
+    from ember.lower.lowering import GraphLowering
+    x = torch.randn(4, 2, 6, 5)
+    x[1, 0, 2, 3] = float("nan")
+    b = torch.rand(4, 2, 3) > 0.5
+    i = torch.randint(-5, 5, (4, 3, 2), dtype=torch.int32)
+
+    def f(t, m, k):
+        return (t.sum(1), t.amax(1), t.amin((1, 3))[..., :1], t.prod(1), t.mean(1, keepdim=True),
+                m.any(1), k.sum(-1), t.sum(2))
+    check(f, x, b, i)
+    gm = trace_aten(f, (x, b, i), decompositions=get_decompositions())
+    nodes = GraphLowering(gm, [x, b, i]).run().nodes
+    reductions = [n for n in nodes if isinstance(n, ComputedBuffer) and isinstance(n.body, Reduction)]
+    # amin over (1, 3) reduces 2 * 5 = 10 > 8 elements: the only loop left
+    assert len(reductions) == 1 and reductions[0].body.reduction_size == (2, 5), reductions
