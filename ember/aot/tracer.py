@@ -36,6 +36,7 @@ from .functionalize import IDENTITY_VIEWS, SCATTER, SCATTER_MULTI, functional_va
 
 aten = torch.ops.aten
 META = torch.device("meta")
+_PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
 # the functionalizer's own primitive: how decompositions write, never decomposed itself
 NEVER_DECOMPOSE = frozenset({aten.copy_.default})
 
@@ -276,6 +277,10 @@ class Tracer(TorchDispatchMode):
 
     # ---- dispatch ----------------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if any(t not in _PLAIN_TYPES for t in types):
+            # a tensor subclass (aot/subclass.py): its __torch_dispatch__ runs next and calls
+            # aten on its inner tensors, which come back here
+            return NotImplemented
         if regions.has_policy() and not self._selective:
             return self._dispatch_selective(func, types, args, kwargs)
         kwargs = kwargs or {}
