@@ -84,9 +84,6 @@ class Desugared:
     def __call__(self, *flat):
         args = unflatten_all(flat, self.in_layouts)
         grad = torch.is_grad_enabled()
-        if grad and any(is_subclass(a) and a.requires_grad for a in args):
-            raise Unsupported("ember.aot: a tensor-subclass input that requires grad (its "
-                              "gradient would be a subclass tangent, not built)")
         outs, self.treespec = tree_flatten(self.gm(*args))
         self.out_layouts = [Layout.of(o) for o in outs]
         if grad and any(lay is not None and o.requires_grad
@@ -113,4 +110,9 @@ def desugar(gm, example_inputs):
     layouts = [Layout.of(x) for x in example_inputs]
     if all(lay is None for lay in layouts):
         return None
+    if torch.is_grad_enabled() and any(lay is not None and x.requires_grad
+                                       for x, lay in zip(example_inputs, layouts)):
+        # its inner tensors carry no autograd history: compiled, its gradient would be lost
+        raise Unsupported("ember.aot: a tensor-subclass input that requires grad (its "
+                          "gradient would be a subclass tangent, not built)")
     return Desugared(gm, layouts), flatten_all(example_inputs, layouts)

@@ -44,38 +44,48 @@ class TwoTensor(torch.Tensor):
 
 
 class Int8Weight(torch.Tensor):
-    """Weight-only int8: q (int8, per row) * scale; linear dequantizes and runs mm."""
+    """Weight-only int8: (q - zero) * scale per row; any op but detach dequantizes first. The
+    zero point lives in the flatten context (so a different one must recompile)."""
 
     @staticmethod
-    def __new__(cls, q, scale, dtype):
+    def __new__(cls, q, scale, dtype, zero=0):
         return torch.Tensor._make_wrapper_subclass(cls, q.shape, dtype=dtype, device=q.device)
 
-    def __init__(self, q, scale, dtype):
-        self.q, self.scale, self.out_dtype = q, scale, dtype
+    def __init__(self, q, scale, dtype, zero=0):
+        self.q, self.scale, self.out_dtype, self.zero = q, scale, dtype, zero
 
     @staticmethod
-    def quantize(w):
-        scale = w.abs().amax(1, keepdim=True) / 127
-        return Int8Weight((w / scale).round().to(torch.int8), scale, w.dtype)
+    def quantize(w, zero=0):
+        scale = w.abs().amax(1, keepdim=True) / 100
+        return Int8Weight((w / scale).round().to(torch.int8) + zero, scale, w.dtype, zero)
 
     def dequantize(self):
-        return self.q.to(self.out_dtype) * self.scale
+        return (self.q.to(self.out_dtype) - self.zero) * self.scale
 
     def __tensor_flatten__(self):
-        return ["q", "scale"], {"dtype": self.out_dtype}
+        return ["q", "scale"], {"dtype": self.out_dtype, "zero": self.zero}
 
     @staticmethod
     def __tensor_unflatten__(inner, ctx, size, stride):
-        return Int8Weight(inner["q"], inner["scale"], ctx["dtype"])
+        return Int8Weight(inner["q"], inner["scale"], ctx["dtype"], ctx["zero"])
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func in (aten.detach.default, aten.alias.default):
-            return Int8Weight(args[0].q, args[0].scale, args[0].out_dtype)
+            w = args[0]
+            return Int8Weight(w.q, w.scale, w.out_dtype, w.zero)
         unwrap = lambda x: x.dequantize() if isinstance(x, Int8Weight) else x   # noqa: E731
         return func(*tree_map(unwrap, args), **tree_map(unwrap, kwargs))
 
+
+def dynamo_graphs(fn, *args) -> int:
+    """torch.compile's graph count for the same call (the peer)."""
+    from torch._dynamo.testing import CompileCounter
+    torch._dynamo.reset()
+    cnt = CompileCounter()
+    torch.compile(fn, backend=cnt)(*args)
+    return cnt.frame_count
 
 
 def f(x, y):
@@ -119,3 +129,79 @@ def test_int8_weight_only_mlp(backend):
         ember.compile(m, backend=backend, fullgraph=True)
         torch.testing.assert_close(m(x), want)
     assert capture.stats()["graphs"] == 1
+
+
+def test_flatten_context_and_inner_tensors_are_guarded():
+    w = torch.randn(6, 4)
+    x = torch.randn(3, 4)
+    cf = ember.compile(lambda x, w: torch.nn.functional.linear(x, w).relu(), backend="aot_eager",
+                       fullgraph=True)
+    for zero in (0, 3, 0):          # the zero point is flatten context: a second entry
+        q = Int8Weight.quantize(w, zero)
+        torch.testing.assert_close(cf(x, q), (x @ q.dequantize().t()).relu())
+    st = capture.stats()
+    assert st["graphs"] == 2 and st["recompiles"] == 1, st
+    # an inner tensor's layout changes (scale transposed-strided): a guard on the inner tensor
+    q = Int8Weight.quantize(w)
+    q.scale = q.scale.reshape(1, 6).clone().t()
+    assert q.scale.stride() == (1, 6)
+    torch.testing.assert_close(cf(x, q), (x @ q.dequantize().t()).relu())
+    a, b = torch.randn(4, 5), torch.randn(5, 4).t()
+    g = ember.compile(f, backend="aot_eager")
+    for bb in (b.contiguous(), b):      # b's strides differ: recompiles, values still right
+        got = g(TwoTensor(a, bb), a)
+        torch.testing.assert_close(got.b, f(bb, a))
+    assert capture.stats()["recompiles"] == 3
+
+
+def test_quantized_mlp_training_grads_through_plain_inputs():
+    # the frozen quantized weights are subclass inputs; biases and x get grads, equal to eager
+    torch.manual_seed(0)
+    m = quantize(MLP())
+    torch.manual_seed(0)        # (load_state_dict cannot copy into Int8Weight: same seed)
+    ref = quantize(MLP())
+    ember.compile(m, backend="aot_eager", fullgraph=True)
+    x = torch.randn(4, 16, requires_grad=True)
+    xr = x.detach().clone().requires_grad_(True)
+    for _ in range(2):
+        m(x).pow(2).sum().backward()
+        ref(xr).pow(2).sum().backward()
+    torch.testing.assert_close(x.grad, xr.grad)
+    for name in ("l1.bias", "l2.bias"):
+        torch.testing.assert_close(m.get_parameter(name).grad, ref.get_parameter(name).grad)
+    assert m.l1.weight.grad is None
+    st = capture.stats()
+    assert st["graphs"] == 1 and st.get("graph_breaks", 0) == 0, st
+
+
+def test_subclass_that_requires_grad_is_refused_loudly(monkeypatch):
+    a, b, y = torch.randn(4, 5), torch.randn(4, 5), torch.randn(4, 5)
+    x = TwoTensor(a, b).requires_grad_(True)
+    with pytest.raises(ember.EmberError, match="subclass input that requires grad"):
+        ember.compile(f, backend="aot_eager")(x, y)
+    monkeypatch.setenv("EMBER_STRICT", "0")     # outside tests: that graph runs eagerly
+    ember.reset()
+    with pytest.warns(UserWarning, match="subclass input that requires grad"):
+        out = ember.compile(f, backend="aot_eager")(x, y)
+    out.sum().backward()
+    want = TwoTensor(a, b).requires_grad_(True)
+    f(want, y).sum().backward()
+    assert type(x.grad) is type(want.grad)
+    torch.testing.assert_close(x.grad, want.grad)
+
+
+def test_torchao_int8_weight_only_mlp():
+    ao = pytest.importorskip("torchao.quantization")
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 32))
+    ao.quantize_(m, ao.Int8WeightOnlyConfig())
+    assert type(m[0].weight).__name__ == "Int8Tensor"
+    x = torch.randn(8, 64)
+    with torch.no_grad():
+        want = m(x)
+        peer = dynamo_graphs(m, x)       # 1 (measured: torch.compile keeps it in one graph)
+        ember.compile(m, backend="ember", fullgraph=True)
+        torch.testing.assert_close(m(x), want)
+        torch.testing.assert_close(m(x * 2), m.forward(x * 2))
+    st = capture.stats()
+    assert st["graphs"] == peer == 1 and st.get("graph_breaks", 0) == 0, st
