@@ -174,20 +174,17 @@ def test_quantized_mlp_training_grads_through_plain_inputs():
     assert st["graphs"] == 1 and st.get("graph_breaks", 0) == 0, st
 
 
-def test_subclass_that_requires_grad_is_refused_loudly(monkeypatch):
+def test_subclass_output_whose_gradient_is_plain_raises_naming_the_class():
+    # the traced backward assumed the output's gradient is a TwoTensor (as torch.compile
+    # assumes a subclass tangent); `.sum().backward()` hands it a plain tensor: it raises,
+    # naming the class, never a wrong gradient
     a, b, y = torch.randn(4, 5), torch.randn(4, 5), torch.randn(4, 5)
     x = TwoTensor(a, b).requires_grad_(True)
-    with pytest.raises(ember.EmberError, match="subclass input that requires grad"):
-        ember.compile(f, backend="aot_eager")(x, y)
-    monkeypatch.setenv("EMBER_STRICT", "0")     # outside tests: that graph runs eagerly
-    ember.reset()
-    with pytest.warns(UserWarning, match="subclass input that requires grad"):
-        out = ember.compile(f, backend="aot_eager")(x, y)
-    out.sum().backward()
-    want = TwoTensor(a, b).requires_grad_(True)
-    f(want, y).sum().backward()
-    assert type(x.grad) is type(want.grad)
-    torch.testing.assert_close(x.grad, want.grad)
+    out = ember.compile(f, backend="aot_eager", fullgraph=True)(x, y)
+    torch.testing.assert_close(out.a, f(a, y))
+    with pytest.raises(ember.EmberError, match="gradient of a TwoTensor is a Tensor"):
+        out.sum().backward()
+    assert x.grad is None
 
 
 def test_torchao_int8_weight_only_mlp():
@@ -205,3 +202,61 @@ def test_torchao_int8_weight_only_mlp():
         torch.testing.assert_close(m(x * 2), m.forward(x * 2))
     st = capture.stats()
     assert st["graphs"] == peer == 1 and st.get("graph_breaks", 0) == 0, st
+
+
+def test_subclass_parameter_training_grads_equal_eager():
+    # torch's own TwoTensor (gradients are TwoTensors): a subclass parameter that requires grad;
+    # its gradient comes back as a TwoTensor equal to eager's, in one graph
+    from torch.testing._internal.two_tensor import TwoTensor as TT
+
+    def g(x, y):
+        return ((x * 2).sin() * y).sum()
+    for backend in ("aot_eager", "ember"):
+        ember.reset()
+        a, b, y = torch.randn(4, 5), torch.randn(4, 5), torch.randn(4, 5)
+        xa, xb = TT(a, b).requires_grad_(True), TT(a.clone(), b.clone()).requires_grad_(True)
+        out = ember.compile(g, backend=backend, fullgraph=True)(xa, y)
+        want = g(xb, y)
+        assert type(out) is type(want) is TT
+        torch.testing.assert_close(out.a, want.a)
+        out.backward()
+        want.backward()
+        assert type(xa.grad) is TT
+        torch.testing.assert_close(xa.grad.a, xb.grad.a)
+        torch.testing.assert_close(xa.grad.b, xb.grad.b)
+        st = capture.stats()
+        assert st["graphs"] == 1 and st.get("graph_breaks", 0) == 0, st
+    # y requiring grad too: its gradient would be a TwoTensor (a subclass gradient of a plain
+    # input), refused loudly
+    with pytest.raises(ember.EmberError, match="gradient of a plain input is a TwoTensor"):
+        ember.compile(g, backend="aot_eager")(TT(a, b).requires_grad_(True),
+                                              y.clone().requires_grad_(True))
+
+
+def test_module_with_subclass_parameter_sgd_steps_equal_eager():
+    from torch.testing._internal.two_tensor import TwoTensor as TT
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(TT(torch.randn(5, 3), torch.randn(5, 3)))
+
+        def forward(self, x):
+            return (x @ self.w).tanh().sum()
+    torch.manual_seed(0)
+    m, ref = Net(), Net()
+    with torch.no_grad():
+        ref.w.a.copy_(m.w.a)
+        ref.w.b.copy_(m.w.b)
+    ember.compile(m, backend="ember", fullgraph=True)
+    x = torch.randn(4, 5)
+    for net in (m, ref):
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        for _ in range(3):
+            opt.zero_grad()
+            net(x).backward()
+            opt.step()
+    torch.testing.assert_close(m.w.a, ref.w.a)
+    torch.testing.assert_close(m.w.b, ref.w.b)
+    st = capture.stats()
+    assert st["graphs"] == 1 and st.get("recompiles", 0) == 0, st
