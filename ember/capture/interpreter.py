@@ -599,14 +599,14 @@ class Tracer:
             if isinstance(a, TensorV) and a.meta is out:
                 return a
         if isinstance(out, torch.Tensor):
-            return TensorV(node, out, device)
+            return TensorV(node, out, device, cls=_tensor_cls(out))
         if isinstance(out, (tuple, list)):
             items = []
             for i, o in enumerate(out):
                 if isinstance(o, torch.Tensor):
                     g = self.graph.call_function(operator.getitem, (node, i))
                     g.meta["example_value"] = o
-                    items.append(TensorV(g, o, device))
+                    items.append(TensorV(g, o, device, cls=_tensor_cls(o)))
                 else:
                     items.append(self.const_value(o))
             if isinstance(out, list):
@@ -911,6 +911,11 @@ def _has_tensor(x) -> bool:
 
 def _fname(target) -> str:
     return getattr(target, "__qualname__", None) or getattr(target, "__name__", repr(target))
+
+
+def _tensor_cls(meta) -> type:
+    """A result's class as isinstance sees it: a traceable subclass's meta copy is that class."""
+    return type(meta) if is_traceable_subclass(meta) else torch.Tensor
 
 
 def _placeholder_name(source: Source, i: int) -> str:

@@ -260,3 +260,19 @@ def test_module_with_subclass_parameter_sgd_steps_equal_eager():
     torch.testing.assert_close(m.w.b, ref.w.b)
     st = capture.stats()
     assert st["graphs"] == 1 and st.get("recompiles", 0) == 0, st
+
+
+def branch_on_type(x):
+    y = x * 2
+    if isinstance(y, TwoTensor):        # a subclass result: the trace sees its class
+        return y + 1, x.a.sum()         # an input's inner tensor, read through its source
+    return y - 1, x.b.sum()
+
+
+def test_isinstance_of_subclass_results_and_inner_attribute_reads():
+    a, b = torch.randn(3), torch.randn(3)
+    got = ember.compile(branch_on_type, backend="aot_eager", fullgraph=True)(TwoTensor(a, b))
+    want = branch_on_type(TwoTensor(a, b))
+    assert type(got[0]) is type(want[0]) is TwoTensor
+    torch.testing.assert_close(got[0].b, want[0].b)
+    torch.testing.assert_close(got[1], want[1])
