@@ -23,6 +23,7 @@ warning once.
 """
 from __future__ import annotations
 
+import inspect
 import operator
 import types
 
@@ -75,7 +76,6 @@ def make_transform(tr, f, args: list, kwargs: dict) -> V:
     if not args or not isinstance(args[0], (FuncV, ObjV, TransformV)):
         raise tr.unsupported(f"torch.func.{name} of a {type(args[0]).__name__ if args else 'no'} "
                              "function")
-    import inspect
     params = list(inspect.signature(f).parameters)[1:]
     opts = dict(zip(params, args[1:]))
     opts.update(kwargs)
@@ -132,7 +132,7 @@ def call_opaque(tr, name: str, fn, args: list, kwargs: dict) -> V:
     target.__module__ = __name__
     metas = [t.meta for t in tensors]
     try:
-        with _MetaOnly(name):
+        with _MetaOnly(name), torch.device("meta"):      # factories inside: on meta too
             out = target(*metas)
     except Unsupported as e:
         raise tr.unsupported(str(e.args[0]) if e.args else str(e)) from None
