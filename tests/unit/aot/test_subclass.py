@@ -265,7 +265,7 @@ def test_module_with_subclass_parameter_sgd_steps_equal_eager():
 def branch_on_type(x):
     y = x * 2
     if isinstance(y, TwoTensor):        # a subclass result: the trace sees its class
-        return y + 1, x.a.sum()         # an input's inner tensor, read through its source
+        return y + 1, x.a.sum() + y.b   # an input's inner tensor (its source), a result's
     return y - 1, x.b.sum()
 
 
