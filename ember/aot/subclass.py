@@ -70,18 +70,6 @@ class Layout:
         return self.cls.__tensor_unflatten__(inner, self.ctx, self.size, self.stride)
 
 
-def flatten_all(values, layouts) -> list:
-    out: list = []
-    for v, lay in zip(values, layouts):
-        out.append(v) if lay is None else lay.flatten(v, out)
-    return out
-
-
-def unflatten_all(flat, layouts) -> list:
-    it = iter(flat)
-    return [next(it) if lay is None else lay.unflatten(it) for lay in layouts]
-
-
 def _differentiable(t) -> bool:
     return t.dtype.is_floating_point or t.dtype.is_complex
 
