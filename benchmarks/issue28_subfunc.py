@@ -80,16 +80,19 @@ def call_q(m):
 run("own int8 weight-only MLP, training (grads of x, biases)", make_q, call_q)
 
 
-def make_ao():
-    from torchao.quantization import Int8WeightOnlyConfig, quantize_
-    torch.manual_seed(0)
-    m = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 32))
-    quantize_(m, Int8WeightOnlyConfig())
-    return m
+def make_ao(config):
+    def make():
+        import torchao.quantization as ao
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 32))
+        ao.quantize_(m, getattr(ao, config)())
+        return m
+    return make
 
 
 AX = torch.randn(8, 64)
-run("torchao Int8WeightOnlyConfig MLP, inference", make_ao, lambda m: m(AX).detach())
+for cfg in ("Int8WeightOnlyConfig", "Int8DynamicActivationInt8WeightConfig"):
+    run(f"torchao {cfg} MLP, inference", make_ao(cfg), lambda m: m(AX).detach())
 
 
 def g_tt(x, y):

@@ -189,11 +189,13 @@ def test_subclass_output_whose_gradient_is_plain_raises_naming_the_class():
     assert x.grad is None
 
 
-def test_torchao_int8_weight_only_mlp():
+@pytest.mark.parametrize("config", ["Int8WeightOnlyConfig",
+                                    "Int8DynamicActivationInt8WeightConfig"])
+def test_torchao_int8_mlp(config):
     ao = pytest.importorskip("torchao.quantization")
     torch.manual_seed(0)
     m = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 32))
-    ao.quantize_(m, ao.Int8WeightOnlyConfig())
+    ao.quantize_(m, getattr(ao, config)())
     assert type(m[0].weight).__name__ == "Int8Tensor"
     x = torch.randn(8, 64)
     with torch.no_grad():
