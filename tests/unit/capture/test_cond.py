@@ -55,6 +55,20 @@ def test_branches_calling_submodules_under_no_grad():
     assert capture.stats()["graphs"] == 1
 
 
+def test_eager_torch_cond_with_dynamic_sizes_beside_ember():
+    # eager torch.cond compiles itself with Dynamo; from the second size on its sizes are
+    # Dynamo's symbols, and ember's Meta view kernels (shapes.install_meta_views, installed for
+    # the process) asked them for ember's shape env: "'SymNode' object has no attribute 'env'"
+    # (the eager reference of these tests failed in the full suite)
+    from ember import shapes
+    shapes.install_meta_views()
+    torch._dynamo.reset()
+    for n, sign in ((3, 1.0), (4, -1.0), (5, 1.0)):
+        x = ((torch.rand(n) + 0.1) * sign).requires_grad_()      # the autograd path
+        want = ((x * 1.5).sqrt() if sign > 0 else x * 2 + 1.5).sum()
+        torch.testing.assert_close(sqrt_or_double(x, torch.tensor(1.5)), want)
+
+
 @pytest.mark.parametrize("backend", ["aot_eager", "ember"])
 def test_gradient_through_tensor_predicate_in_one_graph(backend):
     # torch.compile: 1 graph, 0 breaks for this module (measured; torch.cond's autograd gives
