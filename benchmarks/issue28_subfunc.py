@@ -136,7 +136,8 @@ def call_sqrt(fn):
 
 run("torch.cond, untaken branch with sqrt at 0 (grads)", lambda: sqrt_or_double, call_sqrt)
 
-from test_functorch import functional_grad, jac_and_vmap, per_sample_grads, x as FX  # noqa: E402
+from test_functorch import (MLP as PMLP, functional_grad, jac_and_vmap,  # noqa: E402
+                            per_sample_grads, per_sample_param_grads, x as FX)
 
 run("vmap(grad(f)) inside a compiled function", lambda: per_sample_grads, lambda fn: fn(FX))
 LIN = nn.Linear(4, 3)
@@ -153,3 +154,7 @@ def call_jac(fn):
 
 
 run("jacrev + grad_and_value + vmap, outer backward", lambda: jac_and_vmap, call_jac)
+PP = {k: v.detach() for k, v in PMLP.named_parameters()}
+run("per-sample grads: vmap(grad(functional_call(MLP)))", lambda: per_sample_param_grads,
+    lambda fn: fn(PP, torch.randn(8, 4, generator=torch.Generator().manual_seed(4)),
+                  torch.randn(8, 1, generator=torch.Generator().manual_seed(5))))

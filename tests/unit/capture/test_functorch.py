@@ -142,3 +142,25 @@ def test_untraceable_transforms_break_with_one_warning(fn, args, match):
     torch.testing.assert_close(got, fn(*args))
     st = capture.stats()
     assert st["graph_breaks"] >= 1 and st.get("fallbacks", 0) == 0, st
+
+
+MLP = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Tanh(), torch.nn.Linear(3, 1))
+
+
+def per_sample_param_grads(params, xs, ys):
+    def loss(p, xi, yi):
+        return (torch.func.functional_call(MLP, p, (xi,)) - yi).pow(2).sum()
+    return torch.func.vmap(torch.func.grad(loss), in_dims=(None, 0, 0))(params, xs, ys)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "ember"])
+def test_per_sample_grads_of_a_model_in_one_graph(backend):
+    # the canonical torch.func recipe; torch.compile: 1 graph, 0 breaks (benchmarks/
+    # issue28_subfunc.py). vmap's 1-D @ 2-D rule emits squeeze_ on a view (aot tracer)
+    params = {k: v.detach() for k, v in MLP.named_parameters()}
+    xs, ys = torch.randn(8, 4), torch.randn(8, 1)
+    got = ember.compile(per_sample_param_grads, backend=backend, fullgraph=True)(params, xs, ys)
+    want = per_sample_param_grads(params, xs, ys)
+    for k in want:
+        torch.testing.assert_close(got[k], want[k])
+    assert capture.stats()["graphs"] == 1
