@@ -293,13 +293,16 @@ def is_dense(env, sizes, strides) -> bool:
 
 
 def env_of(*values) -> ShapeEnv | None:
-    """The shape env behind any SymInt among `values` (tensors' sizes included)."""
+    """The shape env behind any of ember's SymInts among `values` (tensors' sizes included).
+    Another tracer's symbols (Dynamo's, in eager torch.cond's own compile) are not ours: None,
+    so the Meta view kernels installed below hand those calls to the original kernels."""
     for v in values:
         if isinstance(v, torch.Tensor):
             for s in tuple(v.shape) + tuple(v.stride()):
-                if isinstance(s, torch.SymInt):
+                if isinstance(s, torch.SymInt) and isinstance(s.node, SymNode):
                     return s.node.env
-        elif isinstance(v, (torch.SymInt, torch.SymBool, torch.SymFloat)):
+        elif isinstance(v, (torch.SymInt, torch.SymBool, torch.SymFloat)) and \
+                isinstance(v.node, SymNode):
             return v.node.env
         elif isinstance(v, (list, tuple)):
             e = env_of(*v)

@@ -8,6 +8,7 @@ kernel compiler built from the aten graphs this stage traced (docs/design/001-st
   joint.py        forward / joint forward+backward tracing, output aliasing plan
   partition.py    default and min-cut partitioners
   runtime.py      autograd.Function runtime, input mutations, alias rebuilding
+  subclass.py     tensor subclasses flattened into their inner tensors at the graph boundary
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from ..logging import get_logger
 from .joint import Traced, trace_program
 from .partition import partition
 from .runtime import InferenceRuntime, TrainingRuntime
+from .subclass import SubclassRuntime, desugar
 from .foreign import ForeignShapes, ValueSpecialized, adopt, guard_check, is_foreign, scalar_reads
 from .tracer import graph_device, specs_of
 
@@ -63,6 +65,10 @@ def aot_compile(gm, example_inputs, *, fw_compiler, bw_compiler=None, decomposit
             env.frozen = True    # a later size decision (lazy backward) is refused, not unchecked
             return check, runtime
         return ForeignShapes(build).add(*build(list(example_inputs)))
+    sub = desugar(gm, example_inputs)
+    if sub is not None:           # tensor subclasses: flattened at the boundary (subclass.py)
+        prog, flat = sub
+        return SubclassRuntime(_compile(prog, flat, specs_of(flat), **kw), prog)
     specs = specs_of(example_inputs, gm if isinstance(gm, fx.GraphModule) else None)
     return _compile(gm, example_inputs, specs, **kw)
 

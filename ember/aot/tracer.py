@@ -36,6 +36,7 @@ from .functionalize import IDENTITY_VIEWS, SCATTER, SCATTER_MULTI, functional_va
 
 aten = torch.ops.aten
 META = torch.device("meta")
+_PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
 # the functionalizer's own primitive: how decompositions write, never decomposed itself
 NEVER_DECOMPOSE = frozenset({aten.copy_.default})
 
@@ -276,6 +277,10 @@ class Tracer(TorchDispatchMode):
 
     # ---- dispatch ----------------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if any(t not in _PLAIN_TYPES for t in types):
+            # a tensor subclass (aot/subclass.py): its __torch_dispatch__ runs next and calls
+            # aten on its inner tensors, which come back here
+            return NotImplemented
         if regions.has_policy() and not self._selective:
             return self._dispatch_selective(func, types, args, kwargs)
         kwargs = kwargs or {}
@@ -390,20 +395,29 @@ class Tracer(TorchDispatchMode):
         """`t.squeeze_(d)` on an intermediate (matmul of a 1-D operand emits it): record the
         out-of-place view and rebind `t` to it. `t` stays the autograd-visible tensor, so it is
         registered as a value of its own (not a view of a hidden pre-squeeze alias, which would
-        carry no autograd history and make the output non-differentiable)."""
+        carry no autograd history and make the output non-differentiable); when `t` is itself
+        a view of an intermediate, its view record composes both ops (`_then`)."""
         t = args[0]
         rest = tuple(tree_map(self._meta_arg, tuple(args[1:])))
         kwargs = tree_map(self._meta_arg, kwargs)
         st = self._storage[_skey(t)]
-        if st.input_index is not None or id(t) in self._view or st.base is not t:
-            raise Unsupported(f"ember.aot: in-place metadata change {func} of a graph input or "
-                              "of a view is not supported")
+        if st.input_index is not None:
+            raise Unsupported(f"ember.aot: in-place metadata change {func} of a graph input is "
+                              "not supported")
         view_func = _out_of_place_view(func)
         old_node = self.node_of(t)
+        prev = self._view.get(id(t))
         func(t, *rest, **kwargs)  # meta: changes t's sizes/strides in place
         node = self.emit(view_func, (old_node,) + tree_map(self._node_arg, rest),
                          tree_map(self._node_arg, kwargs), t)
         self._node[id(t)] = (t, node, st.gen)
+        if prev is not None:
+            # a view of an intermediate (vmap's matmul batching rule squeezes one): it is
+            # regenerated from its parent by both view ops; a write through it has no scatter
+            # rule for the pair, so it is refused there
+            parent, op, args, kw, index = prev
+            self._view[id(t)] = (parent, _then(op, args, kw, index, view_func, rest, kwargs),
+                                 (), {}, None)
         return t
 
     def _mutating_op(self, func, args, kwargs):
@@ -527,6 +541,15 @@ def _cpu_conv_layout(x, out):
     if c == 1 or h * w == 1:
         return out
     return torch.empty_strided(out.shape, (h * w * c, 1, w * c, c), dtype=out.dtype, device="meta")
+
+
+def _then(op, args, kwargs, index, view_func, rest, rest_kwargs):
+    """One view op replaying `op` (None: an identity alias), then `view_func`."""
+    def replay(base):
+        x = base if op is None else op(base, *args, **kwargs)
+        return view_func(x if index is None else x[index], *rest, **rest_kwargs)
+    replay.__name__ = f"{getattr(op, '__name__', 'alias')}_then_{view_func.__name__}"
+    return replay
 
 
 def _out_of_place_view(func):

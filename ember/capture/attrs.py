@@ -13,6 +13,7 @@ import torch
 
 from . import ndarrays
 from .sources import MODULE_TABLES, AttrSource, DictEntrySource
+from .subclasses import flatten_meta, is_traceable_subclass
 from .values import (BuiltinMethodV, DictV, FuncV, ListV, MethodV, NdarrayV, NewObjV, ObjV,
                      PartialV, SuperV, TensorV, TupleV, V, is_literal)
 
@@ -143,6 +144,8 @@ def _tensor_attr(tr, v: TensorV, name: str) -> V:
     if attr is None:
         # an attribute set on the caller's tensor object (x.tag = ...): guarded present/absent
         real = next((r for _, t, r in tr.inputs if t is v), None)
+        if real is None and is_traceable_subclass(v.meta) and name in flatten_meta(v.meta)[0]:
+            return tr.call_graph(getattr, [v, ObjV(name)], {})    # a subclass result's inner
         if real is None:
             raise TraceAttributeError(name)
         present = name in getattr(real, "__dict__", {})

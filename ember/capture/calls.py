@@ -22,7 +22,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..errors import Unsupported
 from ..logging import warn_once
-from . import ndarrays
+from . import functorch, ndarrays
 from .checkpoint import call_checkpoint, is_checkpoint
 from .cond import call_cond, is_cond
 from .flex import call_flex, is_flex_attention
@@ -123,6 +123,8 @@ def call(tr, fn: V, args: list, kwargs: dict) -> V:
     if isinstance(fn, ContextV) and fn.ctx_kind in _DECORATOR_KINDS and len(args) == 1 and \
             not kwargs and isinstance(args[0], (FuncV, ObjV, MethodV, PartialV, DecoratedV)):
         return DecoratedV(fn, args[0])          # a context manager used as a decorator
+    if isinstance(fn, functorch.TransformV):
+        return functorch.call_transform(tr, fn, args, kwargs)
     if isinstance(fn, DecoratedV):
         from .handlers.contexts import context_method
         ctx = ContextV(fn.ctx.ctx_kind, fn.ctx.args)   # a fresh one per call, as ContextDecorator
@@ -184,13 +186,14 @@ def call_obj(tr, fn: ObjV, args: list, kwargs: dict) -> V:
         if own_call is not torch.nn.Module.__call__ and isinstance(own_call, types.FunctionType):
             return call(tr, ObjV(own_call), [fn] + list(args), kwargs)    # a user __call__
         return call_module(tr, fn, args, kwargs)
+    if functorch.traceable(f):
+        return functorch.make_transform(tr, f, args, kwargs)
     if is_functorch(f):
         what = f"torch.func.{f.__name__}" if getattr(f, "__module__", None) == "torch.func" else \
             f"the function torch.func made of {_name(f)}"
-        err = tr.unsupported(f"{what} is not traced", hint="it runs eagerly (a graph break); "
-                             "the code before and after it is compiled")
-        warn_once(f"functorch:{err.location}", str(err))
-        raise err
+        raise functorch.warn_break(tr.unsupported(
+            f"{what} is not traced", hint="it runs eagerly (a graph break); the code before "
+            "and after it is compiled"))
     if getattr(f, "__name__", None) in _IS_COMPILING and \
             getattr(f, "__module__", None) in _IS_COMPILING[f.__name__]:
         return ObjV(True)    # library code asks "am I being traced?": yes

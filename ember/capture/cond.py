@@ -4,10 +4,14 @@ Consumes the call's values; produces the branch outputs. A constant predicate (a
 one computed from shapes) inlines the branch it takes. A tensor predicate traces both branches
 inline and selects each output with `torch.where(pred, true_out, false_out)`: equal to eager's
 values when neither branch has side effects (torch.cond forbids them too) and the outputs agree
-in shape and dtype. Where a gradient flows (grad mode on and an output requires grad) this is
-refused as a graph break, so torch.cond runs eagerly: the untaken branch's backward would get a
-zero gradient, and 0 * inf from its derivative (sqrt at 0, log of a negative) would be a NaN
-where eager's gradient is finite.
+in shape and dtype.
+
+Gradients: every tensor that requires grad and enters a branch from outside it (an operand, a
+parameter or any earlier value the branch reads) is read inside the branch through a gate,
+`where(pred, x, x.detach())` for the true branch (`~pred` for the false one): its value is `x`,
+and its backward keeps the branch's gradient only where the branch was taken. So the untaken
+branch contributes an exact zero, as in eager (torch.cond's untaken parameters get zero grads),
+even where its derivative is infinite (sqrt at 0: 0 * inf would be NaN behind a plain where).
 """
 from __future__ import annotations
 
@@ -35,23 +39,56 @@ def call_cond(tr, args: list, kwargs: dict):
         return tr.call(bound["true_fn" if pred.value else "false_fn"], operands, {})
     if not isinstance(pred, TensorV) or pred.meta.numel() != 1 or pred.meta.dtype != torch.bool:
         raise tr.unsupported("torch.cond whose predicate is not a one-element bool tensor")
-    n_nodes, n_effects, n_mutated = len(tr.graph.nodes), len(tr.effects), len(tr.mutated)
-    outs = [_flat(tr, tr.call(bound[fn], operands, {})) for fn in ("true_fn", "false_fn")]
-    if len(tr.effects) != n_effects or len(tr.mutated) != n_mutated or any(
-            _mutates(n) for n in list(tr.graph.nodes)[n_nodes:]):
+    n_effects, n_mutated = len(tr.effects), len(tr.mutated)
+    p = tr.call_graph(torch.reshape, [pred, ObjV(())], {})
+    not_p = tr.call_graph(torch.logical_not, [p], {})
+    outs = []
+    for fn, taken in (("true_fn", p), ("false_fn", not_p)):
+        mark = list(tr.graph.nodes)[-1]
+        outs.append(_flat(tr, tr.call(bound[fn], operands, {})))
+        branch = _nodes_after(tr.graph, mark)
+        if any(_mutates(n) for n in branch):
+            raise tr.unsupported("a torch.cond branch has side effects or mutates a tensor")
+        if torch.is_grad_enabled():
+            _gate_inputs(tr.graph, branch, taken.node)
+    if len(tr.effects) != n_effects or len(tr.mutated) != n_mutated:
         raise tr.unsupported("a torch.cond branch has side effects or mutates a tensor")
     (kind, t_out), (_, f_out) = outs
     if len(t_out) != len(f_out) or any(
             a.meta.shape != b.meta.shape or a.meta.dtype != b.meta.dtype
             for a, b in zip(t_out, f_out)):
         raise tr.unsupported("torch.cond branches return tensors of different shapes or dtypes")
-    if torch.is_grad_enabled() and any(a.meta.requires_grad or b.meta.requires_grad
-                                       for a, b in zip(t_out, f_out)):
-        raise tr.unsupported("torch.cond with a tensor predicate where a gradient flows",
-                             hint="traced only without grad; it runs eagerly (a graph break)")
-    p = tr.call_graph(torch.reshape, [pred, ObjV(())], {})
     sel = [tr.call_graph(torch.where, [p, a, b], {}) for a, b in zip(t_out, f_out)]
     return sel[0] if kind is None else kind(sel)
+
+
+def _nodes_after(graph, mark) -> list:
+    """The nodes appended after `mark`, placeholders aside (capture adds an input where the
+    trace first reads it, so a parameter first read in a branch is added there)."""
+    nodes = list(graph.nodes)
+    return [n for n in nodes[nodes.index(mark) + 1:] if n.op != "placeholder"]
+
+
+def _gate_inputs(graph, branch: list, taken) -> None:
+    """Read each outside tensor that requires grad through `where(taken, x, x.detach())`."""
+    inside = set(branch)
+    gates = {}
+    for node in branch:
+        for x in list(node.all_input_nodes):
+            val = x.meta.get("example_value")
+            if x in inside or x is taken or not isinstance(val, torch.Tensor) or \
+                    not val.requires_grad:
+                continue
+            gate = gates.get(x)
+            if gate is None:
+                with graph.inserting_before(node):
+                    det = graph.call_function(torch.Tensor.detach, (x,))
+                    det.meta["example_value"] = val.detach()
+                    gate = graph.call_function(torch.where, (taken, x, det))
+                    gate.meta["example_value"] = torch.where(
+                        taken.meta["example_value"], val, val.detach())
+                gates[x] = gate
+            node.replace_input_with(x, gate)
 
 
 def _flat(tr, out):

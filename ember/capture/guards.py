@@ -17,11 +17,12 @@ from typing import Any
 import torch
 
 from .sources import Source
+from .subclasses import flatten_meta
 
 # kind → rank: cheap checks first
 RANKS = {"GLOBAL_STATE": 0, "ID": 1, "TYPE": 2, "NONE": 2, "EQ": 3, "LEN": 3, "KEYS": 4,
-         "ALIAS": 5, "HASATTR": 5, "ABSENT": 5, "TENSOR": 6, "SHAPE": 6, "NO_ALIAS": 7,
-         "NO_HOOKS": 7}
+         "ALIAS": 5, "HASATTR": 5, "ABSENT": 5, "TENSOR": 6, "SHAPE": 6, "FLATTEN": 6,
+         "NO_ALIAS": 7, "NO_HOOKS": 7}
 
 
 @dataclasses.dataclass
@@ -70,6 +71,8 @@ class Guard:
                     f"{e}.requires_grad is {rg} and {dev}")
         if k == "SHAPE":
             return self.expected[0]
+        if k == "FLATTEN":          # a tensor subclass's inner attributes and context
+            return f"{bind(flatten_meta)}({e}) == {bind(self.expected)}"
         if k == "GLOBAL_STATE":
             return f"{bind(global_state)}() == {bind(self.expected)}"
         if k == "NO_ALIAS":

@@ -27,6 +27,7 @@ from .functorch import is_functorch
 from .guards import Guard, global_state
 from .sources import (AttrSource, ClosureSource, ConstSource, DictEntrySource, GlobalSource,
                       ItemSource, LocalSource, SizeSource, Source)
+from .subclasses import guard_inner, is_traceable_subclass, meta_copy
 from .values import (NULL, SYM_TYPES, CellV, DictV, LazyV, ListV, ObjV, TensorV, TupleV, V,
                      is_literal)
 
@@ -368,17 +369,21 @@ class Tracer:
             source = ConstSource(self.bind_const(value, "t"))
         if value.layout != torch.strided or value.is_quantized or value.is_nested:
             raise self.unsupported(f"tensor with layout {value.layout}")
-        if type(value) not in (torch.Tensor, torch.nn.Parameter) and not isinstance(
+        sub = is_traceable_subclass(value)
+        if not sub and type(value) not in (torch.Tensor, torch.nn.Parameter) and not isinstance(
                 value, torch.nn.parameter.Buffer if hasattr(torch.nn.parameter, "Buffer") else ()):
-            raise self.unsupported(f"tensor subclass {type(value).__name__}")
-        dims = self._dynamic_dims_of(value, source)
+            raise self.unsupported(f"tensor subclass {type(value).__name__} (it does not "
+                                   "implement __tensor_flatten__/__tensor_unflatten__)")
+        dims = [] if sub else self._dynamic_dims_of(value, source)
         if dims:
             meta, shape, stride = self._symbolic_meta(value, source, dims)
         else:
-            meta = torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device="meta")
+            meta = meta_copy(value)          # a subclass: rebuilt around meta inner tensors
             shape, stride = tuple(value.shape), value.stride()
         if value.requires_grad:
             meta.requires_grad_(True)
+        if sub:
+            guard_inner(self, value, source)
         self.guard("TENSOR", source, (type(value), value.dtype, value.device, shape, stride,
                                       value.requires_grad))
         node = self.graph.placeholder(_placeholder_name(source, len(self.inputs)))
@@ -594,14 +599,14 @@ class Tracer:
             if isinstance(a, TensorV) and a.meta is out:
                 return a
         if isinstance(out, torch.Tensor):
-            return TensorV(node, out, device)
+            return TensorV(node, out, device, cls=_tensor_cls(out))
         if isinstance(out, (tuple, list)):
             items = []
             for i, o in enumerate(out):
                 if isinstance(o, torch.Tensor):
                     g = self.graph.call_function(operator.getitem, (node, i))
                     g.meta["example_value"] = o
-                    items.append(TensorV(g, o, device))
+                    items.append(TensorV(g, o, device, cls=_tensor_cls(o)))
                 else:
                     items.append(self.const_value(o))
             if isinstance(out, list):
@@ -906,6 +911,11 @@ def _has_tensor(x) -> bool:
 
 def _fname(target) -> str:
     return getattr(target, "__qualname__", None) or getattr(target, "__name__", repr(target))
+
+
+def _tensor_cls(meta) -> type:
+    """A result's class as isinstance sees it: a traceable subclass's meta copy is that class."""
+    return type(meta) if is_traceable_subclass(meta) else torch.Tensor
 
 
 def _placeholder_name(source: Source, i: int) -> str:

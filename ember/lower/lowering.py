@@ -267,6 +267,11 @@ class GraphLowering:
                 self.env[node] = value
                 if node in out_strides and isinstance(value, (Pending, Reindex)):
                     value.preferred_stride = out_strides[node]   # store it once, in that layout
+                elif isinstance(value, Pending) and node.target is torch.ops.aten._to_copy.default \
+                        and _output_stride(meta_of(node)) is not None:
+                    # a cast keeps its input's dense layout (eager's preserve_format): the int8
+                    # weight dequantized before an mm stays transposed, read and written linearly
+                    value.preferred_stride = _output_stride(meta_of(node))
                 elif isinstance(value, Pending) and _channels_last_meta(meta_of(node)):
                     # a channels-last region (backends/layout.py): keep it NHWC when stored
                     value.preferred_stride = as_sizes(meta_of(node).stride())
