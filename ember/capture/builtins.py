@@ -15,6 +15,7 @@ import types
 
 import torch
 
+from .dictkeys import dict_key, has_traced_keys, key_value, missing
 from .values import (STOP, BuiltinMethodV, ContextV, DictV, DictViewV, FuncV, GenV, IterV,
                      LazyV, ListV, MethodV, NdarrayV, NewObjV, ObjV, SYM_TYPES, SuperV, TensorV,
                      TupleV, V, is_literal, is_model_output, peek, pending)
@@ -40,6 +41,9 @@ def real(tr, v: V, use: bool = True):
         if isinstance(v, ListV):
             return items
         return v.cls(items) if v.cls in (tuple, torch.Size) else v.cls(*items)
+    if isinstance(v, (DictV, DictViewV)) and has_traced_keys(v.items if isinstance(v, DictV)
+                                                             else v.d.items):
+        raise tr.unsupported("a dict keyed by a tensor of the trace used where a constant is needed")
     if isinstance(v, DictV):
         return {k: real(tr, x, use) for k, x in v.items.items()}
     if isinstance(v, DictViewV):       # keys are constants: a keys view is one whatever the values
@@ -99,14 +103,14 @@ def step(tr, it: V):
     return v
 
 
-def view_items(v: DictViewV) -> list:
+def view_items(tr, v: DictViewV) -> list:
     """A dict view's values now."""
     it = v.d.items
     if v.view == "keys":
-        return [ObjV(k) for k in it]
+        return [key_value(tr, k) for k in it]
     if v.view == "values":
         return list(it.values())
-    return [TupleV([ObjV(k), x]) for k, x in it.items()]
+    return [TupleV([key_value(tr, k), x]) for k, x in it.items()]
 
 
 def as_iter(tr, v: V) -> V:
@@ -118,9 +122,9 @@ def iterate(tr, v: V) -> list:
     if isinstance(v, (ListV, TupleV)):
         return list(v.items)
     if isinstance(v, DictV):
-        return [ObjV(k) for k in v.items]
+        return [key_value(tr, k) for k in v.items]
     if isinstance(v, DictViewV):
-        return view_items(v)
+        return view_items(tr, v)
     if isinstance(v, IterV):
         out = v.items[v.pos:]
         v.pos = len(v.items)
@@ -375,11 +379,11 @@ def _dict(tr, args, kwargs):
             # a mapping: dict() reads its keys() and then each item, as CPython does
             from .attrs import load_attr
             for k in iterate(tr, tr.call(load_attr(tr, a, "keys"), [], {})):
-                items[real(tr, k)] = tr.getitem(a, k)
+                items[dict_key(tr, k)] = tr.getitem(a, k)
         else:
             for pair in iterate(tr, a):
                 k, x = iterate(tr, pair)
-                items[real(tr, k)] = x
+                items[dict_key(tr, k)] = x
     items.update(kwargs)
     return DictV(items)
 
@@ -390,7 +394,7 @@ def _make_fromkeys(cls):
         if not args or len(args) + len(kwargs) > 2 or set(kwargs) - {"value"}:
             raise tr.unsupported(f"{cls.__name__}.fromkeys with unexpected arguments")
         value = args[1] if len(args) > 1 else kwargs.get("value", ObjV(None))
-        d = DictV({real(tr, k): value for k in iterate(tr, args[0])})
+        d = DictV({dict_key(tr, k): value for k in iterate(tr, args[0])})
         d.cls = cls
         return d
     return h
@@ -722,30 +726,32 @@ def _list_method(tr, lst: ListV, name, args):
 def _dict_method(tr, d: DictV, name, args, kwargs):
     it = d.items
     if name in ("get", "__getitem__"):
-        k = real(tr, args[0])
+        k = dict_key(tr, args[0])
         if k in it:
             return it[k]
+        if name == "__getitem__" and (x := missing(tr, d, k)) is not None:
+            return x
         if name == "get":
             return args[1] if len(args) > 1 else ObjV(None)
         raise tr.unsupported(f"KeyError {k!r}")
     if name in ("keys", "values", "items"):
         return DictViewV(d, name)
     if name == "__contains__":
-        return ObjV(real(tr, args[0]) in it)
+        return ObjV(dict_key(tr, args[0]) in it)
     if name in ("__setitem__",):
         _mutate(tr, d)
-        it[real(tr, args[0])] = args[1]
+        it[dict_key(tr, args[0])] = args[1]
         return ObjV(None)
     if name == "pop":
         _mutate(tr, d)
-        k = real(tr, args[0])
+        k = dict_key(tr, args[0])
         if k in it:
             return it.pop(k)
         if len(args) > 1:
             return args[1]
         raise tr.unsupported(f"KeyError {k!r}")
     if name == "setdefault":
-        k = real(tr, args[0])
+        k = dict_key(tr, args[0])
         if k not in it:
             _mutate(tr, d)
             it[k] = args[1] if len(args) > 1 else ObjV(None)
@@ -759,11 +765,11 @@ def _dict_method(tr, d: DictV, name, args, kwargs):
             else:
                 for pair in iterate(tr, src):
                     k, x = iterate(tr, pair)
-                    it[real(tr, k)] = x
+                    it[dict_key(tr, k)] = x
         it.update(kwargs)
         return ObjV(None)
     if name == "copy":
-        return DictV(dict(it), cls=d.cls)
+        return DictV(dict(it), cls=d.cls, factory=d.factory)
     if name == "clear":
         _mutate(tr, d)
         it.clear()

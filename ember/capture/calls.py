@@ -487,7 +487,10 @@ def call_class(tr, fn: ObjV, args, kwargs) -> V:
         if _all_const(args):
             return ObjV(cls(*[a.value for a in args]))
         return ObjV(cls("<traced>"))
-    if cls in (dict, collections.OrderedDict, collections.defaultdict) and not args \
+    if cls is collections.defaultdict:
+        from .dictkeys import new_defaultdict
+        return new_defaultdict(tr, args, kwargs)
+    if cls in (dict, collections.OrderedDict) and not args \
             or (cls in (dict, collections.OrderedDict) or _plain_dict_subclass(cls)) and \
             (not args or not isinstance(args[0], ObjV)):
         from .builtins import BUILTINS as B

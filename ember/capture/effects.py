@@ -17,6 +17,7 @@ import types
 import torch
 import torch.fx as fx
 
+from .dictkeys import TensorKey, has_traced_keys
 from .values import (CellV, DictV, DictViewV, FuncV, LazyV, ListV, NdarrayV, NewModuleV, NewObjV,
                      ObjV, PartialV, TensorV, TupleV, V, is_model_output)
 
@@ -133,6 +134,9 @@ class Rebuild:
             inner = ", ".join(f"{self._key(k)}: {self.expr(x)}" for k, x in v.items.items())
             if v.cls is dict:
                 return self._temp(v, "{" + inner + "}")
+            if v.factory is not None or issubclass(v.cls, collections.defaultdict):
+                factory = self.expr(v.factory) if v.factory is not None else "None"
+                return self._temp(v, f"{self.bind(v.cls, 'c')}({factory}, {{{inner}}})")
             return self._temp(v, f"{self.bind(v.cls, 'c')}({{{inner}}})")
         if isinstance(v, PartialV):
             args = [self.expr(v.func)] + [self.expr(a) for a in v.args] + \
@@ -192,6 +196,10 @@ class Rebuild:
     def _key(self, k):
         if k is None or type(k) in (bool, int, str):
             return repr(k)
+        if isinstance(k, TensorKey):          # a tensor made in the trace: the tensor itself
+            return self.expr(k.tv)
+        if type(k) is tuple and has_traced_keys(k):
+            return "(" + "".join(self._key(i) + ", " for i in k) + ")"
         return self.bind(k)
 
     def _temp(self, v, code):

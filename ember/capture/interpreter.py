@@ -9,6 +9,7 @@ needs a tensor's data raises `Unsupported`.
 from __future__ import annotations
 
 import builtins
+import collections
 import dataclasses
 import inspect
 import operator
@@ -150,6 +151,7 @@ class Tracer:
         self.owned_in_generator: set[int] = set()
         # a set the trace made, holding values without a constant (tensors: by identity)
         self.set_members: dict[int, list] = {}
+        self.tensor_keys: dict = {}                     # id(TensorV) -> its dict key
         self.owned: set[int] = set()                    # ids of real objects the trace created
         self.autocast: dict = {d: dt for d, on, dt in (self.state0[3] or ()) if on}
         self.stop_at: tuple | None = None                # (instruction index, visit) in the root
@@ -294,10 +296,10 @@ class Tracer:
         if t is dict or (isinstance(value, dict) and t.__module__ == "collections"):
             self.guard("TYPE", source, t)
             self.guard("KEYS", source, list(value.keys()))
-            if not all(is_literal(k) for k in value):
-                raise self.unsupported("dict with non-constant keys")
             d = DictV({k: self.wrap(x, self.item_source(source, k) if source else None)
                        for k, x in value.items()}, source, cls=t)
+            if t is collections.defaultdict and source is not None:
+                d.factory = self.wrap(value.default_factory, AttrSource(source, "default_factory"))
             return self._remember(value, d) if t is dict else d
         if isinstance(value, torch.nn.Module):
             self.guard("TYPE", source, t)
