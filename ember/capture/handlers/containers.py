@@ -18,7 +18,7 @@ def build_list(tr, f, ins):
 
 @handler("BUILD_SET")
 def build_set(tr, f, ins):
-    from ..builtins import new_set
+    from ..aggregates import new_set
     f.push(new_set(tr, f.popn(ins.arg)))
 
 

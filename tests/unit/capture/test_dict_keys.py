@@ -136,3 +136,17 @@ def test_unhashable_key_raises_as_eager():
         return x
 
     check(f, torch.randn(2))
+
+
+def test_min_max_of_scalar_tensors_and_numbers():
+    def f(a, b):
+        c = a + b
+        a = a.sum()
+        b = b.sum()
+        a = min(max(a, 0), 1)
+        b = max(0, min(1, b))
+        return max(a, b) - min(a, b) + c
+
+    check(f, torch.randn(4), torch.randn(4))
+    ember.reset()
+    check(f, torch.full((3,), 0.2), torch.full((3,), -0.1))
