@@ -120,6 +120,9 @@ def _structseq_fields(cls):
 
 
 def _tensor_attr(tr, v: TensorV, name: str) -> V:
+    ov = tr.overlay.get((id(v), name))
+    if ov is not None:                  # written in the trace (store_tensor_attr)
+        return ov
     if name in _TENSOR_CONST_ATTRS:
         return ObjV(getattr(v.meta, name))
     if name == "device":
@@ -335,6 +338,9 @@ def store_attr(tr, obj_v: V, name: str, value: V, plain: bool = False) -> None:
     if isinstance(obj_v, NewObjV):
         obj_v.attrs[name] = value
         return
+    if isinstance(obj_v, TensorV):
+        _store_tensor_attr(tr, obj_v, name, value)
+        return
     if isinstance(obj_v, ObjV) and obj_v.source is not None and not isinstance(obj_v.value, type):
         obj = obj_v.value
         if isinstance(obj, torch.nn.Module):
@@ -345,6 +351,24 @@ def store_attr(tr, obj_v: V, name: str, value: V, plain: bool = False) -> None:
         tr.effects.append(("setattr", obj_v, name, value, plain))
         return
     raise tr.unsupported(f"attribute write {name!r} on {type(obj_v).__name__}")
+
+
+def _store_tensor_attr(tr, t: TensorV, name: str, value: V) -> None:
+    """`x.name = value` on a tensor: a Python attribute of the tensor object (not one of
+    torch.Tensor's), or `.grad` set to a tensor of the same shape and dtype (eager checks
+    them). Replayed on the real tensor after the graph; later reads in the trace see it."""
+    if name == "grad":
+        ok = isinstance(value, ObjV) and value.value is None or isinstance(value, TensorV) and \
+            value.meta.shape == t.meta.shape and value.meta.dtype == t.meta.dtype and \
+            value.device == t.device
+        if not ok:
+            raise tr.unsupported("assigning a .grad of another shape, dtype or device",
+                                 hint="fails eagerly")
+    elif hasattr(torch.Tensor, name):
+        raise tr.unsupported(f"attribute write {name!r} on a tensor (a torch.Tensor attribute)")
+    tr.overlay[(id(t), name)] = value
+    tr.keepalive.append(t)
+    tr.effects.append(("setattr", t, name, value, False))
 
 
 def delete_attr(tr, obj_v: V, name: str) -> None:

@@ -575,6 +575,11 @@ for _name, _op in vars(operator).items():
 # ---- container methods ----------------------------------------------------------------------
 def container_method(tr, recv: V, name: str, args, kwargs) -> V:
     if isinstance(recv, ListV):
+        if recv.cls is collections.deque:
+            from .stdlib import deque_method
+            out = deque_method(tr, recv, name, args, kwargs)
+            if out is not None:
+                return out
         return _list_method(tr, recv, name, args)
     if isinstance(recv, TupleV):
         if name in ("index", "count"):

@@ -252,7 +252,7 @@ def call_obj(tr, fn: ObjV, args: list, kwargs: dict) -> V:
                 isinstance(args[0], TensorV):       # torch.Tensor.add_(x, 1): x.add_(1)
             return call_builtin_method(tr, args[0], f.__name__, args[1:], kwargs)
         self_obj = getattr(f, "__self__", None)
-        mutable = isinstance(self_obj, (dict, list, set)) and not is_literal(self_obj) and \
+        mutable = isinstance(self_obj, (dict, list, set, collections.deque, bytearray)) and not is_literal(self_obj) and \
             id(self_obj) not in tr.owned
         if mutable and getattr(f, "__name__", "") not in _READ_ONLY_METHODS:
             raise tr.unsupported(f"{type(self_obj).__name__}.{f.__name__}() on a real container "

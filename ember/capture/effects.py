@@ -116,7 +116,10 @@ class Rebuild:
         if isinstance(v, ListV):
             if v.source is not None:
                 return v.source.expr()
-            return self._temp(v, "[" + ", ".join(self.expr(i) for i in v.items) + "]")
+            inner = "[" + ", ".join(self.expr(i) for i in v.items) + "]"
+            if v.cls is collections.deque:
+                return self._temp(v, f"{self.bind(collections.deque, 'c')}({inner})")
+            return self._temp(v, inner)
         if isinstance(v, TupleV):
             if v.source is not None:
                 return v.source.expr()
@@ -243,7 +246,8 @@ def effect_lines(tr, rb: Rebuild) -> list[str]:
             _, obj_v, name, value, plain = eff
             # a plain store made by a traced user __setattr__ must not run that hook again
             setter = rb.bind(object.__setattr__, "f") if plain else "setattr"
-            effects.append(f"{setter}({obj_v.source.expr()}, {name!r}, {rb.expr(value)})")
+            target = obj_v.source.expr() if obj_v.source is not None else rb.expr(obj_v)
+            effects.append(f"{setter}({target}, {name!r}, {rb.expr(value)})")
         elif eff[0] == "delattr":
             _, obj_v, name = eff
             effects.append(f"delattr({obj_v.source.expr()}, {name!r})")

@@ -5,6 +5,7 @@ Python's semantics on their item values; user objects' dunder methods are inline
 """
 from __future__ import annotations
 
+import collections
 import operator
 import types
 
@@ -237,6 +238,9 @@ def getitem(tr, c, k):
             from ..interpreter import TracedRaise
             raise TracedRaise(e) from None
         if isinstance(idx, slice):
+            if c.cls is collections.deque:
+                from ..interpreter import TracedRaise
+                raise TracedRaise(TypeError("sequence index must be integer, not 'slice'"))
             return ListV(r) if isinstance(c, ListV) else TupleV(r)
         return r
     if isinstance(c, DictV):

@@ -1,0 +1,99 @@
+"""namedtuple classes and deques made in the traced code; Python attributes written on tensors
+(inputs and intermediates), against eager with graph counts."""
+from __future__ import annotations
+
+import collections
+
+import pytest
+import torch
+
+import ember
+
+from .helpers import check, same
+
+
+def test_namedtuple_class_made_in_trace():
+    def f(a, b):
+        P = collections.namedtuple("P", ["x", "y", "xy"], defaults=(None, 1, None))
+        t = P(a, xy=b)
+        return P(t.x, t[1], t.xy + b)
+
+    cf = ember.compile(f, backend="eager", fullgraph=True)
+    a, b = torch.randn(3), torch.randn(3)
+    ref, got = f(a, b), cf(a, b)
+    assert type(got).__name__ == "P" and type(got)._fields == ("x", "y", "xy")
+    same(tuple(ref), tuple(got))
+
+
+def test_deque_methods():
+    def f(a, b):
+        d = collections.deque([a, b])
+        d.append(a + 1)
+        d.extend([a, b])
+        d.insert(0, "foo")
+        tmp = d.pop()
+        other = collections.deque([tmp])
+        d.extendleft(other)
+        other.clear()
+        d.extend(other)
+        d[2] = "setitem"
+        d = d.copy()
+        d.append(d.popleft())
+        d.rotate(2)
+        d.appendleft(b * 3)
+        return list(d), len(d)
+
+    check(f, torch.randn(2), torch.randn(2))
+
+
+def test_deque_returned_is_a_deque():
+    def f(x):
+        d = collections.deque()
+        d.append(x + 1)
+        d.appendleft(x * 2)
+        return d
+
+    cf = ember.compile(f, backend="eager", fullgraph=True)
+    x = torch.randn(2)
+    got = cf(x)
+    assert type(got) is collections.deque
+    same(list(f(x)), list(got))
+
+
+def test_caller_deque_is_not_mutated_at_trace_time():
+    d = collections.deque([1])
+
+    def f(x):
+        d.append(2)
+        return x + len(d)
+
+    cf = ember.compile(f, backend="eager")
+    x = torch.randn(2)
+    cf(x)
+    assert list(d) == [1, 2]          # appended once, by the eager run
+
+
+def test_tensor_python_attributes_written():
+    def f(x, flag):
+        x.offloading = flag
+        y = x + 10
+        y.grad = x
+        y.foo = 42
+        return y + y.foo, y
+
+    cf = ember.compile(f, backend="eager", fullgraph=True)
+    x = torch.ones(5)
+    out, y = cf(x, True)
+    assert x.offloading is True and y.foo == 42 and y.grad is x
+    same(out, torch.ones(5) + 52)
+    assert ember.stats()["counts"].get("graphs") == 1
+
+
+def test_tensor_attribute_of_torch_refused():
+    def f(x):
+        y = x + 1
+        y.data = x
+        return y
+
+    with pytest.raises(ember.Unsupported):
+        ember.compile(f, backend="eager", fullgraph=True)(torch.ones(2))
