@@ -797,13 +797,18 @@ class Tracer:
             for i, c in enumerate(fn.__closure__):
                 cells.append(self.real_cell(c, ClosureSource(src, i) if src else None))
             closure = tuple(cells)
-        defaults = tuple(self.default_value(d) for d in (fn.__defaults__ or ()))
-        kwd = {k: self.default_value(d) for k, d in (fn.__kwdefaults__ or {}).items()}
+        # a tensor default is read through the function (`f.__defaults__ = ...` recompiles)
+        dsrc = AttrSource(src, "__defaults__") if src is not None else None
+        kwsrc = AttrSource(src, "__kwdefaults__") if src is not None else None
+        defaults = tuple(self.default_value(d, dsrc and ItemSource(dsrc, i, frozen=True))
+                         for i, d in enumerate(fn.__defaults__ or ()))
+        kwd = {k: self.default_value(d, kwsrc and ItemSource(kwsrc, k))
+               for k, d in (fn.__kwdefaults__ or {}).items()}
         return closure, defaults, kwd
 
-    def default_value(self, d) -> V:
+    def default_value(self, d, source=None) -> V:
         if isinstance(d, torch.Tensor):
-            return self.wrap_tensor(d, None)
+            return self.wrap_tensor(d, source)
         if is_literal(d) or d is None:
             return ObjV(d)
         return self.wrap(d, None)

@@ -97,3 +97,26 @@ def test_tensor_attribute_of_torch_refused():
 
     with pytest.raises(ember.Unsupported):
         ember.compile(f, backend="eager", fullgraph=True)(torch.ones(2))
+
+
+def _with_default(x=torch.zeros(2, 2), *, kw=torch.zeros(1, 2)):
+    x.add_(1)
+    kw.add_(1)
+    return x, kw
+
+
+def test_tensor_defaults_read_through_the_function():
+    def f():
+        return _with_default()
+
+    cf = ember.compile(f, backend="eager")
+    x, kw = cf()
+    assert x is _with_default.__defaults__[0] and torch.equal(x, torch.ones(2, 2))
+    old = _with_default.__defaults__
+    try:
+        _with_default.__defaults__ = (torch.zeros(3),)
+        x, kw = cf()                    # the new default tensor is the one mutated
+        assert x is _with_default.__defaults__[0] and torch.equal(x, torch.ones(3))
+        assert ember.stats()["counts"].get("recompiles") == 1
+    finally:
+        _with_default.__defaults__ = old
