@@ -78,6 +78,11 @@ _IS_COMPILING = {"is_compiling": ("torch.compiler", "torch._dynamo.external_util
                                   "torch._dynamo.eval_frame"),
                  "is_dynamo_compiling": ("torch.compiler",),
                  "is_exporting": ()}
+# "is another tracer running?": not while ember traces (as Dynamo answers; is_fx_tracing logs a
+# warning eagerly, through the logging module the trace cannot follow)
+_NOT_TRACING = {"is_fx_tracing": ("torch.fx._symbolic_trace",),
+                "is_fx_symbolic_tracing": ("torch.fx._symbolic_trace",),
+                "is_in_onnx_export": ("torch.onnx", "torch.onnx._globals", "torch.onnx.utils")}
 # torch._dynamo.graph_break(): the code asks for a graph break there (also matched by name)
 _GRAPH_BREAK = {"graph_break": ("torch._dynamo.decorators",)}
 # torch.distributed (issue 13): a collective never goes into a graph, where it could be
@@ -193,6 +198,8 @@ def call_obj(tr, fn: ObjV, args: list, kwargs: dict) -> V:
     if getattr(f, "__name__", None) in _IS_COMPILING and \
             getattr(f, "__module__", None) in _IS_COMPILING[f.__name__]:
         return ObjV(True)    # library code asks "am I being traced?": yes
+    if getattr(f, "__module__", None) in _NOT_TRACING.get(getattr(f, "__name__", None), ()):
+        return ObjV(False)
     if getattr(f, "__module__", None) in _GRAPH_BREAK.get(getattr(f, "__name__", None), ()):
         raise tr.unsupported("torch._dynamo.graph_break() called",
                              hint="the code asks for a graph break here")
