@@ -344,8 +344,10 @@ def store_attr(tr, obj_v: V, name: str, value: V, plain: bool = False) -> None:
     if isinstance(obj_v, ObjV) and obj_v.source is not None and not isinstance(obj_v.value, type):
         obj = obj_v.value
         if isinstance(obj, torch.nn.Module):
-            if isinstance(value, TensorV) or name in obj._parameters or name in obj._buffers \
-                    or name in obj._modules:
+            # a plain tensor attribute (self.cache = y) is a __dict__ write, as Module.__setattr__
+            # makes it; a parameter, a buffer or a submodule changes the module's state
+            if isinstance(value, TensorV) and value.cls is not torch.Tensor or \
+                    name in obj._parameters or name in obj._buffers or name in obj._modules:
                 raise tr.unsupported(f"assigning module attribute {name!r} inside the graph")
         tr.overlay[(id(obj), name)] = value
         tr.effects.append(("setattr", obj_v, name, value, plain))

@@ -120,3 +120,26 @@ def test_tensor_defaults_read_through_the_function():
         assert ember.stats()["counts"].get("recompiles") == 1
     finally:
         _with_default.__defaults__ = old
+
+
+def test_module_tensor_attribute_written_in_forward():
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(3, 3)
+
+        def forward(self, x):
+            self.cache = self.lin(x).detach()
+            self.text = x + 1
+            return self.text * 2 + self.cache
+
+    m = M()
+    cm = ember.compile(M(), backend="eager", fullgraph=True)
+    cm.load_state_dict(m.state_dict())
+    for _ in range(3):
+        x = torch.randn(2, 3)
+        out = cm(x)
+        same(out, m(x))
+        same(cm.text, x + 1)
+        assert "text" in cm.__dict__ and "cache" not in cm._buffers
+    assert ember.stats()["counts"].get("graphs") == 1
