@@ -285,6 +285,8 @@ def _module_attr(tr, v: ObjV, name: str) -> V:
     m = v.value
     src = v.source
     cls = type(m)
+    if name == "__call__" and "__call__" not in m.__dict__:
+        return v             # m.__call__(x) is m(x): the module call, hooks included
     cls_attr, owner = _type_lookup(cls, name)
     if isinstance(cls_attr, property):
         return _bind_class_attr(tr, cls_attr, v, name, owner)

@@ -143,3 +143,22 @@ def test_module_tensor_attribute_written_in_forward():
         same(cm.text, x + 1)
         assert "text" in cm.__dict__ and "cache" not in cm._buffers
     assert ember.stats()["counts"].get("graphs") == 1
+
+
+def test_explicit_dunder_call_of_submodule_runs_its_hooks():
+    seen = []
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.lin.__call__(x).relu()
+
+    m = M()
+    m.lin.register_forward_hook(lambda mod, inp, out: seen.append(out.shape))
+    cm = ember.compile(m, backend="eager", fullgraph=True)
+    x = torch.randn(2, 4)
+    same(cm(x), torch.relu(m.lin(x)))
+    assert len(seen) == 2 and ember.stats()["counts"].get("graphs") == 1
