@@ -11,7 +11,7 @@ import types
 
 import torch
 
-from . import ndarrays
+from . import ndarrays, stdlib
 from .sources import MODULE_TABLES, AttrSource, DictEntrySource
 from .values import (BuiltinMethodV, DictV, FuncV, ListV, MethodV, NdarrayV, NewObjV, ObjV,
                      PartialV, SuperV, TensorV, TupleV, V, is_literal)
@@ -201,6 +201,8 @@ def _obj_attr(tr, v: ObjV, name: str) -> V:
             return tr.wrap(value, AttrSource(base, name))
         return ObjV(value)
     cls = type(obj)
+    if cls is set and name in stdlib.SET_WRITES:
+        obj = stdlib.writable_set(tr, v)
     cls_attr, owner = _type_lookup(cls, name)
     if isinstance(cls_attr, property) and isinstance(cls_attr.fget, types.FunctionType):
         return tr.call(ObjV(cls_attr.fget), [v], {})

@@ -241,6 +241,8 @@ def effect_lines(tr, rb: Rebuild) -> list[str]:
             # new contents first: they may be read through the dict itself
             effects.append(f"__v = {{{inner}}}; __d = {m.source.expr()}; __d.clear(); "
                            f"__d.update(__v)")
+        elif isinstance(m, ObjV):         # a caller's set, written through its copy
+            effects.append(f"__d = {m.source.expr()}; __d.clear(); __d.update({rb.bind(m.value)})")
     for eff in tr.effects:
         if eff[0] == "setattr":
             _, obj_v, name, value, plain = eff

@@ -1,11 +1,15 @@
-"""Capture, collections made in the traced code: namedtuple classes and deques
-(registered in builtins.BUILTINS; deque methods reached through builtins.container_method).
+"""Capture, collections: namedtuple classes and deques made in the traced code (registered in
+builtins.BUILTINS; deque methods reached through builtins.container_method), and writes to a
+caller's set.
 
 `collections.namedtuple(...)` over constant arguments runs at trace time: the class it makes is
 the one the compiled code returns instances of (eager makes a new, equal class per call).
 A deque made in the trace is a list value of class `collections.deque` (maxlen=None only): its
 methods act on the items, and residual code builds `deque([...])`. A caller's deque stays a
 real object, guarded by type; mutating it in the trace is refused (calls.py).
+A caller's set written in the trace (`s.add(3)`, `s |= {3}`) is copied once into a set the
+trace owns; later reads see the copy, and its final contents replace the caller's set's after
+the graph (the same object, as eager mutates it in place).
 """
 from __future__ import annotations
 
@@ -72,3 +76,22 @@ def deque_method(tr, d: ListV, name: str, args, kwargs) -> V:
     if name in ("sort", "__getitem__") or kwargs:
         raise tr.unsupported(f"deque.{name} with these arguments")
     return None
+
+
+SET_WRITES = {"add", "discard", "remove", "pop", "clear", "update", "difference_update",
+              "intersection_update", "symmetric_difference_update"}
+
+
+def writable_set(tr, v: ObjV) -> set:
+    """The set `v` holds, safe to mutate at trace time (see the module docstring)."""
+    s = v.value
+    if id(s) in tr.owned:
+        return s
+    if type(s) is not set or v.source is None:
+        raise tr.unsupported(f"{type(s).__name__} written in place at trace time")
+    c = set(s)
+    tr.own(c)
+    v.value = c
+    tr.writes += 1
+    tr.mutated.append(v)
+    return c

@@ -51,6 +51,12 @@ def binary(tr, op, a, b):
                 return ObjV(op is operator.ne)
         return tr.call_graph(op, [a, b], {})
     if isinstance(a, ObjV) and isinstance(b, ObjV):
+        if op in _INPLACE_TO_PLAIN and type(peek(a)) is set:
+            from ..builtins import fold
+            from ..stdlib import writable_set
+            s = writable_set(tr, a)           # `s |= t` writes the set in place
+            fold(tr, op, [ObjV(s), b], {})
+            return a
         fa = _py_dunder(peek(a), op, 0)
         if fa is not None:
             return tr.call(ObjV(fa), [a, b], {})

@@ -162,3 +162,31 @@ def test_explicit_dunder_call_of_submodule_runs_its_hooks():
     x = torch.randn(2, 4)
     same(cm(x), torch.relu(m.lin(x)))
     assert len(seen) == 2 and ember.stats()["counts"].get("graphs") == 1
+
+
+_S = {1, 2}
+
+
+def test_caller_set_written_in_trace_is_replayed():
+    s = {1, 2}
+
+    def f(x):
+        s.add(3)
+        s.discard(1)
+        return torch.cos(x) * len(s)
+
+    def g(x):
+        global _S
+        _S |= {5}
+        return x * len(_S)
+
+    x = torch.rand(4)
+    cf = ember.compile(f, backend="eager", fullgraph=True)
+    same(cf(x), torch.cos(x) * 2)
+    assert s == {2, 3}
+    same(cf(x), torch.cos(x) * 2)          # {2, 3}: a new trace (the guard saw the new set)
+    assert s == {2, 3}
+    before = _S
+    cg = ember.compile(g, backend="eager", fullgraph=True)
+    same(cg(x), x * 3)
+    assert _S is before and _S == {1, 2, 5}
