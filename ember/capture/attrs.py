@@ -98,6 +98,8 @@ def load_attr(tr, v: V, name: str) -> V:
         if name in ("func", "args", "keywords"):
             return v.func if name == "func" else TupleV(v.args) if name == "args" else \
                 DictV(v.kwargs)
+        if name == "__dict__":          # empty: attributes written on a partial are refused
+            return ObjV(types.MappingProxyType({}))
         probe = _PARTIAL_PROBE          # what any partial object has (hasattr(p, "__call__"))
         if not hasattr(probe, name):
             raise TraceAttributeError(name)

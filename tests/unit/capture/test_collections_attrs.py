@@ -190,3 +190,16 @@ def test_caller_set_written_in_trace_is_replayed():
     cg = ember.compile(g, backend="eager", fullgraph=True)
     same(cg(x), x * 3)
     assert _S is before and _S == {1, 2, 5}
+
+
+def test_partial_attributes():
+    import functools
+
+    def f(t):
+        p = functools.partial(lambda x, y: torch.sin(x) + torch.cos(y), y=t)
+        n = len(p.__dict__) + len(p.keywords) + len(p.args)
+        if hasattr(p, "__dict__") and hasattr(p, "func"):
+            return p(t) + n
+        return torch.zeros_like(t)
+
+    check(f, torch.randn(3))
