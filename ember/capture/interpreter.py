@@ -556,6 +556,9 @@ class Tracer(Inputs):
                 cells.append(self.real_cell(c, ClosureSource(src, i) if src else None))
             closure = tuple(cells)
         # a tensor default is read through the function (`f.__defaults__ = ...` recompiles)
+        if src is None and any(isinstance(d, torch.Tensor) for d in (
+                *(fn.__defaults__ or ()), *(fn.__kwdefaults__ or {}).values())):
+            src = ConstSource(self.bind_const(fn, "f"))     # a method found on its class
         dsrc = AttrSource(src, "__defaults__") if src is not None else None
         kwsrc = AttrSource(src, "__kwdefaults__") if src is not None else None
         defaults = tuple(self.default_value(d, dsrc and ItemSource(dsrc, i, frozen=True))

@@ -203,3 +203,26 @@ def test_partial_attributes():
         return torch.zeros_like(t)
 
     check(f, torch.randn(3))
+
+
+class _WithDefault(torch.nn.Module):
+    def helper(self, x=torch.zeros(2)):
+        x.add_(1)
+        return x
+
+    def forward(self):
+        return self.helper()
+
+
+def test_method_tensor_default_read_through_the_function():
+    m = _WithDefault()
+    cm = ember.compile(m, backend="eager")
+    cm()
+    fn = _WithDefault.helper
+    old = fn.__defaults__
+    try:
+        fn.__defaults__ = (torch.zeros(3),)
+        out = cm()
+        assert out is fn.__defaults__[0] and torch.equal(out, torch.ones(3))
+    finally:
+        fn.__defaults__ = old
