@@ -25,6 +25,7 @@ from ..logging import warn_once
 from . import ndarrays
 from .checkpoint import call_checkpoint, is_checkpoint
 from .cond import call_cond, is_cond
+from .scalar_args import REWRITES
 from .controls import fullgraph, global_hooks_present
 from .functorch import is_functorch
 from .values import (NULL, BuiltinMethodV, CellV, ContextV, DecoratedV, DictV, FuncV, GenV, IterV,
@@ -212,9 +213,11 @@ def call_obj(tr, fn: ObjV, args: list, kwargs: dict) -> V:
     if out is not None:
         return out
     try:
-        h = BUILTINS.get(f)
+        h, rewrite = BUILTINS.get(f), REWRITES.get(f)
     except TypeError:
-        h = None
+        h = rewrite = None
+    if rewrite is not None and (out := rewrite(tr, args, kwargs)) is not None:
+        return out
     if h is not None:
         if isinstance(f, types.BuiltinFunctionType):
             _check_arguments(f, args, kwargs)
@@ -687,7 +690,10 @@ def call_builtin_method(tr, recv: V, name: str, args, kwargs) -> V:
         if name in _TENSOR_BLOCKED:
             raise tr.unsupported(f"Tensor.{name}() needs tensor data or mutates autograd state",
                                  hint="move it out of the compiled function")
-        return tr.call_graph(getattr(torch.Tensor, name), [recv] + list(args), kwargs)
+        method = getattr(torch.Tensor, name)
+        if method in REWRITES and (out := REWRITES[method](tr, [recv, *args], kwargs)) is not None:
+            return out
+        return tr.call_graph(method, [recv] + list(args), kwargs)
     if isinstance(recv, NdarrayV):
         return ndarrays.call_method(tr, recv, name, args, kwargs)
     if isinstance(recv, ContextV):
