@@ -15,7 +15,7 @@ import types
 
 import torch
 
-from .dictkeys import dict_key, has_traced_keys, key_value, missing
+from .dictkeys import dict_key, has_traced_keys, key_value, missing, ordered_dict_method
 from .values import (STOP, BuiltinMethodV, ContextV, DictV, DictViewV, FuncV, GenV, IterV,
                      LazyV, ListV, MethodV, NdarrayV, NewObjV, ObjV, SYM_TYPES, SuperV, TensorV,
                      TupleV, V, is_literal, is_model_output, peek, pending)
@@ -694,6 +694,8 @@ def _dict_method(tr, d: DictV, name, args, kwargs):
         _mutate(tr, d)
         it.clear()
         return ObjV(None)
+    if name in ("popitem", "move_to_end") and len(args) + len(kwargs) <= 2:
+        return ordered_dict_method(tr, d, name, args, kwargs)
     raise tr.unsupported(f"dict.{name} on traced values")
 
 

@@ -108,3 +108,35 @@ def new_defaultdict(tr, args, kwargs) -> DictV:
     d = BUILTINS[dict](tr, list(args[1:2]), kwargs)
     d.cls, d.factory = collections.defaultdict, factory
     return d
+
+
+def ordered_dict_method(tr, d: DictV, name: str, args, kwargs) -> V:
+    """`popitem()` (an OrderedDict's with `last=`) and OrderedDict's `move_to_end(key, last=True)`."""
+    from .builtins import _mutate, real
+    from .interpreter import TracedRaise
+    ordered = isinstance(d.cls, type) and issubclass(d.cls, collections.OrderedDict)
+    if name == "popitem":
+        last = real(tr, kwargs.get("last", args[0] if args else ObjV(True)))
+        if (args or kwargs) and not ordered:
+            raise TracedRaise(TypeError("dict.popitem() takes no arguments"))
+        if not d.items:
+            raise TracedRaise(KeyError("popitem(): dictionary is empty"))
+        _mutate(tr, d)
+        k = next(reversed(d.items)) if last else next(iter(d.items))
+        return TupleV([key_value(tr, k), d.items.pop(k)])
+    if not ordered or not args:
+        raise tr.unsupported(f"{d.cls.__name__}.{name} with these arguments")
+    k = dict_key(tr, args[0])
+    last = real(tr, kwargs.get("last", args[1] if len(args) > 1 else ObjV(True)))
+    if k not in d.items:
+        raise TracedRaise(KeyError(k))
+    _mutate(tr, d)
+    x = d.items.pop(k)
+    if last:
+        d.items[k] = x
+    else:                                   # in place: the items dict may be shared
+        rest = dict(d.items)
+        d.items.clear()
+        d.items[k] = x
+        d.items.update(rest)
+    return ObjV(None)

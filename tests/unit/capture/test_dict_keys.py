@@ -150,3 +150,29 @@ def test_min_max_of_scalar_tensors_and_numbers():
     check(f, torch.randn(4), torch.randn(4))
     ember.reset()
     check(f, torch.full((3,), 0.2), torch.full((3,), -0.1))
+
+
+def test_popitem_and_move_to_end():
+    def f(x):
+        d = collections.OrderedDict(a=x, b=x + 1, c=x + 2)
+        d.move_to_end("a")
+        d.move_to_end("c", last=False)
+        k1, v1 = d.popitem()
+        k2, v2 = d.popitem(last=False)
+        e = {"p": x * 2, "q": x * 3}
+        k3, v3 = e.popitem()
+        return list(d.keys()), k1, v1, k2, v2, k3, v3, e
+
+    check(f, torch.randn(2))
+
+
+def test_caller_ordered_dict_move_to_end_replayed():
+    od = collections.OrderedDict(a=1, b=2)
+
+    def f(x):
+        od.move_to_end("a")
+        return x + od["a"]
+
+    cf = ember.compile(f, backend="eager", fullgraph=True)
+    same(cf(torch.zeros(2)), torch.ones(2))
+    assert list(od) == ["b", "a"]
