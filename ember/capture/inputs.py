@@ -219,8 +219,9 @@ class Inputs:
         """An int argument traced as a size symbol: it changed between calls (automatic
         dynamic) or dynamic=True; 0 and 1 stay constants."""
         if source is None or self.settings is None or self.settings.dynamic is False or \
-                source.structural or source.unguarded or value < shapes.LOWER_BOUND:
+                source.unguarded or value < shapes.LOWER_BOUND:
             return False
+        # a module's int attribute only once it changed (read again when the module changes)
         return self.settings.dynamic is True and isinstance(source, LocalSource) or \
             "value" in self.dynamic_dims.get(source.expr(), ())
 

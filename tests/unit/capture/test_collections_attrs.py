@@ -226,3 +226,44 @@ def test_method_tensor_default_read_through_the_function():
         assert out is fn.__defaults__[0] and torch.equal(out, torch.ones(3))
     finally:
         fn.__defaults__ = old
+
+
+def test_module_int_attribute_becomes_dynamic_after_one_change():
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+            self.step = 10
+
+        def forward(self, x):
+            return self.lin(x + 1) + self.step
+
+    m = M()
+    cm = ember.compile(M(), backend="eager")
+    cm.load_state_dict(m.state_dict())
+    x = torch.rand(3, 4)
+    for i in range(5):
+        same(cm(x), m(x))
+        m.step += 1
+        cm.step += 1
+    c = ember.stats()["counts"]
+    assert c.get("graphs") == 2 and c.get("recompiles") == 1, c
+
+
+def test_step_counter_written_in_forward_stops_recompiling():
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.steps = 0
+
+        def forward(self, x):
+            self.steps += 1
+            return x * self.steps
+
+    m, cm = M(), ember.compile(M(), backend="eager")
+    x = torch.rand(3)
+    for _ in range(6):
+        same(cm(x), m(x))
+    assert cm.steps == m.steps == 6
+    c = ember.stats()["counts"]
+    assert c.get("graphs") == 3 and c.get("recompiles") == 2 and not c.get("fallbacks"), c  # 0, 1, then s0
