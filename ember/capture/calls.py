@@ -79,6 +79,10 @@ _IS_COMPILING = {"is_compiling": ("torch.compiler", "torch._dynamo.external_util
                                   "torch._dynamo.eval_frame"),
                  "is_dynamo_compiling": ("torch.compiler",),
                  "is_exporting": ()}
+# queries about the machine and the autograd engine, answered once at trace time (the same list
+# Dynamo folds unguarded); tracing into them read os.environ and guarded all of it
+_FOLDED = {torch.autograd._is_checkpoint_valid, torch.cuda.is_available, torch.mps.is_available,
+           torch.xpu.is_available, torch.mtia.is_available, torch.distributed.is_available}
 # "is another tracer running?": not while ember traces (as Dynamo answers; is_fx_tracing logs a
 # warning eagerly, through the logging module the trace cannot follow)
 _NOT_TRACING = {"is_fx_tracing": ("torch.fx._symbolic_trace",),
@@ -163,6 +167,14 @@ def compiled_by_torch(f) -> bool:
         isinstance(f, torch.nn.Module) and type(f).__module__.startswith("torch._dynamo")
 
 
+def _hashable(f) -> bool:
+    try:
+        hash(f)
+        return True
+    except TypeError:
+        return False
+
+
 def call_obj(tr, fn: ObjV, args: list, kwargs: dict) -> V:
     from .builtins import BUILTINS, fold
     f = peek(fn)        # a call uses what a nested function runs, not which object it is
@@ -201,6 +213,8 @@ def call_obj(tr, fn: ObjV, args: list, kwargs: dict) -> V:
         return ObjV(True)    # library code asks "am I being traced?": yes
     if getattr(f, "__module__", None) in _NOT_TRACING.get(getattr(f, "__name__", None), ()):
         return ObjV(False)
+    if _hashable(f) and f in _FOLDED and not args and not kwargs:
+        return ObjV(f())
     if getattr(f, "__module__", None) in _GRAPH_BREAK.get(getattr(f, "__name__", None), ()):
         raise tr.unsupported("torch._dynamo.graph_break() called",
                              hint="the code asks for a graph break here")

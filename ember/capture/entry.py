@@ -242,6 +242,11 @@ class Runner:
         cache.n_compiled += 1
         r = entry.run(self.fn, *locals_)
         if r is MISS:
+            # compiling changed state the trace had read (torch's first meta op imports
+            # torch._dynamo, which writes os.environ): trace once more from the state as it is
+            cache.entries[0] = entry = self.compile(locals_)
+            r = entry.run(self.fn, *locals_)
+        if r is MISS:
             raise InternalError(f"guards of a fresh entry for {_where(cache.code)} fail on the "
                                 f"inputs they were built from: {_first_failed_guard([entry], self.fn, locals_)}")
         if r is EAGER:

@@ -57,3 +57,29 @@ def test_delete_subscr_on_os_environ_resumes():
         assert "EMBER_TEST_DEL" not in os.environ
     c = ember.stats()["counts"]
     assert c.get("graphs") == 2 and c.get("graph_breaks") == 1, c
+
+
+def test_machine_queries_fold():
+    def f(x):
+        if torch.cuda.is_available() or not torch.autograd._is_checkpoint_valid():
+            return x - 1
+        return x + 1
+
+    cf = ember.compile(f, backend="eager", fullgraph=True)
+    same(cf(torch.ones(2)), f(torch.ones(2)))
+
+
+_STATE = {"a": 1}
+
+
+def test_state_changed_by_compiling_retraces_once():
+    def backend(gm, example_inputs):
+        _STATE.setdefault("compiled", 0)      # the first compile adds a key the trace read
+        return gm
+
+    def f(x):
+        return x * len(_STATE)
+
+    cf = ember.compile(f, backend=backend, fullgraph=True)
+    same(cf(torch.ones(2)), torch.ones(2) * 2)
+    same(cf(torch.ones(2)), torch.ones(2) * 2)
