@@ -82,7 +82,7 @@ class Inputs:
         if is_literal(value):
             self.guard("EQ", source, value)
             return ObjV(value, source)
-        if t is list or t is dict:
+        if t is list or t is dict or t is set:
             hit = self.by_real_id.get(id(value))
             if hit is not None:           # one container reached through two sources
                 self.guard("ALIAS", source, hit.source)
@@ -139,7 +139,7 @@ class Inputs:
         if t in (set, frozenset):
             # a copy: the guard compares the set's contents then with the caller's set later
             self.guard("EQ", source, frozenset(value) if t is frozenset else set(value))
-            return ObjV(value, source)
+            return self._remember(value, ObjV(value, source)) if t is set else ObjV(value, source)
         self.guard("TYPE", source, t)
         return ObjV(value, source)
 

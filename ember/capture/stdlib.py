@@ -8,7 +8,7 @@ A deque made in the trace is a list value of class `collections.deque` (maxlen=N
 methods act on the items, and residual code builds `deque([...])`. A caller's deque stays a
 real object, guarded by type; mutating it in the trace is refused (calls.py).
 A caller's set written in the trace (`s.add(3)`, `s |= {3}`) is copied once into a set the
-trace owns; later reads see the copy, and its final contents replace the caller's set's after
+trace owns; later reads see the copy (a set read through two names is one value: inputs.py), and its final contents replace the caller's set's after
 the graph (the same object, as eager mutates it in place).
 """
 from __future__ import annotations

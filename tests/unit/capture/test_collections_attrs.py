@@ -267,3 +267,18 @@ def test_step_counter_written_in_forward_stops_recompiling():
     assert cm.steps == m.steps == 6
     c = ember.stats()["counts"]
     assert c.get("graphs") == 3 and c.get("recompiles") == 2 and not c.get("fallbacks"), c  # 0, 1, then s0
+
+
+_S2 = {1}
+
+
+def test_caller_set_read_through_two_names_is_one_value():
+    alias = _S2
+
+    def f(x):
+        alias.add(2)
+        return x * len(_S2)
+
+    cf = ember.compile(f, backend="eager", fullgraph=True)
+    same(cf(torch.ones(2)), torch.ones(2) * 2)     # not a stale len 1
+    assert _S2 == {1, 2}
