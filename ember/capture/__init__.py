@@ -9,7 +9,8 @@ Entry points used by `ember.api`:
   explain(fn, *args, **kwargs) -> Explanation; stats() -> counters; reset()
   set_stance(name) -> previous; ERROR_ON_BREAK (ContextVar: scoped fullgraph)
 Layout: bytecode.py (decode/assemble) → interpreter.py (+ handlers/, calls.py, attrs.py,
-builtins.py, iters.py, values.py, sources.py; controls.py below them) → guards.py, effects.py →
+inputs.py, builtins.py, aggregates.py, iters.py, stdlib.py, dictkeys.py,
+values.py, sources.py; controls.py below them) → guards.py, effects.py →
 breaks.py (graph breaks, residual code) → entry.py (cache, guards, dispatch of residual calls).
 """
 from .controls import ERROR_ON_BREAK

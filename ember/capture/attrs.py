@@ -11,7 +11,7 @@ import types
 
 import torch
 
-from . import ndarrays
+from . import ndarrays, stdlib
 from .sources import MODULE_TABLES, AttrSource, DictEntrySource
 from .subclasses import flatten_meta, is_traceable_subclass
 from .values import (BuiltinMethodV, DictV, FuncV, ListV, MethodV, NdarrayV, NewObjV, ObjV,
@@ -99,6 +99,8 @@ def load_attr(tr, v: V, name: str) -> V:
         if name in ("func", "args", "keywords"):
             return v.func if name == "func" else TupleV(v.args) if name == "args" else \
                 DictV(v.kwargs)
+        if name == "__dict__":          # empty: attributes written on a partial are refused
+            return ObjV(types.MappingProxyType({}))
         probe = _PARTIAL_PROBE          # what any partial object has (hasattr(p, "__call__"))
         if not hasattr(probe, name):
             raise TraceAttributeError(name)
@@ -121,6 +123,9 @@ def _structseq_fields(cls):
 
 
 def _tensor_attr(tr, v: TensorV, name: str) -> V:
+    ov = tr.overlay.get((id(v), name))
+    if ov is not None:                  # written in the trace (store_tensor_attr)
+        return ov
     if name in _TENSOR_CONST_ATTRS:
         return ObjV(getattr(v.meta, name))
     if name == "device":
@@ -201,6 +206,8 @@ def _obj_attr(tr, v: ObjV, name: str) -> V:
             return tr.wrap(value, AttrSource(base, name))
         return ObjV(value)
     cls = type(obj)
+    if cls is set and name in stdlib.SET_WRITES:
+        obj = stdlib.writable_set(tr, v)
     cls_attr, owner = _type_lookup(cls, name)
     if isinstance(cls_attr, property) and isinstance(cls_attr.fget, types.FunctionType):
         return tr.call(ObjV(cls_attr.fget), [v], {})
@@ -285,6 +292,8 @@ def _module_attr(tr, v: ObjV, name: str) -> V:
     m = v.value
     src = v.source
     cls = type(m)
+    if name == "__call__" and "__call__" not in m.__dict__:
+        return v             # m.__call__(x) is m(x): the module call, hooks included
     cls_attr, owner = _type_lookup(cls, name)
     if isinstance(cls_attr, property):
         return _bind_class_attr(tr, cls_attr, v, name, owner)
@@ -338,16 +347,39 @@ def store_attr(tr, obj_v: V, name: str, value: V, plain: bool = False) -> None:
     if isinstance(obj_v, NewObjV):
         obj_v.attrs[name] = value
         return
+    if isinstance(obj_v, TensorV):
+        _store_tensor_attr(tr, obj_v, name, value)
+        return
     if isinstance(obj_v, ObjV) and obj_v.source is not None and not isinstance(obj_v.value, type):
         obj = obj_v.value
         if isinstance(obj, torch.nn.Module):
-            if isinstance(value, TensorV) or name in obj._parameters or name in obj._buffers \
-                    or name in obj._modules:
+            # a plain tensor attribute (self.cache = y) is a __dict__ write, as Module.__setattr__
+            # makes it; a parameter, a buffer or a submodule changes the module's state
+            if isinstance(value, TensorV) and value.cls is not torch.Tensor or \
+                    name in obj._parameters or name in obj._buffers or name in obj._modules:
                 raise tr.unsupported(f"assigning module attribute {name!r} inside the graph")
         tr.overlay[(id(obj), name)] = value
         tr.effects.append(("setattr", obj_v, name, value, plain))
         return
     raise tr.unsupported(f"attribute write {name!r} on {type(obj_v).__name__}")
+
+
+def _store_tensor_attr(tr, t: TensorV, name: str, value: V) -> None:
+    """`x.name = value` on a tensor: a Python attribute of the tensor object (not one of
+    torch.Tensor's), or `.grad` set to a tensor of the same shape and dtype (eager checks
+    them). Replayed on the real tensor after the graph; later reads in the trace see it."""
+    if name == "grad":
+        ok = isinstance(value, ObjV) and value.value is None or isinstance(value, TensorV) and \
+            value.meta.shape == t.meta.shape and value.meta.dtype == t.meta.dtype and \
+            value.device == t.device
+        if not ok:
+            raise tr.unsupported("assigning a .grad of another shape, dtype or device",
+                                 hint="fails eagerly")
+    elif hasattr(torch.Tensor, name):
+        raise tr.unsupported(f"attribute write {name!r} on a tensor (a torch.Tensor attribute)")
+    tr.overlay[(id(t), name)] = value
+    tr.keepalive.append(t)
+    tr.effects.append(("setattr", t, name, value, False))
 
 
 def delete_attr(tr, obj_v: V, name: str) -> None:

@@ -152,9 +152,15 @@ def _kind(instrs, table, idx, ins, frame) -> str:
                          else "inside a with-block of an unknown context manager")
     if ins.opname in ("CALL", "CALL_FUNCTION_EX"):
         return "call", None
+    if ins.opname in _STATEMENTS:
+        return "statement", None
     if ins.opname in _JUMPS and frame.stack and isinstance(frame.stack[-1], TensorV):
         return "jump", None
     return "eager", f"{ins.opname} cannot resume"
+
+
+# instructions that only consume stack slots (how many): run eagerly on their own, then resume
+_STATEMENTS = {"STORE_SUBSCR": 3, "STORE_ATTR": 2, "DELETE_SUBSCR": 2, "DELETE_ATTR": 1}
 
 
 def _is_with_cleanup(instrs, e) -> bool:
@@ -270,21 +276,23 @@ def _plan(tr, runner, frame, idx, ins, kind) -> Plan:
         args = cells + local_exprs + [rb.expr(s) for s, k in zip(slots, layout) if k is VALUE]
         return f"{rb.bind(target, 'resume')}(__fn, {', '.join(args)})"
 
-    if kind == "call":
-        n_slots = ins.arg + 2 if ins.opname == "CALL" else 3 + (ins.arg & 1)
+    if kind in ("call", "statement"):
+        n_slots = _STATEMENTS[ins.opname] if kind == "statement" else \
+            ins.arg + 2 if ins.opname == "CALL" else 3 + (ins.arg & 1)
         slots = stack[len(stack) - n_slots:]
         fi = 1 if slots[0] is NULL else 0          # [NULL, fn, args] or [fn, self, args]
-        args = [f"{rb.bind(runner.route, 'f')}({rb.expr(s)})" if i == fi
+        args = [f"{rb.bind(runner.route, 'f')}({rb.expr(s)})" if i == fi and kind == "call"
                 else rb.expr(s) for i, s in enumerate(slots) if s is not NULL]
         tramp = call_trampoline(code, starts[idx], starts[idx + 1],
-                                tuple(s is NULL for s in slots), ins.lineno or code.co_firstlineno)
+                                tuple(s is NULL for s in slots), ins.lineno or code.co_firstlineno,
+                                statement=kind == "statement")
         call = f"{rb.bind(tramp, 'f')}({', '.join(args)})"
         # the call runs inside the contexts open at the break (outermost first)
         for i, make in enumerate(contexts):
             tail.append("    " * i + f"with {rb.bind(make, 'c')}():")
         tail.append("    " * len(contexts) + f"__res = {call}")
-        rest = stack[:len(stack) - n_slots]
-        tail.append(f"return {resume(starts[idx + 1], rest + [_Res()], True)}")
+        rest = stack[:len(stack) - n_slots] + ([_Res()] if kind == "call" else [])
+        tail.append(f"return {resume(starts[idx + 1], rest, True)}")
     elif kind == "jump":
         cond = rb.expr(stack[-1])
         rest = stack[:-1]

@@ -15,6 +15,7 @@ import types
 
 import torch
 
+from .dictkeys import dict_key, has_traced_keys, key_value, missing, ordered_dict_method
 from .values import (STOP, BuiltinMethodV, ContextV, DictV, DictViewV, FuncV, GenV, IterV,
                      LazyV, ListV, MethodV, NdarrayV, NewObjV, ObjV, SYM_TYPES, SuperV, TensorV,
                      TupleV, V, is_literal, is_model_output, peek, pending)
@@ -40,6 +41,9 @@ def real(tr, v: V, use: bool = True):
         if isinstance(v, ListV):
             return items
         return v.cls(items) if v.cls in (tuple, torch.Size) else v.cls(*items)
+    if isinstance(v, (DictV, DictViewV)) and has_traced_keys(v.items if isinstance(v, DictV)
+                                                             else v.d.items):
+        raise tr.unsupported("a dict keyed by a tensor of the trace used where a constant is needed")
     if isinstance(v, DictV):
         return {k: real(tr, x, use) for k, x in v.items.items()}
     if isinstance(v, DictViewV):       # keys are constants: a keys view is one whatever the values
@@ -99,14 +103,14 @@ def step(tr, it: V):
     return v
 
 
-def view_items(v: DictViewV) -> list:
+def view_items(tr, v: DictViewV) -> list:
     """A dict view's values now."""
     it = v.d.items
     if v.view == "keys":
-        return [ObjV(k) for k in it]
+        return [key_value(tr, k) for k in it]
     if v.view == "values":
         return list(it.values())
-    return [TupleV([ObjV(k), x]) for k, x in it.items()]
+    return [TupleV([key_value(tr, k), x]) for k, x in it.items()]
 
 
 def as_iter(tr, v: V) -> V:
@@ -118,9 +122,9 @@ def iterate(tr, v: V) -> list:
     if isinstance(v, (ListV, TupleV)):
         return list(v.items)
     if isinstance(v, DictV):
-        return [ObjV(k) for k in v.items]
+        return [key_value(tr, k) for k in v.items]
     if isinstance(v, DictViewV):
-        return view_items(v)
+        return view_items(tr, v)
     if isinstance(v, IterV):
         out = v.items[v.pos:]
         v.pos = len(v.items)
@@ -375,11 +379,11 @@ def _dict(tr, args, kwargs):
             # a mapping: dict() reads its keys() and then each item, as CPython does
             from .attrs import load_attr
             for k in iterate(tr, tr.call(load_attr(tr, a, "keys"), [], {})):
-                items[real(tr, k)] = tr.getitem(a, k)
+                items[dict_key(tr, k)] = tr.getitem(a, k)
         else:
             for pair in iterate(tr, a):
                 k, x = iterate(tr, pair)
-                items[real(tr, k)] = x
+                items[dict_key(tr, k)] = x
     items.update(kwargs)
     return DictV(items)
 
@@ -390,7 +394,7 @@ def _make_fromkeys(cls):
         if not args or len(args) + len(kwargs) > 2 or set(kwargs) - {"value"}:
             raise tr.unsupported(f"{cls.__name__}.fromkeys with unexpected arguments")
         value = args[1] if len(args) > 1 else kwargs.get("value", ObjV(None))
-        d = DictV({real(tr, k): value for k in iterate(tr, args[0])})
+        d = DictV({dict_key(tr, k): value for k in iterate(tr, args[0])})
         d.cls = cls
         return d
     return h
@@ -398,91 +402,6 @@ def _make_fromkeys(cls):
 
 for _cls in (dict, collections.OrderedDict, collections.defaultdict):
     BUILTINS[_cls.fromkeys] = _make_fromkeys(_cls)
-
-
-@builtin(set, frozenset, sorted, sum, any, all, min, max)
-def _agg(tr, args, kwargs):
-    raise AssertionError
-
-
-def _make_agg(f):
-    def h(tr, args, kwargs):
-        if f in (any, all) and len(args) == 1 and isinstance(args[0], GenV):
-            # short-circuits: a lazy iterator is stepped only as far as Python would
-            while (x := step(tr, args[0])) is not STOP:
-                if truth(tr, x) is (f is any):
-                    return ObjV(f is any)
-            return ObjV(f is all)
-        if f is sum and "start" in kwargs:
-            kwargs = dict(kwargs)
-            args = [args[0], kwargs.pop("start")]
-        if f in (min, max) and len(args) > 1:
-            items = list(args)
-        else:
-            items = iterate(tr, args[0]) if args else []
-        key = kwargs.get("key")
-        if f in (sorted, min, max) and key is not None and not (isinstance(key, ObjV) and (
-                key.value is None or isinstance(key.value, (types.BuiltinFunctionType, type)))):
-            return _keyed(tr, f, items, key, kwargs)
-        from .handlers.ops import _const_like
-        if all(_const_like(i) for i in items) and _all_obj(kwargs):
-            extra = [real(tr, a) for a in args[1:]] if f not in (min, max) or len(args) == 1 else []
-            try:
-                return tr.const_value(f([real(tr, i) for i in items], *extra,
-                                        **{k: real(tr, x) for k, x in kwargs.items()}))
-            except Exception as e:  # noqa: BLE001
-                raise tr.unsupported(f"{f.__name__}() raised {type(e).__name__}: {e}")
-        if f is sum:
-            acc = args[1] if len(args) > 1 else ObjV(0)
-            for i in items:
-                acc = tr.binary(operator.add, acc, i)
-            return acc
-        if f in (any, all):
-            raise tr.unsupported(f"{f.__name__}() over tensors needs their data")
-        if f is set and not kwargs:
-            return new_set(tr, items)
-        raise tr.unsupported(f"{f.__name__}() over traced values")
-    return h
-
-
-def new_set(tr, items) -> ObjV:
-    """A set the trace makes: constants in a real set, other values (tensors) kept by
-    identity in `tr.set_members`, as Python hashes them (a tensor's hash is its id)."""
-    s = set()
-    tr.own(s)
-    members = []
-    for i in items:
-        if isinstance(i, ObjV):
-            s.add(real(tr, i))
-        elif not any(m is i for m in members):
-            members.append(i)
-    if members:
-        tr.set_members[id(s)] = members
-    return ObjV(s)
-
-
-def _keyed(tr, f, items, key, kwargs):
-    """sorted/min/max with a key function the trace runs (its results must be constants)."""
-    keys = [real(tr, tr.call(key, [i], {})) for i in items]
-    idx = list(range(len(items)))
-    if f is sorted:
-        # list.sort on the positions: the same stable order, reverse=True included
-        idx.sort(key=keys.__getitem__, reverse=bool(real(tr, kwargs.get("reverse", ObjV(False)))))
-        return ListV([items[j] for j in idx])
-    if not idx:
-        if "default" in kwargs:
-            return kwargs["default"]
-        from .interpreter import TracedRaise
-        raise TracedRaise(ValueError(f"{f.__name__}() iterable argument is empty"))
-    return items[f(idx, key=keys.__getitem__)]
-
-
-def _all_obj(kw):
-    return all(isinstance(x, ObjV) for x in kw.values())
-
-
-for _a in (set, frozenset, sorted, sum, any, all, min, max):
-    BUILTINS[_a] = _make_agg(_a)
 
 
 def _tuple_new(tr, args, kwargs):
@@ -656,6 +575,11 @@ for _name, _op in vars(operator).items():
 # ---- container methods ----------------------------------------------------------------------
 def container_method(tr, recv: V, name: str, args, kwargs) -> V:
     if isinstance(recv, ListV):
+        if recv.cls is collections.deque:
+            from .stdlib import deque_method
+            out = deque_method(tr, recv, name, args, kwargs)
+            if out is not None:
+                return out
         return _list_method(tr, recv, name, args)
     if isinstance(recv, TupleV):
         if name in ("index", "count"):
@@ -722,30 +646,32 @@ def _list_method(tr, lst: ListV, name, args):
 def _dict_method(tr, d: DictV, name, args, kwargs):
     it = d.items
     if name in ("get", "__getitem__"):
-        k = real(tr, args[0])
+        k = dict_key(tr, args[0])
         if k in it:
             return it[k]
+        if name == "__getitem__" and (x := missing(tr, d, k)) is not None:
+            return x
         if name == "get":
             return args[1] if len(args) > 1 else ObjV(None)
         raise tr.unsupported(f"KeyError {k!r}")
     if name in ("keys", "values", "items"):
         return DictViewV(d, name)
     if name == "__contains__":
-        return ObjV(real(tr, args[0]) in it)
+        return ObjV(dict_key(tr, args[0]) in it)
     if name in ("__setitem__",):
         _mutate(tr, d)
-        it[real(tr, args[0])] = args[1]
+        it[dict_key(tr, args[0])] = args[1]
         return ObjV(None)
     if name == "pop":
         _mutate(tr, d)
-        k = real(tr, args[0])
+        k = dict_key(tr, args[0])
         if k in it:
             return it.pop(k)
         if len(args) > 1:
             return args[1]
         raise tr.unsupported(f"KeyError {k!r}")
     if name == "setdefault":
-        k = real(tr, args[0])
+        k = dict_key(tr, args[0])
         if k not in it:
             _mutate(tr, d)
             it[k] = args[1] if len(args) > 1 else ObjV(None)
@@ -759,15 +685,17 @@ def _dict_method(tr, d: DictV, name, args, kwargs):
             else:
                 for pair in iterate(tr, src):
                     k, x = iterate(tr, pair)
-                    it[real(tr, k)] = x
+                    it[dict_key(tr, k)] = x
         it.update(kwargs)
         return ObjV(None)
     if name == "copy":
-        return DictV(dict(it), cls=d.cls)
+        return DictV(dict(it), cls=d.cls, factory=d.factory)
     if name == "clear":
         _mutate(tr, d)
         it.clear()
         return ObjV(None)
+    if name in ("popitem", "move_to_end") and len(args) + len(kwargs) <= 2:
+        return ordered_dict_method(tr, d, name, args, kwargs)
     raise tr.unsupported(f"dict.{name} on traced values")
 
 

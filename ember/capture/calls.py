@@ -26,6 +26,7 @@ from . import functorch, ndarrays
 from .checkpoint import call_checkpoint, is_checkpoint
 from .cond import call_cond, is_cond
 from .flex import call_flex, is_flex_attention
+from .scalar_args import REWRITES
 from .controls import fullgraph, global_hooks_present
 from .functorch import is_functorch
 from .values import (NULL, BuiltinMethodV, CellV, ContextV, DecoratedV, DictV, FuncV, GenV, IterV,
@@ -79,6 +80,15 @@ _IS_COMPILING = {"is_compiling": ("torch.compiler", "torch._dynamo.external_util
                                   "torch._dynamo.eval_frame"),
                  "is_dynamo_compiling": ("torch.compiler",),
                  "is_exporting": ()}
+# queries about the machine and the autograd engine, answered once at trace time (the same list
+# Dynamo folds unguarded); tracing into them read os.environ and guarded all of it
+_FOLDED = {torch.autograd._is_checkpoint_valid, torch.cuda.is_available, torch.mps.is_available,
+           torch.xpu.is_available, torch.mtia.is_available, torch.distributed.is_available}
+# "is another tracer running?": not while ember traces (as Dynamo answers; is_fx_tracing logs a
+# warning eagerly, through the logging module the trace cannot follow)
+_NOT_TRACING = {"is_fx_tracing": ("torch.fx._symbolic_trace",),
+                "is_fx_symbolic_tracing": ("torch.fx._symbolic_trace",),
+                "is_in_onnx_export": ("torch.onnx", "torch.onnx._globals", "torch.onnx.utils")}
 # torch._dynamo.graph_break(): the code asks for a graph break there (also matched by name)
 _GRAPH_BREAK = {"graph_break": ("torch._dynamo.decorators",)}
 # torch.distributed (issue 13): a collective never goes into a graph, where it could be
@@ -160,6 +170,14 @@ def compiled_by_torch(f) -> bool:
         isinstance(f, torch.nn.Module) and type(f).__module__.startswith("torch._dynamo")
 
 
+def _hashable(f) -> bool:
+    try:
+        hash(f)
+        return True
+    except TypeError:
+        return False
+
+
 def call_obj(tr, fn: ObjV, args: list, kwargs: dict) -> V:
     from .builtins import BUILTINS, fold
     f = peek(fn)        # a call uses what a nested function runs, not which object it is
@@ -197,6 +215,10 @@ def call_obj(tr, fn: ObjV, args: list, kwargs: dict) -> V:
     if getattr(f, "__name__", None) in _IS_COMPILING and \
             getattr(f, "__module__", None) in _IS_COMPILING[f.__name__]:
         return ObjV(True)    # library code asks "am I being traced?": yes
+    if getattr(f, "__module__", None) in _NOT_TRACING.get(getattr(f, "__name__", None), ()):
+        return ObjV(False)
+    if _hashable(f) and f in _FOLDED and not args and not kwargs:
+        return ObjV(f())
     if getattr(f, "__module__", None) in _GRAPH_BREAK.get(getattr(f, "__name__", None), ()):
         raise tr.unsupported("torch._dynamo.graph_break() called",
                              hint="the code asks for a graph break here")
@@ -209,9 +231,11 @@ def call_obj(tr, fn: ObjV, args: list, kwargs: dict) -> V:
     if out is not None:
         return out
     try:
-        h = BUILTINS.get(f)
+        h, rewrite = BUILTINS.get(f), REWRITES.get(f)
     except TypeError:
-        h = None
+        h = rewrite = None
+    if rewrite is not None and (out := rewrite(tr, args, kwargs)) is not None:
+        return out
     if h is not None:
         if isinstance(f, types.BuiltinFunctionType):
             _check_arguments(f, args, kwargs)
@@ -258,7 +282,7 @@ def call_obj(tr, fn: ObjV, args: list, kwargs: dict) -> V:
                 isinstance(args[0], TensorV):       # torch.Tensor.add_(x, 1): x.add_(1)
             return call_builtin_method(tr, args[0], f.__name__, args[1:], kwargs)
         self_obj = getattr(f, "__self__", None)
-        mutable = isinstance(self_obj, (dict, list, set)) and not is_literal(self_obj) and \
+        mutable = isinstance(self_obj, (dict, list, set, collections.deque, bytearray)) and not is_literal(self_obj) and \
             id(self_obj) not in tr.owned
         if mutable and getattr(f, "__name__", "") not in _READ_ONLY_METHODS:
             raise tr.unsupported(f"{type(self_obj).__name__}.{f.__name__}() on a real container "
@@ -493,7 +517,10 @@ def call_class(tr, fn: ObjV, args, kwargs) -> V:
         if _all_const(args):
             return ObjV(cls(*[a.value for a in args]))
         return ObjV(cls("<traced>"))
-    if cls in (dict, collections.OrderedDict, collections.defaultdict) and not args \
+    if cls is collections.defaultdict:
+        from .dictkeys import new_defaultdict
+        return new_defaultdict(tr, args, kwargs)
+    if cls in (dict, collections.OrderedDict) and not args \
             or (cls in (dict, collections.OrderedDict) or _plain_dict_subclass(cls)) and \
             (not args or not isinstance(args[0], ObjV)):
         from .builtins import BUILTINS as B
@@ -683,7 +710,10 @@ def call_builtin_method(tr, recv: V, name: str, args, kwargs) -> V:
         if name in _TENSOR_BLOCKED:
             raise tr.unsupported(f"Tensor.{name}() needs tensor data or mutates autograd state",
                                  hint="move it out of the compiled function")
-        return tr.call_graph(getattr(torch.Tensor, name), [recv] + list(args), kwargs)
+        method = getattr(torch.Tensor, name)
+        if method in REWRITES and (out := REWRITES[method](tr, [recv, *args], kwargs)) is not None:
+            return out
+        return tr.call_graph(method, [recv] + list(args), kwargs)
     if isinstance(recv, NdarrayV):
         return ndarrays.call_method(tr, recv, name, args, kwargs)
     if isinstance(recv, ContextV):

@@ -17,6 +17,7 @@ import types
 import torch
 import torch.fx as fx
 
+from .dictkeys import TensorKey, has_traced_keys
 from .values import (CellV, DictV, DictViewV, FuncV, LazyV, ListV, NdarrayV, NewModuleV, NewObjV,
                      ObjV, PartialV, TensorV, TupleV, V, is_model_output)
 
@@ -115,7 +116,10 @@ class Rebuild:
         if isinstance(v, ListV):
             if v.source is not None:
                 return v.source.expr()
-            return self._temp(v, "[" + ", ".join(self.expr(i) for i in v.items) + "]")
+            inner = "[" + ", ".join(self.expr(i) for i in v.items) + "]"
+            if v.cls is collections.deque:
+                return self._temp(v, f"{self.bind(collections.deque, 'c')}({inner})")
+            return self._temp(v, inner)
         if isinstance(v, TupleV):
             if v.source is not None:
                 return v.source.expr()
@@ -133,6 +137,9 @@ class Rebuild:
             inner = ", ".join(f"{self._key(k)}: {self.expr(x)}" for k, x in v.items.items())
             if v.cls is dict:
                 return self._temp(v, "{" + inner + "}")
+            if v.factory is not None or issubclass(v.cls, collections.defaultdict):
+                factory = self.expr(v.factory) if v.factory is not None else "None"
+                return self._temp(v, f"{self.bind(v.cls, 'c')}({factory}, {{{inner}}})")
             return self._temp(v, f"{self.bind(v.cls, 'c')}({{{inner}}})")
         if isinstance(v, PartialV):
             args = [self.expr(v.func)] + [self.expr(a) for a in v.args] + \
@@ -192,6 +199,10 @@ class Rebuild:
     def _key(self, k):
         if k is None or type(k) in (bool, int, str):
             return repr(k)
+        if isinstance(k, TensorKey):          # a tensor made in the trace: the tensor itself
+            return self.expr(k.tv)
+        if type(k) is tuple and has_traced_keys(k):
+            return "(" + "".join(self._key(i) + ", " for i in k) + ")"
         return self.bind(k)
 
     def _temp(self, v, code):
@@ -230,12 +241,15 @@ def effect_lines(tr, rb: Rebuild) -> list[str]:
             # new contents first: they may be read through the dict itself
             effects.append(f"__v = {{{inner}}}; __d = {m.source.expr()}; __d.clear(); "
                            f"__d.update(__v)")
+        elif isinstance(m, ObjV):         # a caller's set, written through its copy
+            effects.append(f"__d = {m.source.expr()}; __d.clear(); __d.update({rb.bind(m.value)})")
     for eff in tr.effects:
         if eff[0] == "setattr":
             _, obj_v, name, value, plain = eff
             # a plain store made by a traced user __setattr__ must not run that hook again
             setter = rb.bind(object.__setattr__, "f") if plain else "setattr"
-            effects.append(f"{setter}({obj_v.source.expr()}, {name!r}, {rb.expr(value)})")
+            target = obj_v.source.expr() if obj_v.source is not None else rb.expr(obj_v)
+            effects.append(f"{setter}({target}, {name!r}, {rb.expr(value)})")
         elif eff[0] == "delattr":
             _, obj_v, name = eff
             effects.append(f"delattr({obj_v.source.expr()}, {name!r})")

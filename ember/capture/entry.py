@@ -242,6 +242,11 @@ class Runner:
         cache.n_compiled += 1
         r = entry.run(self.fn, *locals_)
         if r is MISS:
+            # compiling changed state the trace had read (torch's first meta op imports
+            # torch._dynamo, which writes os.environ): trace once more from the state as it is
+            cache.entries[0] = entry = self.compile(locals_)
+            r = entry.run(self.fn, *locals_)
+        if r is MISS:
             raise InternalError(f"guards of a fresh entry for {_where(cache.code)} fail on the "
                                 f"inputs they were built from: {_first_failed_guard([entry], self.fn, locals_)}")
         if r is EAGER:
@@ -368,7 +373,7 @@ def _call_with_locals(fn, code, locals_):
 def _mark_dynamic_dims(cache: FrameCache, fn, locals_, settings) -> str:
     """Automatic dynamic (dynamic=None): an input tensor whose only change against an entry's
     guard is the size of some dims gets those dims symbolic in the next compile (an int argument
-    that changed: the value itself). Returns the recompile reason's tail
+    or module attribute that changed: the value itself). Returns the recompile reason's tail
     ('; L['x'] dim 1: 7 → 16, now dynamic')."""
     if settings.dynamic is not None:
         return ""
@@ -376,7 +381,8 @@ def _mark_dynamic_dims(cache: FrameCache, fn, locals_, settings) -> str:
     notes = []
     for e in cache.entries:
         for g in e.guards:
-            if g.structural or g.kind not in ("EQ", "TENSOR"):
+            # module state: ints (a step counter) may become dynamic, tensors keep their shapes
+            if g.kind not in ("EQ", "TENSOR") or g.structural and g.kind != "EQ":
                 continue
             try:
                 v = eval(g.source.expr(), ns)

@@ -16,8 +16,10 @@ from typing import Any
 
 import torch
 
+from .dictkeys import same_keys
 from .sources import Source
 from .subclasses import flatten_meta
+from .values import is_literal
 
 # kind → rank: cheap checks first
 RANKS = {"GLOBAL_STATE": 0, "ID": 1, "TYPE": 2, "NONE": 2, "EQ": 3, "LEN": 3, "KEYS": 4,
@@ -52,7 +54,9 @@ class Guard:
         if k == "ABSENT":           # a class attribute not shadowed on the instance (forward)
             return f"{self.source.attr!r} not in {self.source.base.expr()}.__dict__"
         if k == "KEYS":
-            return f"list({e}) == {bind(list(self.expected))}"
+            if all(is_literal(x) for x in self.expected):
+                return f"list({e}) == {bind(list(self.expected))}"
+            return f"{bind(same_keys)}({e}, {bind(list(self.expected))})"  # objects: identity
         if k == "ALIAS":
             return f"{e} is {self.expected.expr()}"
         if k == "TENSOR":

@@ -3,13 +3,13 @@
 Consumes a code object + the caller's real arguments; produces a torch.fx.Graph of torch-level
 calls, the guard list, the side effects and the return value as values (values.py). Opcode
 behaviour lives in handlers/ (one function per opcode in `HANDLERS`); calls in calls.py,
-attribute loads in attrs.py. Tensors run on the meta device (for shapes/dtypes); anything that
+attribute loads in attrs.py; reading the caller's objects (wrap, guards, dynamic dims) in
+inputs.py. Tensors run on the meta device (for shapes/dtypes); anything that
 needs a tensor's data raises `Unsupported`.
 """
 from __future__ import annotations
 
 import builtins
-import dataclasses
 import inspect
 import operator
 import sys
@@ -19,17 +19,14 @@ from types import CodeType
 import torch
 import torch.fx as fx
 
-from .. import shapes
 from ..errors import Unsupported
 from .bytecode import decode
 from .effects import op_writes
-from .functorch import is_functorch
 from .guards import Guard, global_state
-from .sources import (AttrSource, ClosureSource, ConstSource, DictEntrySource, GlobalSource,
-                      ItemSource, LocalSource, SizeSource, Source)
-from .subclasses import guard_inner, is_traceable_subclass, meta_copy
-from .values import (NULL, SYM_TYPES, CellV, DictV, LazyV, ListV, ObjV, TensorV, TupleV, V,
-                     is_literal)
+from .inputs import Inputs
+from .sources import AttrSource, ClosureSource, ConstSource, GlobalSource, ItemSource, Source
+from .subclasses import is_traceable_subclass
+from .values import NULL, SYM_TYPES, CellV, DictV, ListV, ObjV, TensorV, TupleV, V, is_literal
 
 MAX_INLINE_DEPTH = 64
 CO_VARARGS, CO_VARKEYWORDS, CO_GENERATOR = 0x04, 0x08, 0x20
@@ -102,24 +99,7 @@ def _is_library(module_name: str | None) -> bool:
     return bool(module_name) and module_name.split(".")[0] in LIBRARY_PREFIXES
 
 
-class SymbolInput:
-    """A size symbol's placeholder among the tracer's inputs (next to TensorV inputs)."""
-    __slots__ = ("node",)
-
-    def __init__(self, node):
-        self.node = node
-
-
-def _stride_order(t: torch.Tensor) -> list[int]:
-    """Dims outermost first (by stride, then size)."""
-    return sorted(range(t.dim()), key=lambda d: (t.stride(d), t.shape[d]), reverse=True)
-
-
-def _first_non_placeholder(graph):
-    return next((n for n in graph.nodes if n.op != "placeholder"), None)
-
-
-class Tracer:
+class Tracer(Inputs):
     """One symbolic execution. State: graph, inputs, guards, effects, frames."""
 
     def __init__(self, settings=None):
@@ -151,6 +131,7 @@ class Tracer:
         self.owned_in_generator: set[int] = set()
         # a set the trace made, holding values without a constant (tensors: by identity)
         self.set_members: dict[int, list] = {}
+        self.tensor_keys: dict = {}                     # id(TensorV) -> its dict key
         self.owned: set[int] = set()                    # ids of real objects the trace created
         self.autocast: dict = {d: dt for d, on, dt in (self.state0[3] or ()) if on}
         self.stop_at: tuple | None = None                # (instruction index, visit) in the root
@@ -247,231 +228,6 @@ class Tracer:
             self.global_ids[id(gdict)] = gid
             self.ns[gid] = gdict
         return gid
-
-    # ---- wrapping real objects ----------------------------------------------------------
-    def wrap(self, value, source: Source | None, *, guard_obj: bool = True) -> V:
-        """A value for the caller's real object `value` read from `source`, with guards."""
-        if source is not None:
-            hit = self.by_source.get(source.expr())
-            if hit is not None:
-                return hit
-        v = self._wrap(value, source, guard_obj)
-        if source is not None:
-            self.by_source[source.expr()] = v
-        return v
-
-    def _wrap(self, value, source, guard_obj):
-        t = type(value)
-        if isinstance(value, torch.Tensor):
-            return self.wrap_tensor(value, source)
-        if value is None:
-            self.guard("NONE", source, None)
-            return ObjV(None, source)
-        if t is int and self._dynamic_int(value, source):
-            self.guard("TYPE", source, int)
-            return ObjV(self._shape_env().new_symbol(value, source, guard_bound=True), source)
-        if t in (float, str) and source is not None and not source.structural:
-            # guarded by value only once used: a loss.item() (or a message made from it) that
-            # only gets logged does not recompile per value
-            self.guard("TYPE", source, t)
-            return LazyV(value, lambda: self.guard("EQ", source, value), source)
-        if is_literal(value):
-            self.guard("EQ", source, value)
-            return ObjV(value, source)
-        if t is list or t is dict:
-            hit = self.by_real_id.get(id(value))
-            if hit is not None:           # one container reached through two sources
-                self.guard("ALIAS", source, hit.source)
-                return hit
-        if t is list or t is tuple or (isinstance(value, tuple) and hasattr(t, "_fields")) \
-                or t is torch.Size:
-            self.guard("TYPE", source, t)
-            self.guard("LEN", source, len(value))
-            items = [self.wrap(x, ItemSource(source, i, frozen=t is not list) if source else None)
-                     for i, x in enumerate(value)]
-            if t is list:
-                return self._remember(value, ListV(items, source))
-            return TupleV(items, source, cls=t)
-        if t is dict or (isinstance(value, dict) and t.__module__ == "collections"):
-            self.guard("TYPE", source, t)
-            self.guard("KEYS", source, list(value.keys()))
-            if not all(is_literal(k) for k in value):
-                raise self.unsupported("dict with non-constant keys")
-            d = DictV({k: self.wrap(x, self.item_source(source, k) if source else None)
-                       for k, x in value.items()}, source, cls=t)
-            return self._remember(value, d) if t is dict else d
-        if isinstance(value, torch.nn.Module):
-            self.guard("TYPE", source, t)
-            return ObjV(value, source)
-        if t is types.MethodType and source is not None and \
-                isinstance(value.__func__, types.FunctionType):
-            # a bound method is a new object per attribute read: guard what it binds
-            from .values import MethodV
-            self.guard("TYPE", source, t)
-            return MethodV(self.wrap(value.__func__, AttrSource(source, "__func__")),
-                           self.wrap(value.__self__, AttrSource(source, "__self__")), source)
-        if t is types.FunctionType and guard_obj and source is not None and \
-                not source.structural and is_functorch(value):
-            # torch.func's wrapper of a user function, new per transform call; calling it breaks
-            self.guard("TYPE", source, t)
-            self.guard("ID", AttrSource(source, "__code__"), value.__code__)
-            return LazyV(value, lambda: self.guard("ID", source, value), source)
-        if t is types.FunctionType and guard_obj and source is not None and \
-                not source.structural and not value.__dict__ and \
-                (value.__closure__ is not None or "<locals>" in value.__qualname__):
-            self._guard_closure(value, source)
-            # which object it is counts only where identity is used (`is`, `==`, a dict key):
-            # there the read installs the ID guard; calls read it without (calls.call_obj)
-            return LazyV(value, lambda: self.guard("ID", source, value), source)
-        if isinstance(value, (types.FunctionType, types.BuiltinFunctionType, type,
-                              types.ModuleType, types.MethodType)) or callable(value) and \
-                t.__module__.startswith("torch"):
-            if guard_obj:
-                self.guard("ID", source, value)
-            return ObjV(value, source)
-        if dataclasses.is_dataclass(value) or t.__module__ not in ("builtins",):
-            self.guard("TYPE", source, t)
-            return ObjV(value, source)
-        if t in (set, frozenset):
-            # a copy: the guard compares the set's contents then with the caller's set later
-            self.guard("EQ", source, frozenset(value) if t is frozenset else set(value))
-            return ObjV(value, source)
-        self.guard("TYPE", source, t)
-        return ObjV(value, source)
-
-    def _guard_closure(self, fn: types.FunctionType, source: Source) -> None:
-        """A nested function or closure is a new object each time its maker runs (a resume
-        function gets one per call): guard what an inlined call reads — its code, defaults and
-        kwdefaults, no attributes (ember.allow_in_graph marks) — not the object. The cells'
-        contents are guarded where the trace reads them."""
-        self.guard("TYPE", source, types.FunctionType)
-        self.guard("ID", AttrSource(source, "__code__"), fn.__code__)
-        self.guard("LEN", AttrSource(source, "__dict__"), 0)
-        for name in ("__defaults__", "__kwdefaults__"):
-            d = getattr(fn, name)
-            plain = d is None or is_literal(d) or type(d) is dict and all(map(is_literal, d.values()))
-            self.guard("NONE" if d is None else "EQ" if plain else "ID", AttrSource(source, name), d)
-
-    def _remember(self, value, v):
-        if v.source is not None:
-            self.by_real_id[id(value)] = v
-            self.keepalive.append(value)
-        return v
-
-    def wrap_tensor(self, value: torch.Tensor, source: Source | None) -> TensorV:
-        hit = self.by_real_id.get(id(value))
-        if hit is not None:
-            if source is not None and hit.source is not None and source.expr() != hit.source.expr() \
-                    and source.structural == hit.source.structural:
-                self.guard("ALIAS", source, hit.source)
-            return hit
-        if source is None:
-            source = ConstSource(self.bind_const(value, "t"))
-        if value.layout != torch.strided or value.is_quantized or value.is_nested:
-            raise self.unsupported(f"tensor with layout {value.layout}")
-        sub = is_traceable_subclass(value)
-        if not sub and type(value) not in (torch.Tensor, torch.nn.Parameter) and not isinstance(
-                value, torch.nn.parameter.Buffer if hasattr(torch.nn.parameter, "Buffer") else ()):
-            raise self.unsupported(f"tensor subclass {type(value).__name__} (it does not "
-                                   "implement __tensor_flatten__/__tensor_unflatten__)")
-        dims = [] if sub else self._dynamic_dims_of(value, source)
-        if dims:
-            meta, shape, stride = self._symbolic_meta(value, source, dims)
-        else:
-            meta = meta_copy(value)          # a subclass: rebuilt around meta inner tensors
-            shape, stride = tuple(value.shape), value.stride()
-        if value.requires_grad:
-            meta.requires_grad_(True)
-        if sub:
-            guard_inner(self, value, source)
-        self.guard("TENSOR", source, (type(value), value.dtype, value.device, shape, stride,
-                                      value.requires_grad))
-        node = self.graph.placeholder(_placeholder_name(source, len(self.inputs)))
-        node.meta["example_value"] = meta
-        node.meta["ember_source"] = source.name()
-        tv = TensorV(node, meta, value.device, source, cls=type(value))
-        self.inputs.append((source, tv, value))
-        self.by_real_id[id(value)] = tv
-        self.keepalive.append(value)
-        return tv
-
-    # ---- dynamic shapes -------------------------------------------------------------------
-    def _dynamic_dims_of(self, value: torch.Tensor, source: Source) -> list[int]:
-        """Dims of an input tensor to trace symbolically: asked for (dynamic=True, automatic
-        dynamic, ember.mark_dynamic) and not ember.mark_static, size >= 2, and a dense layout
-        (strides follow sizes)."""
-        if self.settings is None or self.settings.dynamic is False or source.structural \
-                or isinstance(value, torch.nn.Parameter):
-            return []
-        want = self.dynamic_dims.get(source.expr(), set())
-        if self.settings.dynamic is True:
-            want = range(value.dim())
-        want = (set(want) | set(getattr(value, "_ember_dynamic_dims", ()))) - \
-            set(getattr(value, "_ember_static_dims", ()))           # ember.mark_static wins
-        dims = [d for d in sorted(d for d in want if isinstance(d, int))   # not the "value" mark
-                if d < value.dim() and value.shape[d] >= shapes.LOWER_BOUND]
-        if dims and shapes.row_major_strides(list(value.shape), _stride_order(value)) != \
-                list(value.stride()):
-            return []       # not dense, or size-1 dims with strides the sizes do not give
-        return dims
-
-    def _dynamic_int(self, value: int, source: Source | None) -> bool:
-        """An int argument traced as a size symbol: it changed between calls (automatic
-        dynamic) or dynamic=True; 0 and 1 stay constants."""
-        if source is None or self.settings is None or self.settings.dynamic is False or \
-                source.structural or source.unguarded or value < shapes.LOWER_BOUND:
-            return False
-        return self.settings.dynamic is True and isinstance(source, LocalSource) or \
-            "value" in self.dynamic_dims.get(source.expr(), ())
-
-    def _shape_env(self) -> shapes.ShapeEnv:
-        if self.shape_env is None:
-            self.shape_env = shapes.ShapeEnv()
-        return self.shape_env
-
-    def _symbolic_meta(self, value: torch.Tensor, source: Source, dims: list[int]):
-        env = self._shape_env()
-        sizes = [env.new_symbol(n, SizeSource(source, d)) if d in dims else n
-                 for d, n in enumerate(value.shape)]
-        # strides in terms of sizes: row-major in the order of the real strides
-        order = _stride_order(value)
-        meta = torch.empty_strided(sizes, shapes.row_major_strides(sizes, order),
-                                   dtype=value.dtype, device="meta")
-        return meta, tuple(None if d in dims else n for d, n in enumerate(value.shape)), \
-            tuple(order)
-
-    def size_node(self, x):
-        """A graph value for a SymInt: nodes computing its expression from the symbol inputs."""
-        return shapes.to_fx(self.graph, shapes.expr_of(x), self._symbol_node, self._size_nodes)
-
-    def size_expr(self, x) -> str:
-        """Python source computing a SymInt from the frame's locals (for rebuilt outputs)."""
-        env = self.shape_env
-        return shapes.pyexpr(shapes.expr_of(x), lambda s: env.sources[s].expr())
-
-    def shape_guards(self) -> list[Guard]:
-        """The relations the trace (capture and backend) assumed about the symbols."""
-        env = self.shape_env
-        if env is None:
-            return []
-        out = []
-        for g in env.guards:
-            code = shapes.pyexpr(g, lambda s: env.sources[s].expr())
-            text = shapes.pyexpr(g, lambda s: env.sources[s].name())
-            out.append(Guard("SHAPE", None, (code, text)))
-        return out
-
-    def _symbol_node(self, sym):
-        node = self._symbol_nodes.get(sym)
-        if node is None:
-            src = self.shape_env.sources[sym]
-            with self.graph.inserting_before(_first_non_placeholder(self.graph)):
-                node = self.graph.placeholder(str(sym))
-            node.meta["example_value"] = self.shape_env.symint(sym)
-            node.meta["ember_source"] = src.name()
-            self._symbol_nodes[sym] = node
-            self.inputs.append((src, SymbolInput(node), self.shape_env.hints[sym]))
-        return node
 
     # ---- globals ------------------------------------------------------------------------
     def load_global(self, frame: Frame, name: str) -> V:
@@ -800,13 +556,21 @@ class Tracer:
             for i, c in enumerate(fn.__closure__):
                 cells.append(self.real_cell(c, ClosureSource(src, i) if src else None))
             closure = tuple(cells)
-        defaults = tuple(self.default_value(d) for d in (fn.__defaults__ or ()))
-        kwd = {k: self.default_value(d) for k, d in (fn.__kwdefaults__ or {}).items()}
+        # a tensor default is read through the function (`f.__defaults__ = ...` recompiles)
+        if src is None and any(isinstance(d, torch.Tensor) for d in (
+                *(fn.__defaults__ or ()), *(fn.__kwdefaults__ or {}).values())):
+            src = ConstSource(self.bind_const(fn, "f"))     # a method found on its class
+        dsrc = AttrSource(src, "__defaults__") if src is not None else None
+        kwsrc = AttrSource(src, "__kwdefaults__") if src is not None else None
+        defaults = tuple(self.default_value(d, dsrc and ItemSource(dsrc, i, frozen=True))
+                         for i, d in enumerate(fn.__defaults__ or ()))
+        kwd = {k: self.default_value(d, kwsrc and ItemSource(kwsrc, k))
+               for k, d in (fn.__kwdefaults__ or {}).items()}
         return closure, defaults, kwd
 
-    def default_value(self, d) -> V:
+    def default_value(self, d, source=None) -> V:
         if isinstance(d, torch.Tensor):
-            return self.wrap_tensor(d, None)
+            return self.wrap_tensor(d, source)
         if is_literal(d) or d is None:
             return ObjV(d)
         return self.wrap(d, None)
@@ -916,15 +680,6 @@ def _fname(target) -> str:
 def _tensor_cls(meta) -> type:
     """A result's class as isinstance sees it: a traceable subclass's meta copy is that class."""
     return type(meta) if is_traceable_subclass(meta) else torch.Tensor
-
-
-def _placeholder_name(source: Source, i: int) -> str:
-    import re
-    name = source.name()
-    name = re.sub(r"[^0-9a-zA-Z_]+", "_", name).strip("_")
-    name = re.sub(r"^(L_|G_)", "", name)
-    name = name or f"arg{i}"
-    return name if len(name) <= 48 else f"{name[:24]}_{name[-20:]}_{i}"
 
 
 def func_signature_ok(fn) -> bool:

@@ -373,15 +373,17 @@ def _line_entries(units: int) -> bytes:
 
 
 def call_trampoline(code: types.CodeType, start: int, end: int, nulls: tuple,
-                    lineno: int) -> types.FunctionType:
+                    lineno: int, statement: bool = False) -> types.FunctionType:
     """A function that runs the one call instruction code.co_code[start:end] (with its
     KW_NAMES/PRECALL prefix) on its arguments (the call's stack slots; `nulls` marks NULL ones)
     and returns the result. It carries the user's file, line and function name, so a warning
-    or log record the call emits names the same place as in eager."""
-    key = (code, start, nulls, "call")
+    or log record the call emits names the same place as in eager. `statement`: the
+    instruction leaves nothing (STORE_SUBSCR, STORE_ATTR, DELETE_*): it returns its first
+    argument, pushed once more beneath the slots."""
+    key = (code, start, nulls, "statement" if statement else "call")
     hit = _CODE_CACHE.get(key)
     if hit is None:
-        pro = b""
+        pro = _emit(_OP["LOAD_FAST"], 0) if statement else b""
         k = 0
         for is_null in nulls:
             if is_null:
@@ -396,7 +398,7 @@ def call_trampoline(code: types.CodeType, start: int, end: int, nulls: tuple,
         hit = _CODE_CACHE[key] = code.replace(
             co_code=pro + call + ret, co_argcount=k, co_posonlyargcount=0, co_kwonlyargcount=0,
             co_nlocals=k, co_varnames=names, co_cellvars=(), co_freevars=(), co_flags=0x3,
-            co_firstlineno=lineno, co_exceptiontable=b"", co_stacksize=len(nulls) + 1,
+            co_firstlineno=lineno, co_exceptiontable=b"", co_stacksize=len(nulls) + 2,
             co_linetable=_no_location(len(pro) // 2) + _line_entries(len(call) // 2) +
             _no_location(len(ret) // 2))
     return types.FunctionType(hit, {"__builtins__": __builtins__}, code.co_name)

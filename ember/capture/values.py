@@ -183,12 +183,13 @@ class TupleV(V):
 
 
 class DictV(V):
-    """Keys are real hashable constants; values are values."""
-    __slots__ = ("items", "cls")
+    """Keys are real hashable objects (dictkeys.py); values are values. `factory`: a
+    defaultdict's default_factory value."""
+    __slots__ = ("items", "cls", "factory")
     kind = "dict"
 
-    def __init__(self, items: dict, source=None, cls=dict):
-        self.items, self.source, self.cls = dict(items), source, cls
+    def __init__(self, items: dict, source=None, cls=dict, factory=None):
+        self.items, self.source, self.cls, self.factory = dict(items), source, cls, factory
 
     def python_type(self):
         return self.cls

@@ -25,4 +25,4 @@ def handler(*opnames: str, since=(3, 11), until=None):
 
 
 from . import calls, containers, contexts, control, ops, stack  # noqa: E402,F401
-from .. import iters  # noqa: E402,F401  (adds the itertools/functools entries to BUILTINS)
+from .. import aggregates, iters, stdlib  # noqa: E402,F401  (add their entries to BUILTINS)

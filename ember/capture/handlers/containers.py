@@ -1,6 +1,7 @@
 """Handlers: BUILD_* containers, list/set/dict updates, unpacking, iteration, f-strings."""
 from __future__ import annotations
 
+from ..dictkeys import dict_key
 from ..values import STOP, DictV, GenV, IterV, ListV, ObjV, TensorV, TupleV
 from . import handler
 
@@ -17,15 +18,14 @@ def build_list(tr, f, ins):
 
 @handler("BUILD_SET")
 def build_set(tr, f, ins):
-    from ..builtins import new_set
+    from ..aggregates import new_set
     f.push(new_set(tr, f.popn(ins.arg)))
 
 
 @handler("BUILD_MAP")
 def build_map(tr, f, ins):
-    from ..builtins import real
     items = f.popn(2 * ins.arg)
-    f.push(DictV({real(tr, items[i]): items[i + 1] for i in range(0, len(items), 2)}))
+    f.push(DictV({dict_key(tr, items[i]): items[i + 1] for i in range(0, len(items), 2)}))
 
 
 @handler("BUILD_CONST_KEY_MAP")
@@ -61,9 +61,8 @@ def set_add(tr, f, ins):
 
 @handler("MAP_ADD")
 def map_add(tr, f, ins):
-    from ..builtins import real
     v, k = f.pop(), f.pop()
-    f.stack[-ins.arg].items[real(tr, k)] = v
+    f.stack[-ins.arg].items[dict_key(tr, k)] = v
 
 
 @handler("LIST_EXTEND")
@@ -96,7 +95,7 @@ def dict_update(tr, f, ins):
                             if not (isinstance(x, ObjV) and x.value is None)})
         else:
             for k in tr.iterate(v):
-                d.items[real(tr, k)] = tr.getitem(v, k)
+                d.items[dict_key(tr, k)] = tr.getitem(v, k)
 
 
 @handler("LIST_TO_TUPLE", until=(3, 12))

@@ -5,11 +5,13 @@ Python's semantics on their item values; user objects' dunder methods are inline
 """
 from __future__ import annotations
 
+import collections
 import operator
 import types
 
 from .. import ndarrays
 from ..flex import index_scalar
+from ..dictkeys import dict_key, missing
 from ..values import (NULL, SYM_TYPES, DictV, DictViewV, ListV, NdarrayV, NewObjV, ObjV, TensorV,
                       TupleV,
                       is_model_output, peek)
@@ -50,6 +52,12 @@ def binary(tr, op, a, b):
                 return ObjV(op is operator.ne)
         return tr.call_graph(op, [a, b], {})
     if isinstance(a, ObjV) and isinstance(b, ObjV):
+        if op in _INPLACE_TO_PLAIN and type(peek(a)) is set:
+            from ..builtins import fold
+            from ..stdlib import writable_set
+            s = writable_set(tr, a)           # `s |= t` writes the set in place
+            fold(tr, op, [ObjV(s), b], {})
+            return a
         fa = _py_dunder(peek(a), op, 0)
         if fa is not None:
             return tr.call(ObjV(fa), [a, b], {})
@@ -184,11 +192,11 @@ def is_op(tr, f, ins):
 def contains(tr, item, container) -> bool:
     from ..builtins import real, view_items
     if isinstance(container, DictV):
-        return real(tr, item) in container.items
+        return dict_key(tr, item) in container.items
     if isinstance(container, DictViewV):
         if container.view == "keys":
-            return real(tr, item) in container.d.items
-        container = ListV(view_items(container))
+            return dict_key(tr, item) in container.d.items
+        container = ListV(view_items(tr, container))
     if isinstance(container, (ListV, TupleV)):
         for x in container.items:
             if x is item or is_same(x, item):
@@ -241,16 +249,21 @@ def getitem(tr, c, k):
             from ..interpreter import TracedRaise
             raise TracedRaise(e) from None
         if isinstance(idx, slice):
+            if c.cls is collections.deque:
+                from ..interpreter import TracedRaise
+                raise TracedRaise(TypeError("sequence index must be integer, not 'slice'"))
             return ListV(r) if isinstance(c, ListV) else TupleV(r)
         return r
     if isinstance(c, DictV):
-        key = real(tr, k)
-        if key not in c.items:
+        k = dict_key(tr, k)
+        if k not in c.items:
+            if (x := missing(tr, c, k)) is not None:
+                return x
             if getattr(c.cls, "__missing__", None) is not None:
-                raise tr.unsupported(f"missing key {key!r} in a {c.cls.__name__}")
+                raise tr.unsupported(f"missing key {k!r} in a {c.cls.__name__}")
             from ..interpreter import TracedRaise
-            raise TracedRaise(KeyError(key))
-        return c.items[key]
+            raise TracedRaise(KeyError(k))
+        return c.items[k]
     if isinstance(c, NewObjV):
         if c.dataclass:
             if is_model_output(c.cls):
@@ -356,7 +369,7 @@ def setitem(tr, c, k, v):
         return
     if isinstance(c, DictV):
         _mutate(tr, c)
-        c.items[real(tr, k)] = v
+        c.items[dict_key(tr, k)] = v
         return
     if isinstance(c, NewObjV):
         si = getattr(c.cls, "__setitem__", None)
@@ -387,9 +400,9 @@ def delete_subscr(tr, f, ins):
     from ..builtins import _mutate, real
     k, c = f.pop(), f.pop()
     if isinstance(c, (ListV, DictV)):
-        key = real(tr, k)
+        k = dict_key(tr, k) if isinstance(c, DictV) else real(tr, k)
         try:
-            del c.items[key]
+            del c.items[k]
         except (IndexError, KeyError, TypeError) as e:
             from ..interpreter import TracedRaise
             raise TracedRaise(e) from None

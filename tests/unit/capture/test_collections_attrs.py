@@ -1,0 +1,284 @@
+"""namedtuple classes and deques made in the traced code; Python attributes written on tensors
+(inputs and intermediates), against eager with graph counts."""
+from __future__ import annotations
+
+import collections
+
+import pytest
+import torch
+
+import ember
+
+from .helpers import check, same
+
+
+def test_namedtuple_class_made_in_trace():
+    def f(a, b):
+        P = collections.namedtuple("P", ["x", "y", "xy"], defaults=(None, 1, None))
+        t = P(a, xy=b)
+        return P(t.x, t[1], t.xy + b)
+
+    cf = ember.compile(f, backend="eager", fullgraph=True)
+    a, b = torch.randn(3), torch.randn(3)
+    ref, got = f(a, b), cf(a, b)
+    assert type(got).__name__ == "P" and type(got)._fields == ("x", "y", "xy")
+    same(tuple(ref), tuple(got))
+
+
+def test_deque_methods():
+    def f(a, b):
+        d = collections.deque([a, b])
+        d.append(a + 1)
+        d.extend([a, b])
+        d.insert(0, "foo")
+        tmp = d.pop()
+        other = collections.deque([tmp])
+        d.extendleft(other)
+        other.clear()
+        d.extend(other)
+        d[2] = "setitem"
+        d = d.copy()
+        d.append(d.popleft())
+        d.rotate(2)
+        d.appendleft(b * 3)
+        return list(d), len(d)
+
+    check(f, torch.randn(2), torch.randn(2))
+
+
+def test_deque_returned_is_a_deque():
+    def f(x):
+        d = collections.deque()
+        d.append(x + 1)
+        d.appendleft(x * 2)
+        return d
+
+    cf = ember.compile(f, backend="eager", fullgraph=True)
+    x = torch.randn(2)
+    got = cf(x)
+    assert type(got) is collections.deque
+    same(list(f(x)), list(got))
+
+
+def test_caller_deque_is_not_mutated_at_trace_time():
+    d = collections.deque([1])
+
+    def f(x):
+        d.append(2)
+        return x + len(d)
+
+    cf = ember.compile(f, backend="eager")
+    x = torch.randn(2)
+    cf(x)
+    assert list(d) == [1, 2]          # appended once, by the eager run
+
+
+def test_tensor_python_attributes_written():
+    def f(x, flag):
+        x.offloading = flag
+        y = x + 10
+        y.grad = x
+        y.foo = 42
+        return y + y.foo, y
+
+    cf = ember.compile(f, backend="eager", fullgraph=True)
+    x = torch.ones(5)
+    out, y = cf(x, True)
+    assert x.offloading is True and y.foo == 42 and y.grad is x
+    same(out, torch.ones(5) + 52)
+    assert ember.stats()["counts"].get("graphs") == 1
+
+
+def test_tensor_attribute_of_torch_refused():
+    def f(x):
+        y = x + 1
+        y.data = x
+        return y
+
+    with pytest.raises(ember.Unsupported):
+        ember.compile(f, backend="eager", fullgraph=True)(torch.ones(2))
+
+
+def _with_default(x=torch.zeros(2, 2), *, kw=torch.zeros(1, 2)):
+    x.add_(1)
+    kw.add_(1)
+    return x, kw
+
+
+def test_tensor_defaults_read_through_the_function():
+    def f():
+        return _with_default()
+
+    cf = ember.compile(f, backend="eager")
+    x, kw = cf()
+    assert x is _with_default.__defaults__[0] and torch.equal(x, torch.ones(2, 2))
+    old = _with_default.__defaults__
+    try:
+        _with_default.__defaults__ = (torch.zeros(3),)
+        x, kw = cf()                    # the new default tensor is the one mutated
+        assert x is _with_default.__defaults__[0] and torch.equal(x, torch.ones(3))
+        assert ember.stats()["counts"].get("recompiles") == 1
+    finally:
+        _with_default.__defaults__ = old
+
+
+def test_module_tensor_attribute_written_in_forward():
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(3, 3)
+
+        def forward(self, x):
+            self.cache = self.lin(x).detach()
+            self.text = x + 1
+            return self.text * 2 + self.cache
+
+    m = M()
+    cm = ember.compile(M(), backend="eager", fullgraph=True)
+    cm.load_state_dict(m.state_dict())
+    for _ in range(3):
+        x = torch.randn(2, 3)
+        out = cm(x)
+        same(out, m(x))
+        same(cm.text, x + 1)
+        assert "text" in cm.__dict__ and "cache" not in cm._buffers
+    assert ember.stats()["counts"].get("graphs") == 1
+
+
+def test_explicit_dunder_call_of_submodule_runs_its_hooks():
+    seen = []
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.lin.__call__(x).relu()
+
+    m = M()
+    m.lin.register_forward_hook(lambda mod, inp, out: seen.append(out.shape))
+    cm = ember.compile(m, backend="eager", fullgraph=True)
+    x = torch.randn(2, 4)
+    same(cm(x), torch.relu(m.lin(x)))
+    assert len(seen) == 2 and ember.stats()["counts"].get("graphs") == 1
+
+
+_S = {1, 2}
+
+
+def test_caller_set_written_in_trace_is_replayed():
+    s = {1, 2}
+
+    def f(x):
+        s.add(3)
+        s.discard(1)
+        return torch.cos(x) * len(s)
+
+    def g(x):
+        global _S
+        _S |= {5}
+        return x * len(_S)
+
+    x = torch.rand(4)
+    cf = ember.compile(f, backend="eager", fullgraph=True)
+    same(cf(x), torch.cos(x) * 2)
+    assert s == {2, 3}
+    same(cf(x), torch.cos(x) * 2)          # {2, 3}: a new trace (the guard saw the new set)
+    assert s == {2, 3}
+    before = _S
+    cg = ember.compile(g, backend="eager", fullgraph=True)
+    same(cg(x), x * 3)
+    assert _S is before and _S == {1, 2, 5}
+
+
+def test_partial_attributes():
+    import functools
+
+    def f(t):
+        p = functools.partial(lambda x, y: torch.sin(x) + torch.cos(y), y=t)
+        n = len(p.__dict__) + len(p.keywords) + len(p.args)
+        if hasattr(p, "__dict__") and hasattr(p, "func"):
+            return p(t) + n
+        return torch.zeros_like(t)
+
+    check(f, torch.randn(3))
+
+
+class _WithDefault(torch.nn.Module):
+    def helper(self, x=torch.zeros(2)):
+        x.add_(1)
+        return x
+
+    def forward(self):
+        return self.helper()
+
+
+def test_method_tensor_default_read_through_the_function():
+    m = _WithDefault()
+    cm = ember.compile(m, backend="eager")
+    cm()
+    fn = _WithDefault.helper
+    old = fn.__defaults__
+    try:
+        fn.__defaults__ = (torch.zeros(3),)
+        out = cm()
+        assert out is fn.__defaults__[0] and torch.equal(out, torch.ones(3))
+    finally:
+        fn.__defaults__ = old
+
+
+def test_module_int_attribute_becomes_dynamic_after_one_change():
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+            self.step = 10
+
+        def forward(self, x):
+            return self.lin(x + 1) + self.step
+
+    m = M()
+    cm = ember.compile(M(), backend="eager")
+    cm.load_state_dict(m.state_dict())
+    x = torch.rand(3, 4)
+    for i in range(5):
+        same(cm(x), m(x))
+        m.step += 1
+        cm.step += 1
+    c = ember.stats()["counts"]
+    assert c.get("graphs") == 2 and c.get("recompiles") == 1, c
+
+
+def test_step_counter_written_in_forward_stops_recompiling():
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.steps = 0
+
+        def forward(self, x):
+            self.steps += 1
+            return x * self.steps
+
+    m, cm = M(), ember.compile(M(), backend="eager")
+    x = torch.rand(3)
+    for _ in range(6):
+        same(cm(x), m(x))
+    assert cm.steps == m.steps == 6
+    c = ember.stats()["counts"]
+    assert c.get("graphs") == 3 and c.get("recompiles") == 2 and not c.get("fallbacks"), c  # 0, 1, then s0
+
+
+_S2 = {1}
+
+
+def test_caller_set_read_through_two_names_is_one_value():
+    alias = _S2
+
+    def f(x):
+        alias.add(2)
+        return x * len(_S2)
+
+    cf = ember.compile(f, backend="eager", fullgraph=True)
+    same(cf(torch.ones(2)), torch.ones(2) * 2)     # not a stale len 1
+    assert _S2 == {1, 2}
