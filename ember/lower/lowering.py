@@ -160,12 +160,9 @@ class GraphLowering:
             index = [sympy.Symbol(f"i{d}", integer=True, nonnegative=True)
                      for d in range(len(base.size))]
             counts = count_body(base.node.inner_fn, index)
-            ranges = dict(zip(index, base.size))
-            irregular = counts.gathers or any(
-                simplify_index(e, ranges).has(FloorDiv, ModularIndexing) for e in counts.indices
-                if isinstance(e, sympy.Expr))
             heavy = counts.transcendental or counts.ops >= REALIZE_OPS
-            if irregular and n_out >= IRREGULAR_AMPLIFY * n_in or heavy and n_out >= AMPLIFY * n_in:
+            if heavy and n_out >= AMPLIFY * n_in or n_out >= IRREGULAR_AMPLIFY * n_in and \
+                    _gathers(counts, dict(zip(index, base.size))):
                 self.realize(base)
 
     # --- externs --------------------------------------------------------------------------------
@@ -317,6 +314,14 @@ class GraphLowering:
             out = view if view is not None else dense_view(self.add_computed(
                 Pointwise(out.size, out.dtype, out.loader()), stride=want))
         return out.arg()
+
+
+def _gathers(counts, ranges: dict) -> bool:
+    """Does a body (its `count_body` counts) load at an indirect index, or at a div/mod index
+    that simplification over its loop `ranges` leaves?"""
+    return bool(counts.gathers) or any(
+        simplify_index(e, ranges).has(FloorDiv, ModularIndexing) for e in counts.indices
+        if isinstance(e, sympy.Expr))
 
 
 def _touches_complex(node: torch.fx.Node) -> bool:

@@ -71,25 +71,18 @@ def mark_locals(steps, deps, keep: set) -> None:
                 step.local.add(n.name)
 
 
-def _returns_view(op) -> bool:
-    """Does the aten overload `op` return an alias of an argument (view_as_complex, _conj, a
-    view op with no lowering)? Its schema marks such a result `Tensor(a)`."""
-    schema = getattr(op, "_schema", None)
-    return schema is not None and any(
-        r.alias_info is not None and not r.alias_info.is_write for r in schema.returns)
-
-
 def plan_memory(steps, deps, outputs: set) -> MemoryPlan:
     last: dict = {}
     for i, step in enumerate(steps):
         for b in step_reads(step, deps) + step_writes(step):
             last[b] = i
-    # an extern's view shares its argument's memory: the argument lives as long as the view
-    # (freed earlier, its memory was reused by a later buffer while the view was still read)
+    # an extern's view (an overload whose schema aliases an argument: view_as_complex, _conj, a
+    # view op with no lowering) shares its argument's memory: the argument lives as long as the
+    # view (freed earlier, its memory was reused by a later buffer while the view was still read)
     keep = set(outputs)
     for i in reversed(range(len(steps))):
         step = steps[i]
-        if not isinstance(step, ExternStep) or not _returns_view(step.node.op):
+        if not isinstance(step, ExternStep) or not getattr(step.node.op, "is_view", False):
             continue
         views = step_writes(step)
         for b in step_reads(step, deps):
