@@ -32,7 +32,7 @@ from .functorch import is_functorch
 from .values import (NULL, BuiltinMethodV, CellV, ContextV, DecoratedV, DictV, FuncV, GenV, IterV,
                      ListV, NdarrayV, NewModuleV, MethodV, NewObjV, ObjV, PartialV, SuperV, TensorV,
                      TupleV, V,
-                     is_literal, is_model_output, peek)
+                     holds, is_literal, is_model_output, peek)
 
 _TORCH_MODULES = ("torch", "torch.nn.functional", "torch.linalg", "torch.fft", "torch.special",
                   "torch._C._nn", "torch._C._VariableFunctions", "torch._C._linalg",
@@ -147,17 +147,6 @@ def call(tr, fn: V, args: list, kwargs: dict) -> V:
 
 # the contexts whose instances decorate functions (torch's _DecoratorContextManager & co.)
 _DECORATOR_KINDS = ("grad", "grad_set", "inference", "autocast")
-
-
-def _any_tensor(vals) -> bool:
-    for v in vals:
-        if isinstance(v, TensorV):
-            return True
-        if isinstance(v, (ListV, TupleV)) and _any_tensor(v.items):
-            return True
-        if isinstance(v, DictV) and _any_tensor(v.items.values()):
-            return True
-    return False
 
 
 def _all_const(vals) -> bool:
@@ -309,7 +298,7 @@ def call_obj(tr, fn: ObjV, args: list, kwargs: dict) -> V:
                 or is_literal(self_obj) or isinstance(self_obj, (dict, list, str, tuple, set))
                 and self_obj is not None):
             return fold(tr, f, args, kwargs)
-        if mod.startswith("torch") or mod == "_operator" and _any_tensor(args):
+        if mod.startswith("torch") or mod == "_operator" and holds(args, TensorV):
             return tr.call_graph(f, args, kwargs)
         raise tr.unsupported(f"call to builtin {getattr(f, '__qualname__', f)!r}")
     if isinstance(f, _AUTOCAST_CLASSES):
@@ -416,7 +405,7 @@ def call_torch(tr, f, args, kwargs) -> V:
             raise tr.unsupported("torch._check on a condition that is not True",
                                  hint="it raises eagerly")
         return tr.call_graph(f, [cond], {})
-    if not _any_tensor(args) and not _any_tensor(kwargs.values()):
+    if not holds(args, TensorV) and not holds(kwargs.values(), TensorV):
         # factory functions go in the graph; metadata queries fold
         return tr.call_graph(f, args, kwargs)
     if name in _TENSOR_BLOCKED:

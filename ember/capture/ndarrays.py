@@ -20,7 +20,7 @@ import operator
 import torch
 
 from ..errors import Unsupported
-from .values import BuiltinMethodV, DictV, ListV, NdarrayV, ObjV, TensorV, TupleV, V, peek
+from .values import BuiltinMethodV, ListV, NdarrayV, ObjV, TensorV, TupleV, V, holds, peek
 
 # ---- what runs in the graph (targets of call_function nodes) ---------------------------------
 
@@ -119,17 +119,6 @@ def numpy_name(f) -> str | None:
     return None
 
 
-def _has_array(vals) -> bool:
-    for v in vals:
-        if isinstance(v, (NdarrayV, TensorV)):
-            return True
-        if isinstance(v, (ListV, TupleV)) and _has_array(v.items):
-            return True
-        if isinstance(v, DictV) and _has_array(v.items.values()):
-            return True
-    return False
-
-
 def _constant(vals) -> bool:
     return all(isinstance(v, ObjV) or isinstance(v, (ListV, TupleV)) and _constant(v.items)
                for v in vals)
@@ -204,8 +193,8 @@ def call_numpy(tr, f, name: str, args, kwargs) -> V | None:
     if consts and (base in _CONST_CALLS or isinstance(f, type) and issubclass(f, numpy.generic)):
         from .builtins import fold
         return fold(tr, f, list(args), dict(kwargs))
-    if isinstance(f, type) or not consts and not _has_array(args) and \
-            not _has_array(kwargs.values()):
+    if isinstance(f, type) or not consts and not holds(args, (NdarrayV, TensorV)) and \
+            not holds(kwargs.values(), (NdarrayV, TensorV)):
         return None
         # a factory (np.ones(3)): an array made in the graph, new on each call
     if base in _MUTATING_FUNCTIONS or "out" in kwargs:

@@ -360,6 +360,18 @@ class BuiltinMethodV(V):
         return types.BuiltinMethodType
 
 
+def holds(vals, types) -> bool:
+    """Is any of `vals`, or an item of a list, tuple or dict among them (nested), of `types`?"""
+    for v in vals:
+        if isinstance(v, types):
+            return True
+        if isinstance(v, (ListV, TupleV)) and holds(v.items, types):
+            return True
+        if isinstance(v, DictV) and holds(v.items.values(), types):
+            return True
+    return False
+
+
 def is_const(v: V) -> bool:
     return isinstance(v, ObjV)
 
