@@ -134,6 +134,7 @@ def _kernel(key, spec: flex_cpp.FlexSpec, score_spec, mask_spec):
     fn = lib.flex_fwd
     fn.argtypes = [ctypes.c_void_p] * 10
     fn.restype = None
+    rt_build.raise_kernel_errors(lib, fn, "flex_fwd")   # a mod indexing a captured tensor
     return fn, lib
 
 
@@ -165,6 +166,7 @@ def _bwd_kernel(key, spec: flex_cpp.FlexSpec, score_spec, mask_spec, need: tuple
     fn = lib.flex_bwd
     fn.argtypes = [ctypes.c_void_p] * 19
     fn.restype = None
+    rt_build.raise_kernel_errors(lib, fn, "flex_bwd")   # a mod indexing a captured tensor
     return fn, lib, consts
 
 

@@ -57,6 +57,8 @@ TEMP = re.compile(r"\b(?:v|tmp|idx|acc|part)\d+\b")    # names the generated cod
 INT_TRAPS = {"floordiv", "truncdiv", "remainder", "fmod", "truediv"}
 
 INT_DIV = re.compile(r"ember::i(truncdiv|mod|floordiv|remainder)\(")
+#: calls that set the kernel error flag (cpp_prelude: zero divisor, index out of bounds)
+CHECKED = re.compile(r"ember::(i(truncdiv|mod|floordiv|remainder)|bound|flag_index_oob)\(")
 
 CPP = {
     "neg": "(-{0})", "abs": "ember::abs_({0})", "exp": "ember::exp({0})", "exp2": "std::exp2({0})",
@@ -156,6 +158,7 @@ class CppHandler:
         self.ranges: dict = {}    # loop var -> its size, for simplify_index
         self.simd = None          # (var, size) of the `omp simd` loop being emitted, if any
         self.hoisted = None       # IndentedBuffer: statements placed before that loop
+        self.simd_oob = None      # [flag name, used] of that loop, if it has an omp simd pragma
         self.hoisted_cse: dict = {}   # their temporaries, valid in the whole loop body
         self.invariant: set = set()   # temporaries declared before that loop (or hoisted)
         self.writes: set = set()      # buffers the kernel stores (their loads are not hoisted)
@@ -395,7 +398,27 @@ class CppHandler:
         self.need_if = True
         v = self._as(value, torch.int64)
         name = self.fresh("idx")
-        self.code.writeline(f"int64_t {name} = {v} < 0 ? {v} + {_int(size)} : {v};")
+        n = _int(size)
+        idx = f"{v} < 0 ? {v} + {n} : {v}"
+        if not check:
+            self.code.writeline(f"int64_t {name} = {idx};")
+        elif self.simd is not None and self.load_mask is None and self.is_invariant(str(v)):
+            # the same index along the simd loop (an embedding row): checked once before it
+            self.hoisted.writeline(f"const int64_t {name} = ember::bound({idx}, {n});")
+            self.invariant.add(name)
+        elif self.simd_oob is None:
+            # eager raises IndexError: outside the dim, the kernel flags it and reads index 0
+            self.code.writeline(f"int64_t {name} = ember::bound({idx}, {n});")
+        else:
+            # the same, branch-free in an omp simd loop (a gather still vectorizes): the lanes
+            # OR into the loop's flag, checked after it (KernelCodegen._loops)
+            flag = self.simd_oob[0]
+            self.simd_oob[1] = True
+            self.code.writeline(f"int64_t {name}_w = {idx};")
+            self.code.writeline(f"const bool {name}_out = static_cast<uint64_t>({name}_w) >= "
+                                f"static_cast<uint64_t>({n});")
+            self.code.writeline(f"{flag} |= {name}_out;")
+            self.code.writeline(f"int64_t {name} = {name}_out ? 0 : {name}_w;")
         return sym(name)
 
     def __getattr__(self, name):
@@ -817,21 +840,29 @@ class KernelCodegen:
             if last and simd_last:
                 hoist_at = len(code.lines)
                 hoisted = IndentedBuffer(code.level)
+                simd_pragma = pragma is not None and "simd" in pragma
             if pragma:
                 code.writeline(pragma)
             code.writeline(f"for (int64_t {v} = 0; {v} < {_int(size)}; ++{v})")
             code.writeline("{")
             code.level += 1
-        outer = h.simd, h.hoisted, h.hoisted_cse
+        outer = h.simd, h.hoisted, h.hoisted_cse, h.simd_oob
+        oob = None
         if n and simd_last:
             h.simd, h.hoisted, h.hoisted_cse = (vars_[-1], ranges[-1]), hoisted, {}
+            oob = h.simd_oob = [h.fresh("oob"), False] if simd_pragma else None
         body()
+        if oob and oob[1]:     # gathers checked lane-wise: an OR reduction over the loop
+            code.lines[hoist_at] += f" reduction(|:{oob[0]})"
+            hoisted.writeline(f"int {oob[0]} = 0;")
         if n and simd_last:
             code.lines[hoist_at:hoist_at] = hoisted.lines
-        h.simd, h.hoisted, h.hoisted_cse = outer
-        for _ in range(n):
+        h.simd, h.hoisted, h.hoisted_cse, h.simd_oob = outer
+        for i in range(n):
             code.level -= 1
             code.writeline("}")
+            if i == 0 and oob and oob[1]:
+                code.writeline(f"if ({oob[0]}) ember::flag_index_oob();")
         h.pop(saved)
 
     def _stage(self, stage, xv, m, parallel_inner):
@@ -877,8 +908,14 @@ class KernelCodegen:
                 if rt in ("argmax", "argmin"):
                     cmp = ">" if rt == "argmax" else "<"
                     flat = cexpr(sum((r * s for r, s in zip(rv, strides)), sympy.Integer(0)))
-                    nan = f" || ({v} != {v} && {acc} == {acc})" if dt.is_floating_point else ""
-                    code.writeline(f"if ({v} {cmp} {acc}{nan}) {{ {acc} = {v}; {acc}_i = {flat}; }}")
+                    test = f"{v} {cmp} {acc}"
+                    if dt.is_floating_point:
+                        # the first NaN wins, as in eager. The common case (not better) is one
+                        # compare and a branch: `v > acc || (v != v && acc == acc)` let g++ put
+                        # the NaN tests first, a chain through acc 3.4x slower
+                        worse = "<=" if rt == "argmax" else ">="
+                        test = f"!({v} {worse} {acc}) && ({test} || {acc} == {acc})"
+                    code.writeline(f"if ({test}) {{ {acc} = {v}; {acc}_i = {flat}; }}")
                 else:
                     code.writeline(_update(rt, tgt, v, dt))
 
@@ -960,7 +997,7 @@ def generate_tu(kernels, deps, buffers: dict) -> tuple[str, dict]:
         cg = KernelCodegen(k, buffers)
         with set_handler(cg.h):
             out.append(cg.generate(args))
-        if INT_DIV.search(out[-1]):     # load() checks ember_take_zero_div after its calls
-            out.append(f'extern "C" const int {k.name}_zero_div = 1;')
+        if CHECKED.search(out[-1]):     # load() checks ember_take_error after its calls
+            out.append(f'extern "C" const int {k.name}_checked = 1;')
         signatures[k.name] = args + cg.size_params
     return "\n".join(out), signatures

@@ -98,13 +98,27 @@ template <typename T> static inline T ishr(T a, T b) {
         return std::is_signed_v<T> ? static_cast<T>(a < 0 ? -1 : 0) : T(0);
     return static_cast<T>(a >> b);
 }
-// integer division: eager raises RuntimeError("ZeroDivisionError") on a zero divisor, and x86
-// traps (SIGFPE kills the process); so a zero divisor sets this flag and gives 0, and the
+// errors eager raises from inside an op, which a kernel cannot raise: a zero integer divisor
+// (eager: RuntimeError("ZeroDivisionError"); x86 traps and SIGFPE kills the process) and an
+// index outside its dim (eager: IndexError; a kernel would read or write outside the buffer).
+// The kernel sets a bit of this flag and goes on safely (0 for the quotient, index 0), and the
 // caller raises after the kernel (runtime/build.py). MIN / -1 wraps, as eager's does.
-static int zero_div = 0;
+static int kernel_error = 0;
+constexpr int ZERO_DIV = 1, INDEX_OOB = 2;
 template <typename T> static inline bool div_ok(T b) {
-    if (b == 0) { __atomic_store_n(&zero_div, 1, __ATOMIC_RELAXED); return false; }
+    if (b == 0) { __atomic_fetch_or(&kernel_error, ZERO_DIV, __ATOMIC_RELAXED); return false; }
     return true;
+}
+// a gathered/scattered index already wrapped (i < 0: i + n): in [0, n), or flagged and 0
+[[gnu::cold, gnu::noinline]] static void flag_index_oob() {
+    __atomic_fetch_or(&kernel_error, INDEX_OOB, __ATOMIC_RELAXED);
+}
+static inline int64_t bound(int64_t i, int64_t n) {
+    if (__builtin_expect(static_cast<uint64_t>(i) >= static_cast<uint64_t>(n), 0)) {
+        flag_index_oob();
+        return 0;
+    }
+    return i;
 }
 template <typename T> static inline T itruncdiv(T a, T b) {
     if (!div_ok(b)) return T(0);
@@ -239,8 +253,8 @@ template <typename T> static inline T log(T x) { return std::log(x); }
 
 }  // namespace ember
 
-extern "C" int ember_take_zero_div() {
-    return __atomic_exchange_n(&ember::zero_div, 0, __ATOMIC_RELAXED);
+extern "C" int ember_take_error() {
+    return __atomic_exchange_n(&ember::kernel_error, 0, __ATOMIC_RELAXED);
 }
 
 #pragma omp declare reduction(emax : float : omp_out = ember::max_nan(omp_out, omp_in)) initializer(omp_priv = -std::numeric_limits<float>::infinity())

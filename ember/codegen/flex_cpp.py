@@ -228,8 +228,10 @@ class _Scalars:
                 e = f"static_cast<int64_t>({self.arg(i)})"
                 if i.meta["val"].dtype == torch.bool:
                     raise Unsupported("flex_attention: a mod indexes with a bool tensor")
-                # negative indices wrap as in eager
-                off = f"{off} + ({e} < 0 ? {e} + {sizes[d]} : {e}) * {strides[d]}"
+                # negative indices wrap as in eager; outside the dim eager raises IndexError
+                # (the kernel flags it and reads index 0: runtime/build.raise_kernel_errors)
+                size = sizes[d]
+                off = f"{off} + ember::bound({e} < 0 ? {e} + {size} : {e}, {size}) * {strides[d]}"
             sizes, strides = sizes[len(idx):], strides[len(idx):]
         if sizes:
             return (buf, off, sizes, strides)

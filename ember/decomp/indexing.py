@@ -99,11 +99,6 @@ def take(self, index):
     return aten.index.Tensor(aten.reshape.default(self, [-1]), [index])
 
 
-@register(aten._unsafe_index.Tensor)
-def unsafe_index(self, indices):
-    return aten.index.Tensor(self, indices)
-
-
 @register(aten._unsafe_index_put.default)
 def unsafe_index_put(self, indices, values, accumulate=False):
     return aten.index_put.default(self, indices, values, accumulate)

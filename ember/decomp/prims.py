@@ -23,7 +23,8 @@ Kinds (`PRIM_KINDS[op]`):
   requires a viewable input; decompositions call ``_unsafe_view``/``view`` only where eager's
   ``reshape`` would be a view; otherwise ``clone`` first).
 - ``indexing``: data movement with computed indices: ``cat``, ``constant_pad_nd`` (negative pad =
-  crop), ``gather``, ``index.Tensor`` (advanced indexing, None entries allowed), ``index_put``
+  crop), ``gather``, ``index.Tensor`` (advanced indexing, None entries allowed; ``_unsafe_index``
+  for indices a decomposition made in range: unchecked), ``index_put``
   (functional, ``accumulate`` flag), ``scatter.src``/``scatter.value``, ``scatter_add``.
 - ``extern``: compute-bound or awkward ops the backend calls out to (aten kernel with ``out=`` or
   a library routine): matmuls, convolution and its backward, scaled-dot-product attention and its
@@ -95,6 +96,7 @@ _VIEW_OPS = [
 
 _INDEXING_OPS = [
     aten.cat.default, aten.constant_pad_nd.default, aten.gather.default, aten.index.Tensor,
+    aten._unsafe_index.Tensor,
     aten.index_put.default, aten.scatter.src, aten.scatter.value, aten.scatter_add.default,
 ]
 

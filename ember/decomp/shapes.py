@@ -118,7 +118,7 @@ def flip(self, dims):
     for d in dims:
         n = self.shape[d]
         idx = aten.arange.start_step(n - 1, -1, -1, dtype=torch.int64, device=self.device)
-        out = aten.index.Tensor(out, [None] * d + [idx])
+        out = aten._unsafe_index.Tensor(out, [None] * d + [idx])   # in range: unchecked
     return out if dims else aten.clone.default(self)
 
 

@@ -32,7 +32,7 @@ def upsample_nearest2d(input, output_size, scales_h=None, scales_w=None):
     oh, ow = output_size
     hi = aten.unsqueeze.default(_nearest_index(H, oh, scales_h, input.device), -1)
     wi = _nearest_index(W, ow, scales_w, input.device)
-    return aten.index.Tensor(input, [None] * (input.dim() - 2) + [hi, wi])
+    return aten._unsafe_index.Tensor(input, [None] * (input.dim() - 2) + [hi, wi])
 
 
 @register(aten.upsample_nearest2d.vec)
@@ -89,7 +89,7 @@ def upsample_bilinear2d(input, output_size, align_corners, scales_h=None, scales
     x = to(input, dtype)
 
     def at(h, w):
-        return aten.index.Tensor(x, lead + [h, w])
+        return aten._unsafe_index.Tensor(x, lead + [h, w])
 
     top = aten.add.Tensor(at(h0, w0), aten.mul.Tensor(aten.sub.Tensor(at(h0, w1), at(h0, w0)), lw))
     bot = aten.add.Tensor(at(h1, w0), aten.mul.Tensor(aten.sub.Tensor(at(h1, w1), at(h1, w0)), lw))

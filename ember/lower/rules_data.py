@@ -370,7 +370,7 @@ def embedding(ctx, node, weight, indices, padding_idx=-1, scale_grad=False, spar
 
 
 @rule(aten.index.Tensor)
-def index(ctx, node, x, indices):
+def index(ctx, node, x, indices, check=True):
     out = out_meta(node)
     size = as_sizes(out.shape)
     if any(t is not None and (not isinstance(t, TensorValue) or t.dtype in (torch.bool, torch.uint8))
@@ -389,11 +389,17 @@ def index(ctx, node, x, indices):
         full = []
         for d in range(len(x.size)):
             if d in loaders:
-                full.append(ops.indirect_indexing(loaders[d](bidx), x.size[d]))
+                full.append(ops.indirect_indexing(loaders[d](bidx), x.size[d], check))
             else:
                 full.append(next(rest))
         return lx(full)
     return Pending(Pointwise(size, out.dtype, inner))
+
+
+@rule(aten._unsafe_index.Tensor)
+def unsafe_index(ctx, node, x, indices):
+    """Indices a decomposition computed in range (upsampling, flip): no bounds check."""
+    return index(ctx, node, x, indices, check=False)
 
 
 @rule(aten.max_pool2d_with_indices.default)

@@ -80,20 +80,25 @@ def load(path: Path, signatures: dict) -> dict:
         # buffer pointers, then int64 sizes (dynamic shapes: names s0, s1, ...)
         fn.argtypes = [ctypes.c_int64 if SIZE_NAME.fullmatch(a) else ctypes.c_void_p for a in args]
         fn.restype = None
-        if hasattr(lib, f"{name}_zero_div"):
-            fn.errcheck = _zero_div_check(lib.ember_take_zero_div)
+        if hasattr(lib, f"{name}_checked"):
+            raise_kernel_errors(lib, fn, name)
         fns[name] = fn
     fns["__lib__"] = lib
     return fns
 
 
-def _zero_div_check(take):
-    """A kernel with integer division flags a zero divisor instead of trapping (cpp_prelude):
-    raise what eager raises."""
+def raise_kernel_errors(lib, fn, name: str):
+    """A kernel with integer division or gathered indices flags what eager raises instead of
+    trapping or reading outside a buffer (cpp_prelude's kernel_error): `fn` raises it."""
+    take = lib.ember_take_error
     take.restype = ctypes.c_int
 
     def check(result, func, args):
-        if take():
+        err = take()
+        if err & 1:
             raise RuntimeError("ZeroDivisionError")
+        if err & 2:
+            raise IndexError(f"index out of bounds: an index read or written by kernel {name} "
+                             "is outside its dimension")
         return result
-    return check
+    fn.errcheck = check

@@ -284,3 +284,24 @@ def test_fused_backward_scatters_gradients_into_two_captured_tensors():
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
     assert not kernel._DENSE_LOGGED
+
+
+def test_mod_indexing_a_captured_tensor_out_of_bounds_raises_like_eager():
+    # the fused kernel read outside the captured buffer (garbage scores, no error); eager raises
+    q, k, v = qkv(L=128)
+    bias = torch.randn(128)
+
+    def shifted(score, b, h, qi, kv):
+        return score + bias[qi + kv]           # up to 254: outside bias
+
+    def ok(score, b, h, qi, kv):
+        return score + bias[kv - qi]           # -127..127: negative indices wrap, in range
+
+    def f(q, k, v, mod):
+        return flex_attention(q, k, v, score_mod=mod)
+    with pytest.raises(IndexError):
+        eager(q, k, v, score_mod=shifted)
+    cf = ember.compile(f, fullgraph=True)
+    with pytest.raises(IndexError, match="out of bounds"):
+        cf(q, k, v, shifted)
+    torch.testing.assert_close(cf(q, k, v, ok), eager(q, k, v, score_mod=ok), **TOL)

@@ -2,6 +2,7 @@
 import re
 import subprocess
 
+import pytest
 import sympy
 import torch
 
@@ -234,3 +235,56 @@ def test_hoisting_keeps_integer_division_under_its_mask(tmp_path, monkeypatch):
     j = torch.arange(w).view(1, w, 1)
     exp = torch.where(j >= 1, t + torch.div(7, j.clamp(min=1), rounding_mode="floor"), 0)
     assert torch.equal(res, exp)
+
+
+def _gather_kernel(check, per_element):
+    """out[i, j] = x[i, idx[...]]: per_element: idx[i, j] (varies along the simd loop), else
+    idx[i] (an embedding-like row index, the same along it)."""
+    n, d, m = 6, 16, 24
+    x = InputBuffer("arg0", torch.float32, (m, d), (d, 1), position=0)
+    ishape = (n, d) if per_element else (n,)
+    idx = InputBuffer("arg1", torch.int64, ishape, (d, 1) if per_element else (1,), position=1)
+    xl, il = x.loader(), idx.loader()
+
+    def body(i):
+        if per_element:
+            return xl([i[0], ops.indirect_indexing(il(i), d, check)])
+        return xl([ops.indirect_indexing(il([i[0]]), m, check), i[1]])
+    out = ComputedBuffer("buf0", torch.float32, (n, d), (d, 1), body=Pointwise(
+        (n, d), torch.float32, body))
+    return _compile([out], [x, idx])
+
+
+def test_gather_index_checks_raise_index_error_and_keep_loops_vectorizable(tmp_path, monkeypatch):
+    # an index outside its dim read outside the buffer; eager raises IndexError. Checked
+    # per lane (an OR reduction on the simd loop, no branch: the gather still vectorizes) or once
+    # before the loop when the index is the same along it; unchecked for _unsafe_index
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))
+    x = torch.randn(24, 16)
+    for per_element in (True, False):
+        size = 16 if per_element else 24
+        idx = torch.randint(-size, size, (6, 16) if per_element else (6,))
+        ref = x.gather(1, idx % size) if per_element else x[idx]
+        for check in (True, False):
+            _, src, fns, sigs = _gather_kernel(check, per_element)
+            out = torch.empty(6, 16)
+
+            def run(i):
+                ptrs = {"arg0": x, "arg1": i, "buf0": out}
+                fns["kernel0"](*[ptrs[a].data_ptr() for a in sigs["kernel0"]])
+            run(idx)
+            torch.testing.assert_close(out, ref, rtol=0, atol=0)
+            if not check:
+                assert "ember::bound(" not in src and "ember::flag_index_oob()" not in src
+                continue
+            if per_element:
+                assert re.search(r"#pragma omp simd reduction\(\|:oob\d+\)", src), src
+            else:
+                assert re.search(r"const int64_t idx\d+ = ember::bound\(.*\n\s*#pragma omp simd",
+                                 src), src
+            bad = idx.clone()
+            bad.view(-1)[5] = size                       # one element just past the end
+            with pytest.raises(IndexError, match="out of bounds"):
+                run(bad)
+            run(idx)                                      # the flag was reset
+            torch.testing.assert_close(out, ref, rtol=0, atol=0)

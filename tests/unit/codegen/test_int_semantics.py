@@ -89,3 +89,32 @@ def test_int_min_by_minus_one_wraps():
     b = torch.tensor([-1, -1], dtype=torch.int64)
     q, r = compile_fn(lambda a, b: (a // b, torch.fmod(a, b)), a, b)[0](a, b)
     assert q.tolist() == [-2 ** 63, -9] and r.tolist() == [0, 0]
+
+
+INDEXING = {
+    "index": (lambda x, i: x[i] * 2, (10,)),
+    "embedding": (lambda w, i: torch.nn.functional.embedding(i, w) + 1, (10, 4)),
+    "gather": (lambda x, i: torch.gather(x, 0, i.clamp(max=11)) - 1, (10,)),
+    "index_put": (lambda x, i: torch.index_put(x, (i,), torch.ones(3)), (10,)),
+    "scatter_add": (lambda x, i: x.scatter_add(0, i, torch.ones(3)), (10,)),
+}
+
+
+@pytest.mark.parametrize("name", INDEXING)
+def test_index_out_of_bounds_raises_like_eager(name):
+    # an index outside its dim read (or wrote) outside the buffer: garbage values, no error;
+    # eager raises IndexError (index_put/scatter: RuntimeError). A kernel flags it and the call
+    # raises IndexError; in-range and negative indices still work afterwards
+    import ember
+    fn, shape = INDEXING[name]
+    x = torch.randn(shape)
+    bad = torch.tensor([1, 12, 3])
+    good = torch.tensor([1, -2, 3]) if name in ("index", "index_put") \
+        else torch.tensor([1, 8, 3])
+    with pytest.raises((IndexError, RuntimeError)):
+        fn(x, bad)
+    run = ember.compile(fn, fullgraph=True)
+    torch.testing.assert_close(run(x, good), fn(x, good), atol=0, rtol=0)
+    with pytest.raises((IndexError, RuntimeError), match="out of (bounds|range)"):
+        run(x, bad)
+    torch.testing.assert_close(run(x, good), fn(x, good), atol=0, rtol=0)

@@ -230,7 +230,6 @@ CASES.update({
     aten._batch_norm_with_update_functional.default: [(bn_x, bn_w, bn_b, bn_rm, bn_rv, 0.1, 1e-5)],
     aten._native_batch_norm_legit.no_stats: [(bn_x, bn_w, bn_b, True, 0.1, 1e-5)],
     aten._prelu_kernel_backward.default: [(r(2, 3, 4), x234, r(2, 1, 1))],
-    aten._unsafe_index.Tensor: [(x34, [idx(3, 5)])],
     aten._unsafe_index_put.default: [(x34, [idx(3, 5)], r(5, 4), True)],
     aten.addbmm.default: [(r(3, 5), r(2, 3, 4), r(2, 4, 5))],
     aten.all.dim: [(mask34, 0)], aten.all.dims: [(mask34, [0, 1])],
