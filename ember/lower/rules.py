@@ -504,10 +504,20 @@ def var_mean(ctx, node, x, dims=None, *, correction=None, keepdim=False):
     d = _dims(x, dims)
     n = numel([x.size[i] for i in d])
     corr = 1 if correction is None else correction
-    s = reduce(ctx, x, d, True, "sum", dtype)
-    ksize = s.size
-    mean_k = Pending(Pointwise(ksize, dtype, _scale(s.loader(), 1.0 / n if n else float("nan"), cd)))
     lx = broadcast_loader(x, x.size, cd)
+
+    def first(index):     # c: each reduced slice's first element (the index at 0 on dims d)
+        if not (isinstance(n, (int, sympy.Integer)) and n > 0):
+            return ops.constant(0.0, cd)    # (a slice that is or may be empty has none)
+        return lx([sympy.Integer(0) if i in d else v for i, v in enumerate(index)])
+    # the mean of the data shifted by c (c + sum(x - c) / n): n equal values give exactly
+    # c and a variance of exactly 0, as eager's Welford does (sum(x) / n rounds, and a
+    # std of 3e-8 flipped a `std > 0` test), and a mean far from 0 cancels fewer digits
+    s = reduce(ctx, Pending(Pointwise(x.size, dtype, lambda i: ops.sub(lx(i), first(i)))), d,
+               True, "sum", dtype)
+    ksize = s.size
+    shift = _scale(s.loader(), 1.0 / n if n else float("nan"), cd)
+    mean_k = Pending(Pointwise(ksize, dtype, lambda i: ops.add(first(i), shift(i))))
     lm = broadcast_loader(mean_k, x.size, cd)
 
     def sq(index):

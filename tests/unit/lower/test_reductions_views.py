@@ -27,6 +27,23 @@ def test_var_mean(dtype):
     check(lambda t: torch.var_mean(t, dim=-1, correction=0), x)
 
 
+def test_var_of_equal_values_is_exactly_zero_like_eager():
+    # two-pass var: sum(x) / n of 33 equal floats rounds, so the variance was ~1e-15 (std 3e-8)
+    # where eager's Welford gives exactly 0, and `std > 0` took the other branch (fuzz seed
+    # 5136). The data is shifted by each slice's first element; a large mean keeps its digits
+    x = torch.randn(1, 3).expand(33, 3) * 7.1
+    run, _ = compile_fn(lambda t: (torch.std(t, 0), torch.var_mean(t, [0], correction=0)), x)
+    std, var, mean = run(x)[:3]
+    assert torch.equal(std, torch.zeros(3)) and torch.equal(var, torch.zeros(3))
+    assert torch.equal(mean, x[0])
+    check(lambda t: torch.where(torch.std(t, 0, keepdim=True) > 0, t, -t), x, atol=0, rtol=0)
+    big = torch.randn(64, 300) * 0.1 + 1e3                          # mean >> std
+    got = compile_fn(lambda t: torch.var_mean(t, [0], correction=0), big)[0](big)
+    ref = torch.var_mean(big.double(), [0], correction=0)
+    torch.testing.assert_close(got[0].double(), ref[0], rtol=1e-3, atol=0)
+    check(lambda t: torch.var_mean(t, -1), torch.randn(4, 3, 0))    # empty slices: nan, no load
+
+
 def test_argmax_argmin():
     x = torch.randn(13, 40)
     x[3, 7] = float("nan")
