@@ -507,9 +507,11 @@ def var_mean(ctx, node, x, dims=None, *, correction=None, keepdim=False):
     lx = broadcast_loader(x, x.size, cd)
 
     def first(index):     # c: each reduced slice's first element (the index at 0 on dims d)
-        if not (isinstance(n, (int, sympy.Integer)) and n > 0):
-            return ops.constant(0.0, cd)    # (a slice that is or may be empty has none)
-        return lx([sympy.Integer(0) if i in d else v for i, v in enumerate(index)])
+        at0 = [sympy.Integer(0) if i in d else v for i, v in enumerate(index)]
+        if isinstance(n, (int, sympy.Integer)):
+            return lx(at0) if n > 0 else ops.constant(0.0, cd)   # an empty slice has none
+        nonempty = ops.gt(ops.index_expr(n, torch.int64), ops.constant(0, torch.int64))
+        return ops.masked(nonempty, lambda: lx(at0), 0.0)
     # the mean of the data shifted by c (c + sum(x - c) / n): n equal values give exactly
     # c and a variance of exactly 0, as eager's Welford does (sum(x) / n rounds, and a
     # std of 3e-8 flipped a `std > 0` test), and a mean far from 0 cancels fewer digits

@@ -1,4 +1,6 @@
 """Reductions, views/broadcast/strided inputs, indexing ops and externs vs eager."""
+import warnings
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -286,3 +288,18 @@ def test_tiny_reductions_are_unrolled_pointwise():
     reductions = [n for n in nodes if isinstance(n, ComputedBuffer) and isinstance(n.body, Reduction)]
     # amin over (1, 3) reduces 2 * 5 = 10 > 8 elements: the only loop left
     assert len(reductions) == 1 and reductions[0].body.reduction_size == (2, 5), reductions
+
+
+def test_var_shift_with_symbolic_sizes_handles_empty_slices():
+    # with a symbolic reduced size the first element is read under an `n > 0` mask
+    import ember
+    f = ember.compile(lambda t: torch.var_mean(t, -1), dynamic=True)
+    for shape in ((4, 7), (3, 0), (5, 9)):
+        x = torch.randn(shape)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")      # eager: degrees of freedom <= 0
+            ref = torch.var_mean(x, -1)
+        for got, want in zip(f(x), ref):
+            torch.testing.assert_close(got, want, equal_nan=True)
+    var, mean = f(torch.full((3, 5), 2.7))
+    assert torch.equal(var, torch.zeros(3)) and torch.equal(mean, torch.full((3,), 2.7))
