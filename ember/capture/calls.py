@@ -26,6 +26,7 @@ from . import functorch, ndarrays
 from .checkpoint import call_checkpoint, is_checkpoint
 from .cond import call_cond, is_cond
 from .flex import call_flex, is_flex_attention
+from .while_loop import call_while_loop, is_while_loop
 from .scalar_args import REWRITES
 from .controls import fullgraph, global_hooks_present
 from .functorch import is_functorch
@@ -237,6 +238,8 @@ def call_obj(tr, fn: ObjV, args: list, kwargs: dict) -> V:
         return call_cond(tr, args, kwargs)
     if is_flex_attention(f):
         return call_flex(tr, args, kwargs)
+    if is_while_loop(f):
+        return call_while_loop(tr, args, kwargs)
     if type(f).__name__ == "_lru_cache_wrapper" and hasattr(f, "__wrapped__"):
         # functools.lru_cache/cache: the wrapped function is traced, as Dynamo does; its cache is
         # neither read nor filled (a function whose result is mutated later would differ)

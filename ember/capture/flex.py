@@ -25,10 +25,10 @@ import math
 import sys
 
 import torch
-import torch.fx as fx
 
 from .attrs import load_attr
 from .builtins import real
+from .subgraph import trace_subgraph
 from .values import ListV, ObjV, TensorV, TupleV, peek
 
 _NAMES = ("query", "key", "value", "score_mod", "block_mask", "scale", "enable_gqa",
@@ -136,51 +136,17 @@ def _trace_mod(tr, fn_v, lead_dtypes: list, out_dtype):
     """(GraphModule of the mod, [TensorV of each tensor it reads]) or (None, [])."""
     if isinstance(fn_v, ObjV) and peek(fn_v) is None:
         return None, []
-    before = set(tr.graph.nodes)
-    n_effects, n_mutated = len(tr.effects), len(tr.mutated)
     standins = [tr.call_graph(torch.zeros, [ObjV(())], {"dtype": ObjV(dt)})
                 for dt in lead_dtypes + [torch.int32] * 4]
+    what = "flex_attention's " + ("score_mod" if lead_dtypes else "mask_mod")
+
+    def check_out(out):
+        if not isinstance(out, TensorV) or out.meta.dim() != 0 or out.meta.dtype != out_dtype:
+            raise tr.unsupported(f"{what} does not return a 0-dim {out_dtype} tensor per "
+                                 "element")
+        return [out]
     tr.flex_mods = getattr(tr, "flex_mods", 0) + 1
     try:
-        out = tr.call(fn_v, standins, {})
+        return trace_subgraph(tr, fn_v, standins, what, check_out)
     finally:
         tr.flex_mods -= 1
-    what = "score_mod" if lead_dtypes else "mask_mod"
-    if len(tr.effects) != n_effects or len(tr.mutated) != n_mutated:
-        raise tr.unsupported(f"flex_attention's {what} has side effects")
-    if not isinstance(out, TensorV) or out.meta.dim() != 0 or out.meta.dtype != out_dtype:
-        raise tr.unsupported(f"flex_attention's {what} does not return a 0-dim {out_dtype} "
-                             "tensor per element")
-    new = [n for n in tr.graph.nodes if n not in before]
-    body = [n for n in new if n.op == "call_function"]
-    inputs = {s.node for s in standins}
-    sub, env, ext = fx.Graph(), {}, []
-    for s in standins:
-        env[s.node] = sub.placeholder(f"{what}_{s.node.name}")
-
-    def arg(a):
-        if a not in env:
-            val = a.meta.get("example_value")
-            if not isinstance(val, torch.Tensor):
-                raise tr.unsupported(f"flex_attention's {what} reads a non-tensor value "
-                                     f"{a.name} of the graph")
-            ext.append(a)
-            env[a] = sub.placeholder(f"buf{len(ext) - 1}")
-        return env[a]
-    for n in body:
-        if n in inputs:
-            continue
-        if any(isinstance(x, fx.Node) and x.op == "call_function" and x not in before and
-               x not in env for x in n.all_input_nodes):
-            raise tr.unsupported(f"flex_attention's {what}: unordered graph")
-        env[n] = sub.node_copy(n, arg)
-        if n is out.node:
-            break
-    sub.output(env[out.node])
-    for n in reversed(body):
-        if n.users:
-            raise tr.unsupported(f"flex_attention's {what} value is used outside the mod")
-        tr.graph.erase_node(n)
-    gm = fx.GraphModule(torch.nn.Module(), sub, class_name=f"Flex_{what}")
-    device = torch.device("cpu")
-    return gm, [TensorV(a, a.meta["example_value"], device) for a in ext]
