@@ -1,8 +1,8 @@
 """Module hooks (capture/hooks.py): forward pre/post hooks, with and without kwargs, on the
 compiled module itself and on its submodules are traced into the graph; values, grads, the order
 the hooks run in and their side effects equal eager's; a hook added or removed after compiling is
-seen. Full backward hooks on the compiled module run around its compiled forward; on a submodule
-they break the graph there (that submodule runs eagerly)."""
+seen. Full backward hooks on the compiled module run around its compiled forward; on submodules,
+and global hooks: test_backward_hooks.py."""
 from __future__ import annotations
 
 import copy
@@ -115,36 +115,6 @@ def test_full_backward_hook_on_root_runs_around_compiled_forward():
                 torch.testing.assert_close(u, v)
     st = capture.stats()
     assert st["graphs"] == 1 and st.get("fallbacks", 0) == 0, st
-
-
-def test_full_backward_hook_on_submodule_breaks_there():
-    eager, compiled = _pair()
-    grads_e, grads_c = [], []
-    eager.lin.register_full_backward_hook(lambda mod, gi, go: grads_e.append(go[0].clone()))
-    compiled.lin.register_full_backward_hook(lambda mod, gi, go: grads_c.append(go[0].clone()))
-    c = ember.compile(copy.deepcopy(compiled), backend="eager", fullgraph=True)
-    with pytest.raises(ember.Unsupported, match="backward hooks"):
-        c(x)
-    ember.compile(compiled, backend="aot_eager")
-    xe, xc = x.clone().requires_grad_(), x.clone().requires_grad_()
-    eager(xe).sum().backward()
-    compiled(xc).sum().backward()
-    torch.testing.assert_close(xc.grad, xe.grad)
-    assert len(grads_c) == len(grads_e) == 1
-    torch.testing.assert_close(grads_c[0], grads_e[0])
-
-
-def test_global_hooks_run_eagerly_with_a_warning():
-    eager, compiled = _pair()
-    ember.compile(compiled, backend="eager")
-    calls = []
-    h = torch.nn.modules.module.register_module_forward_hook(lambda mod, a, o: calls.append(1))
-    try:
-        with pytest.warns(UserWarning, match="global module hooks"):
-            torch.testing.assert_close(compiled(x), eager(x))
-    finally:
-        h.remove()
-    assert len(calls) == 6     # eager and compiled: Net, lin, lin2 each
 
 
 # ---- Tensor.register_hook inside forward ----------------------------------------------------
