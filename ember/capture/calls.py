@@ -135,6 +135,8 @@ def call(tr, fn: V, args: list, kwargs: dict) -> V:
         return DecoratedV(fn, args[0])          # a context manager used as a decorator
     if isinstance(fn, functorch.TransformV):
         return functorch.call_transform(tr, fn, args, kwargs)
+    if isinstance(fn, functorch.VjpFnV):
+        return functorch.call_vjp_fn(tr, fn, args, kwargs)
     if isinstance(fn, DecoratedV):
         from .handlers.contexts import context_method
         ctx = ContextV(fn.ctx.ctx_kind, fn.ctx.args)   # a fresh one per call, as ContextDecorator
