@@ -79,6 +79,9 @@ def global_hooks():
 
 
 def trace_global_hooks(tr, args, kwargs):
+    """`global_hooks()` in a trace: with none registered, one NO_GLOBAL_HOOKS guard; else the
+    four global dicts read through guarded sources (their keys: a hook added or removed
+    recompiles; a hook's closure is read per call like a module hook's)."""
     from .sources import GlobalSource
     from .values import ObjV, TupleV
     gid = tr.gid_for(vars(_mm))

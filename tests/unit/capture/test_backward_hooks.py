@@ -120,21 +120,31 @@ def test_submodule_full_backward_hooks_in_one_graph(backend):
     assert _counts() == (1, 0, 0, 0)
 
 
+class Nested(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner, self.branches = Net(), Branches()
+
+    def forward(self, t):
+        return self.branches(self.inner(t).repeat(1, 2))
+
+
 @pytest.mark.parametrize("backend", ["aot_eager", "ember"])
-def test_parallel_branches_keep_eagers_hook_order(backend):
-    eager, compiled = _pair(Branches)
+def test_parallel_branches_and_nested_modules_keep_eagers_hook_order(backend):
+    eager, compiled = _pair(Nested)
     logs = [[], []]
     for m, log in zip((eager, compiled), logs):
-        for name in ("a", "b", "c"):
-            getattr(m, name).register_full_backward_hook(_record(log, name))
-            getattr(m, name).register_full_backward_pre_hook(_record_pre(log, name + ".pre"))
+        for name, sub in m.named_modules():
+            if name:
+                sub.register_full_backward_hook(_record(log, name))
+                sub.register_full_backward_pre_hook(_record_pre(log, name + ".pre"))
     ember.compile(compiled, backend=backend, fullgraph=True)
     _check_equal(eager, compiled, logs)
-    assert len(logs[1]) == 6
+    assert len(logs[1]) == 14
     assert _counts() == (1, 0, 0, 0)
 
 
-@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_input_without_grad_and_module_called_twice(backend):
     """No argument requires grad: eager calls the full hook from the output side with
     grad_input (None,) (and warns). A module called twice: its hooks run once per call."""
