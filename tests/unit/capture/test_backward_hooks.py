@@ -239,6 +239,7 @@ def global_hooks():
     yield handles
     for h in handles:
         h.remove()
+        _mm._global_forward_hooks_with_kwargs.pop(h.id, None)   # torch's handle leaves it
 
 
 @pytest.mark.parametrize("backend", ["eager", "ember"])
