@@ -228,9 +228,12 @@ def _trace_setup_output(tr, args, kwargs):
         items = [result]
     elif isinstance(result, TupleV) and result.cls is tuple:
         items = list(result.items)
-    else:
-        raise tr.unsupported(f"a module with backward hooks returned a "
-                             f"{type(result).__name__}, not a tensor or a tuple")
+    elif isinstance(result, TupleV):
+        raise tr.unsupported(f"a module with backward hooks returned a {result.cls.__name__}")
+    else:       # eager hooks no output then, so its hooks never run (and it warns)
+        warnings.warn("For backward hooks to be called, module output should be a Tensor or a "
+                      f"tuple of Tensors but received {result.python_type()}", stacklevel=2)
+        return result
     idx = _hooked_positions(tr, items)
     if idx is None:
         return result

@@ -216,6 +216,36 @@ def test_tuple_output_with_a_non_tensor():
     assert _counts() == (1, 0, 0, 0)
 
 
+def test_dict_output_hooks_never_run_as_in_eager():
+    """eager hooks no output of a module returning a dict (it warns), so neither hook runs."""
+    class D(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, t):
+            return {"y": self.lin(t)}
+
+    class Outer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.d = D()
+
+        def forward(self, t):
+            return self.d(t)["y"].tanh()
+
+    eager, compiled = _pair(Outer)
+    logs = [[], []]
+    for m, log in zip((eager, compiled), logs):
+        m.d.register_full_backward_hook(_record(log, "d"))
+        m.d.register_full_backward_pre_hook(_record_pre(log, "d.pre"))
+    ember.compile(compiled, backend="aot_eager", fullgraph=True)
+    with pytest.warns(UserWarning, match="module output should be a Tensor"):
+        _check_equal(eager, compiled, logs)
+    assert logs == [[], []]
+    assert _counts() == (1, 0, 0, 0)
+
+
 def test_legacy_backward_hook_runs_that_module_eagerly():
     eager, compiled = _pair()
     seen = [[], []]
