@@ -70,15 +70,8 @@ class TracedBackwardHook:
         """The output side: pre-hooks may replace grad_outputs; with no hooked input, the full
         hooks run here with grad_input all None (BackwardHook's special case)."""
         module = self.module()
-        go = tuple(grad_outputs)
-        for hook in self.pre:
-            r = hook(module, go)
-            if r is None:
-                continue
-            if len(r) != len(go):
-                raise RuntimeError("Backward pre hook returned an invalid number of grad_output, "
-                                   f"got {len(r)}, but expected {len(go)}")
-            go = tuple(r)
+        go = _chain(self.pre, lambda hook, g: hook(module, g), tuple(grad_outputs),
+                    "pre hook returned an invalid number of grad_output")
         if self.input_idx is None and self.full:
             warnings.warn("Full backward hook is firing when gradients are computed with respect "
                           "to module outputs since no inputs require gradients.", stacklevel=2)
@@ -91,17 +84,21 @@ class TracedBackwardHook:
         return go
 
     def run_full_hooks(self, grad_inputs: list, grad_outputs: list) -> tuple:
-        module = self.module()
-        res, go = tuple(grad_inputs), tuple(grad_outputs)
-        for hook in self.full:
-            r = hook(module, res, go)
-            if r is None:
-                continue
-            if len(r) != len(res):
-                raise RuntimeError("Backward hook returned an invalid number of grad_input, "
-                                   f"got {len(r)}, but expected {len(res)}")
-            res = tuple(r)
-        return res
+        module, go = self.module(), tuple(grad_outputs)
+        return _chain(self.full, lambda hook, g: hook(module, g, go), tuple(grad_inputs),
+                      "hook returned an invalid number of grad_input")
+
+
+def _chain(hooks, call, grads: tuple, what: str) -> tuple:
+    """BackwardHook's rule: each hook in turn; a result other than None replaces `grads`."""
+    for hook in hooks:
+        r = call(hook, grads)
+        if r is None:
+            continue
+        if len(r) != len(grads):
+            raise RuntimeError(f"Backward {what}, got {len(r)}, but expected {len(grads)}")
+        grads = tuple(r)
+    return grads
 
 
 def _defined(new: tuple, old: list) -> list:

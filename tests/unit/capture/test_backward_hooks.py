@@ -63,6 +63,14 @@ def _record_pre(log, name, replace=None):
     return hook
 
 
+def _hook_both(pair, logs, name, pre=True):
+    """A recording full backward hook (and pre-hook) on submodule `name` of eager and compiled."""
+    for m, log in zip(pair, logs):
+        m.get_submodule(name).register_full_backward_hook(_record(log, name))
+        if pre:
+            m.get_submodule(name).register_full_backward_pre_hook(_record_pre(log, name + ".pre"))
+
+
 def _same_logs(got, want):
     assert [e[0] for e in got] == [e[0] for e in want]
     for a, b in zip(got, want):
@@ -133,11 +141,9 @@ class Nested(nn.Module):
 def test_parallel_branches_and_nested_modules_keep_eagers_hook_order(backend):
     eager, compiled = _pair(Nested)
     logs = [[], []]
-    for m, log in zip((eager, compiled), logs):
-        for name, sub in m.named_modules():
-            if name:
-                sub.register_full_backward_hook(_record(log, name))
-                sub.register_full_backward_pre_hook(_record_pre(log, name + ".pre"))
+    for name, _ in eager.named_modules():
+        if name:
+            _hook_both((eager, compiled), logs, name)
     ember.compile(compiled, backend=backend, fullgraph=True)
     _check_equal(eager, compiled, logs)
     assert len(logs[1]) == 14
@@ -158,8 +164,7 @@ def test_input_without_grad_and_module_called_twice(backend):
 
     eager, compiled = _pair(Twice)
     logs = [[], []]
-    for m, log in zip((eager, compiled), logs):
-        m.lin.register_full_backward_hook(_record(log, "lin"))
+    _hook_both((eager, compiled), logs, "lin", pre=False)
     ember.compile(compiled, backend=backend, fullgraph=True)
     with pytest.warns(UserWarning, match="no inputs require gradients"):
         _check_equal(eager, compiled, logs, requires_grad=False)
@@ -206,9 +211,7 @@ def test_tuple_output_with_a_non_tensor():
 
     eager, compiled = _pair(Outer)
     logs = [[], []]
-    for m, log in zip((eager, compiled), logs):
-        m.p.register_full_backward_hook(_record(log, "p"))
-        m.p.register_full_backward_pre_hook(_record_pre(log, "p.pre"))
+    _hook_both((eager, compiled), logs, "p")
     ember.compile(compiled, backend="aot_eager", fullgraph=True)
     _check_equal(eager, compiled, logs)
     assert logs[1][0][1][1:] == (None, None)     # grad_output of the int and the detached one
@@ -236,14 +239,26 @@ def test_dict_output_hooks_never_run_as_in_eager():
 
     eager, compiled = _pair(Outer)
     logs = [[], []]
-    for m, log in zip((eager, compiled), logs):
-        m.d.register_full_backward_hook(_record(log, "d"))
-        m.d.register_full_backward_pre_hook(_record_pre(log, "d.pre"))
+    _hook_both((eager, compiled), logs, "d")
     ember.compile(compiled, backend="aot_eager", fullgraph=True)
     with pytest.warns(UserWarning, match="module output should be a Tensor"):
         _check_equal(eager, compiled, logs)
     assert logs == [[], []]
     assert _counts() == (1, 0, 0, 0)
+
+
+def test_invalid_hook_results_raise_in_backward_as_in_eager():
+    for register, match in (
+            (lambda m: m.lin.register_full_backward_hook(lambda mod, gi, go: (gi[0], gi[0])),
+             "invalid number of grad_input"),
+            (lambda m: m.lin2.register_full_backward_pre_hook(lambda mod, go: ()),
+             "invalid number of grad_output")):
+        eager, compiled = _pair()
+        register(eager), register(compiled)
+        ember.compile(compiled, backend="aot_eager", fullgraph=True)
+        for m in (eager, compiled):
+            with pytest.raises(RuntimeError, match=match):
+                _train_step(m, x)
 
 
 def test_legacy_backward_hook_runs_that_module_eagerly():
