@@ -23,6 +23,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from ..errors import Unsupported
 from ..logging import warn_once
 from . import functorch, ndarrays
+from .bwhooks import traced_backward_hook
 from .checkpoint import call_checkpoint, is_checkpoint
 from .cond import call_cond, is_cond
 from .flex import call_flex, is_flex_attention
@@ -420,7 +421,6 @@ def call_torch(tr, f, args, kwargs) -> V:
 
 def call_module(tr, mv: ObjV, args, kwargs) -> V:
     m = mv.value
-    from .bwhooks import traced_backward_hook
     from .hooks import has_backward_hooks, has_hooks, hooked_call, trace_global_hooks, \
         untraceable_hooks
     if isinstance(m, LazyModuleMixin) and hasattr(m, "_initialize_hook"):
