@@ -197,7 +197,7 @@ class _HookOutputs(torch.autograd.Function):
         return (None, None, *(go[i] for i in s.output_idx))
 
 
-def _hooked_positions(tr, items) -> list | None:
+def _hooked_positions(items) -> list | None:
     """BackwardHook._apply_on_tensors' test: the tensor arguments that require grad, when grad
     mode is on; None when there are none."""
     idx = [i for i, v in enumerate(items) if isinstance(v, TensorV) and v.meta.requires_grad]
@@ -207,7 +207,7 @@ def _hooked_positions(tr, items) -> list | None:
 def _trace_setup_input(tr, args, kwargs):
     site, items = args[0].value, tr.iterate(args[1])
     site.n_inputs = len(items)
-    site.input_idx = idx = _hooked_positions(tr, items)
+    site.input_idx = idx = _hooked_positions(items)
     if idx is None or not site.full:     # pre-hooks alone need nothing on the input side
         return args[1]
     out = tr.iterate(tr.call_graph(apply_node_target(_HookInputs),
@@ -231,7 +231,7 @@ def _trace_setup_output(tr, args, kwargs):
         warnings.warn("For backward hooks to be called, module output should be a Tensor or a "
                       f"tuple of Tensors but received {result.python_type()}", stacklevel=2)
         return result
-    idx = _hooked_positions(tr, items)
+    idx = _hooked_positions(items)
     if idx is None:
         return result
     site.n_outputs, site.output_idx = len(items), idx
