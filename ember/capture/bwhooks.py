@@ -1,5 +1,6 @@
 """Capture, module backward hooks: a submodule's full backward hooks (and pre-hooks) traced into
-the graph, with the user's hooks run per backward as opaque ops of the backward graph.
+the graph, with the user's hooks run per backward as opaque ops of the backward graph (and the
+same for a `Tensor.register_hook` hook with Python side effects: `opaque_tensor_hook`).
 
 Consumes a module call with `register_full_backward_hook` / `register_full_backward_pre_hook`
 hooks (its own and the global ones), met while tracing (hooks.hooked_call calls the two
@@ -143,6 +144,40 @@ def _full_hooks_op(grad_inputs: list[Optional[torch.Tensor]],
 @_full_hooks_op.register_fake
 def _(grad_inputs, grad_outputs, site):
     return [torch.empty_like(g) for g in grad_inputs if g is not None]
+
+
+# ---- Tensor.register_hook with a hook that has Python side effects (hooks.register_tensor_hook)
+_TENSOR_HOOKS: dict[int, object] = {}
+
+
+@torch.library.custom_op("ember::tensor_hook", mutates_args=())
+def _tensor_hook_op(grad: torch.Tensor, key: int) -> torch.Tensor:
+    r = _TENSOR_HOOKS[key](grad)
+    return grad.clone() if r is None else _defined((r,), [grad])[0]
+
+
+@_tensor_hook_op.register_fake
+def _(grad, key):
+    return torch.empty_like(grad)
+
+
+class _TensorHook(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, key, x):
+        ctx.key = key
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return None, torch.ops.ember.tensor_hook(g, ctx.key)
+
+
+def opaque_tensor_hook(tr, hook, t: TensorV) -> TensorV:
+    """`t` through an identity Function whose backward runs `hook` per backward, as an opaque
+    op of the backward graph (the hook's side effects happen then, as eager's)."""
+    key = next(_KEYS)
+    _TENSOR_HOOKS[key] = hook
+    return tr.call_graph(apply_node_target(_TensorHook), [ObjV(key), t], {})
 
 
 def _pack(idx: list, values, n: int) -> list:

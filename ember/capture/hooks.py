@@ -163,14 +163,17 @@ _HOOK_FUNCTIONS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 def register_tensor_hook(tr, t, args: list, kwargs: dict):
     """`t.register_hook(hook)` on a tensor the graph computes: from here on `t` is the output of
     an identity autograd.Function whose backward is `return hook(g)` (or g), traced into the joint
-    graph like a user Function's (autograd_fn.py: the hook must be free of Python side effects).
+    graph like a user Function's (autograd_fn.py) when the hook is free of Python side effects;
+    with side effects (a list it appends to, a print), the backward calls the hook per backward
+    through an opaque op instead (bwhooks.opaque_tensor_hook).
     Equal to eager only when the hook sees all of t's gradient, so `t` must have no use yet, and
     the returned handle must be discarded (its `remove()` could not be honoured); otherwise, and
     for graph inputs (the hook would stay on the caller's tensor), Unsupported: a graph break,
     where `t` is a real tensor when the hook is registered. With earlier uses of an intermediate
     `t` no break is correct (their gradients reach t's producer inside the first graph's
     backward, not through t), so the whole frame runs eagerly."""
-    from .autograd_fn import call_function_apply
+    from .autograd_fn import _check_pure, call_function_apply
+    from .bwhooks import opaque_tensor_hook
     from .values import FuncV, ObjV, peek
     hook = args[0] if args else kwargs.get("hook")
     if len(args) + len(kwargs) != 1 or hook is None:
@@ -192,13 +195,19 @@ def register_tensor_hook(tr, t, args: list, kwargs: dict):
     if f is None or f.pc >= len(f.instrs) or f.instrs[f.pc].opname != "POP_TOP":
         raise tr.unsupported("the handle Tensor.register_hook returns is used",
                              hint="only `t.register_hook(fn)` as a statement is traced")
-    if isinstance(hook, FuncV) and not hook.closure and hook.fn_obj is None:
-        fn = types.FunctionType(hook.code, hook.globals, hook.name, hook.defaults or None)
+    if isinstance(hook, FuncV) and not hook.closure and not hook.kwdefaults and \
+            hook.fn_obj is None and all(isinstance(d, ObjV) for d in hook.defaults):
+        # `lambda g, log=log: ...`: defaults are the caller's objects (guarded by their reads)
+        fn = types.FunctionType(hook.code, hook.globals, hook.name,
+                                tuple(d.value for d in hook.defaults) or None)
     elif isinstance(hook, ObjV) and isinstance(peek(hook), types.FunctionType):
-        fn = peek(hook)
+        fn = hook.value          # the graph holds this object: guarded by identity
     else:
         raise tr.unsupported("Tensor.register_hook with a hook that is not a plain function")
-    out = call_function_apply(tr, _hook_function(fn).apply, [t], {})
+    if _check_pure(fn, is_ctx_method=False, depth=0, reads=[]) is None:
+        out = call_function_apply(tr, _hook_function(fn).apply, [t], {})
+    else:
+        out = opaque_tensor_hook(tr, fn, t)
     t.node, t.meta = out.node, out.meta        # every later use of t sees the hooked tensor
     return ObjV(None)
 
