@@ -118,6 +118,8 @@ class Guard:
         elif self.kind == "GLOBAL_STATE":
             exp = dict(zip(("grad_enabled", "inference_mode", "default_dtype", "autocast",
                             "dispatch_modes", "torch_func_transform"), exp))
+        elif self.kind == "NO_GLOBAL_HOOKS":
+            name, exp = "torch.nn.modules.module", "has none of " + ", ".join(exp)
         return f"{self.kind}: {name} {exp}"
 
 
