@@ -77,11 +77,13 @@ def _plan_outputs(tr: Tracer, flat_outs) -> tuple[list[OutputSpec], list[torch.T
                 specs.append(OutputSpec("input", index=index, requires_grad=rg))
             else:
                 specs.append(OutputSpec("view", index=index, views=chain, requires_grad=rg))
-        elif chain and (root.requires_grad or not rg):
+        elif chain and (root.requires_grad or not rg) and \
+                not isinstance(o.grad_fn, torch.autograd.function.BackwardCFunction):
             specs.append(OutputSpec("view", slot=slot(root), views=chain, requires_grad=rg))
         elif chain:
-            # a view made inside a decomposition: its root never reached autograd, so rebuilding
-            # the output from the root would drop its grad; the output is a graph value itself
+            # a view made inside a decomposition, or returned by an autograd.Function (capture's
+            # hook Functions return views): rebuilding the output from the root would drop that
+            # backward (or the root's never reached autograd); the output is a graph value itself
             specs.append(OutputSpec("graph", slot=slot(o), requires_grad=rg))
         else:
             specs.append(OutputSpec("graph", slot=slot(o if root is o else root), requires_grad=rg))
@@ -98,7 +100,8 @@ def trace_program(fn: Callable, specs: list, *, decompositions: dict | None, dev
     grad_mode = torch.enable_grad() if joint else torch.no_grad()
     with grad_mode, tr, LiftTensorLiterals(tr):
         try:
-            out = fn(*inputs)
+            # a GraphModule's forward, not its __call__: global module hooks must not see it
+            out = (fn.forward if isinstance(fn, torch.nn.Module) else fn)(*inputs)
         except RuntimeError as e:
             if "leaf Variable that requires grad" not in str(e):
                 raise

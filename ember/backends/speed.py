@@ -157,10 +157,11 @@ class _Chooser:
             return self._decide(args)
 
     def _eager(self, *args):
+        # gm.forward: GraphModule.__call__ would run global module hooks on the graph itself
         if self.training:
-            return self.gm(*args)
+            return self.gm.forward(*args)
         with torch.no_grad():
-            return self.gm(*args)
+            return self.gm.forward(*args)
 
     def _time(self, args):
         mutated = self.compiled.traced.mutated

@@ -23,6 +23,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from ..errors import Unsupported
 from ..logging import warn_once
 from . import functorch, ndarrays
+from .bwhooks import traced_backward_hook
 from .checkpoint import call_checkpoint, is_checkpoint
 from .cond import call_cond, is_cond
 from .flex import call_flex, is_flex_attention
@@ -136,6 +137,8 @@ def call(tr, fn: V, args: list, kwargs: dict) -> V:
         return DecoratedV(fn, args[0])          # a context manager used as a decorator
     if isinstance(fn, functorch.TransformV):
         return functorch.call_transform(tr, fn, args, kwargs)
+    if isinstance(fn, functorch.VjpFnV):
+        return functorch.call_vjp_fn(tr, fn, args, kwargs)
     if isinstance(fn, DecoratedV):
         from .handlers.contexts import context_method
         ctx = ContextV(fn.ctx.ctx_kind, fn.ctx.args)   # a fresh one per call, as ContextDecorator
@@ -255,6 +258,9 @@ def call_obj(tr, fn: ObjV, args: list, kwargs: dict) -> V:
     if id(f) in tf and tf[id(f)] is f:
         return call_torch(tr, f, args, kwargs)
     if isinstance(f, types.FunctionType):
+        intrinsic = getattr(f, "_ember_trace", None)
+        if intrinsic is not None:    # capture's own helpers that build graph nodes themselves
+            return intrinsic(tr, args, kwargs)
         closure, defaults, kwd = tr.real_function_parts(f, fn)
         return tr.inline(f.__code__, f.__globals__, closure, args, kwargs, defaults, kwd, fn,
                          f.__name__)
@@ -418,21 +424,24 @@ def call_torch(tr, f, args, kwargs) -> V:
 
 def call_module(tr, mv: ObjV, args, kwargs) -> V:
     m = mv.value
-    from .hooks import has_hooks, hooked_call, untraceable_hooks
+    from .hooks import has_backward_hooks, has_hooks, hooked_call, trace_global_hooks, \
+        untraceable_hooks
     if isinstance(m, LazyModuleMixin) and hasattr(m, "_initialize_hook"):
         _materialize_lazy(tr, m, args, kwargs)
     why = untraceable_hooks(m)
     if why is not None:
-        raise tr.unsupported(why, hint="that module runs eagerly; forward pre/post hooks are traced")
-    if global_hooks_present():
-        raise tr.unsupported("global module hooks are registered")
-    hooked = has_hooks(m)
+        raise tr.unsupported(why, hint="that module runs eagerly; forward and full backward "
+                                       "hooks are traced")
+    glob = trace_global_hooks(tr, [], {})        # guarded: none, or which ones
+    hooked = has_hooks(m) or global_hooks_present()
     if mv.source is not None and not hooked:
         tr.guard("NO_HOOKS", mv.source, None)
     from .attrs import load_attr
     fwd = load_attr(tr, mv, "forward")
     if hooked:        # the hook dicts' versions are in the module-state snapshot
-        return call(tr, ObjV(hooked_call), [mv, fwd, TupleV(list(args)), DictV(dict(kwargs))], {})
+        bw = traced_backward_hook(tr, mv) if has_backward_hooks(m) else ObjV(None)
+        return call(tr, ObjV(hooked_call), [mv, fwd, TupleV(list(args)), DictV(dict(kwargs)),
+                                            *glob.items, bw], {})
     return call(tr, fwd, args, kwargs)
 
 

@@ -28,7 +28,7 @@ from .functorch import is_functorch
 from .controls import fullgraph, global_hooks_present
 from .effects import finalize
 from .guards import RANKS, global_state
-from .hooks import root_call_for, root_eager_call, untraceable_hooks
+from .hooks import has_backward_hooks, root_call_for, root_eager_call, untraceable_hooks
 from .interpreter import CO_VARARGS, CO_VARKEYWORDS, Frame, Retrace, Tracer
 from . import statecheck
 from .sources import AttrSource, ClosureSource, ConstSource, DictEntrySource, LocalSource
@@ -640,8 +640,10 @@ def _caller_of(fn):
 
 
 class ModuleRunner:
-    """`module._compiled_call_impl`: with forward hooks, the hooks and forward are one compiled
-    frame (hooks.root_call); backward or global hooks → eager `_call_impl` (one warning)."""
+    """`module._compiled_call_impl`: with forward hooks (its own or global ones), the hooks and
+    forward are one compiled frame (hooks.root_call); with backward hooks or torch's own hooks,
+    the hooks run eagerly around the compiled forward; legacy backward hooks → eager
+    `_call_impl` (one warning)."""
 
     def __init__(self, module: torch.nn.Module, settings: CompileSettings):
         self.module = module
@@ -659,8 +661,8 @@ class ModuleRunner:
         m = self.module
         if m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or \
                 m._backward_pre_hooks or global_hooks_present():
-            why = untraceable_hooks(m) or (global_hooks_present() and "global module hooks")
-            if why:
+            why = untraceable_hooks(m)
+            if why or has_backward_hooks(m):
                 run = root_eager_call(m, self.runner, args, kwargs)
                 if run is not None:     # backward hooks: the forward alone is compiled
                     return run()

@@ -12,8 +12,13 @@ batched form). The node runs only at trace time, so the function must be free of
 effects (autograd_fn's bytecode check) and may read tensors only through its arguments and
 closure: a module parameter or global tensor it reads directly would be baked as a constant
 (no gradient, stale when replaced), so the capture-time meta run refuses any non-meta tensor.
+`out, vjp_fn = torch.func.vjp(f, *primals)` makes two values: `out`, one node computing f
+(`f(*primals)`), and a `VjpFnV`; calling it later in the frame is one node computing
+`vjp(f, *primals)[1](*cotangents)` (f recomputed inside the node, from the primals' nodes).
+Recomputing reads the primals as they are at the call, so an in-place op in between (on any
+tensor: views are not followed) is refused; so is a vjp_fn that leaves the frame.
 What is refused is a graph break with one warning naming file:line (`warn_break`); so are
-`vjp` (it returns a function), a transform applied to a function that is not a plain Python
+a transform applied to a function that is neither a plain Python function nor a torch
 function, and calls of the wrappers torch.func made outside the frame.
 
 A compiled frame called under a transform (its arguments are BatchedTensors or grad-tracking
@@ -33,6 +38,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from ..errors import Unsupported
 from ..logging import warn_once
+from .controls import global_hooks_present
 from .autograd_fn import _check_code, _check_pure, _guard_globals
 from .values import CellV, DictV, FuncV, ListV, ObjV, TensorV, TupleV, V, is_literal, peek
 
@@ -64,27 +70,109 @@ class TransformV(V):
         return types.FunctionType
 
 
+class VjpFnV(V):
+    """The vjp_fn of `torch.func.vjp(func, *primals)` made in the trace; `mark`: the graph's last
+    node when it was made (in-place ops after it are refused when it is called)."""
+    __slots__ = ("func", "primals", "has_aux", "mark", "made_at")
+    kind = "vjp_fn"
+
+    def __init__(self, func: V, primals: list, has_aux: bool, mark, made_at):
+        self.func, self.primals, self.has_aux, self.mark, self.made_at, self.source = \
+            func, primals, has_aux, mark, made_at, None
+
+    def python_type(self):
+        return types.FunctionType
+
+
 def traceable(f) -> bool:
-    return f in TRANSFORMS or f is torch.func.functional_call
+    return f in TRANSFORMS or f is torch.func.functional_call or f is torch.func.vjp
+
+
+def _made_at(tr):
+    """The root frame's current instruction (index, visit) and location: where a graph break
+    goes when the value made here is refused later (the residual code cannot rebuild it)."""
+    root = tr.frames[0]
+    ins = root.instrs[root.pc - 1]
+    return ((root.pc - 1, tr.visits.get(root.pc - 1, 1)),
+            f"{root.code.co_filename}:{ins.lineno or root.code.co_firstlineno}")
 
 
 def make_transform(tr, f, args: list, kwargs: dict) -> V:
-    """`torch.func.grad(fn, argnums=..)` in the trace, or a direct functional_call."""
+    """`torch.func.grad(fn, argnums=..)` in the trace, a direct functional_call, or vjp."""
     if f is torch.func.functional_call:
         return call_opaque(tr, "functional_call", _Const(torch.func.functional_call), args, kwargs)
-    name = TRANSFORMS[f]
+    name = "vjp" if f is torch.func.vjp else TRANSFORMS[f]
     if not args or not isinstance(args[0], (FuncV, ObjV, TransformV)):
         raise tr.unsupported(f"torch.func.{name} of a {type(args[0]).__name__ if args else 'no'} "
                              "function")
+    if f is torch.func.vjp:
+        return make_vjp(tr, args[0], list(args[1:]), kwargs)
     params = list(inspect.signature(f).parameters)[1:]
     opts = dict(zip(params, args[1:]))
     opts.update(kwargs)
-    root = tr.frames[0]
-    ins = root.instrs[root.pc - 1]
-    made_at = ((root.pc - 1, tr.visits.get(root.pc - 1, 1)),
-               f"{root.code.co_filename}:{ins.lineno or root.code.co_firstlineno}")
     return TransformV(name, args[0], {k: _plain(tr, v, f"torch.func.{name}'s {k}")
-                                      for k, v in opts.items()}, made_at)
+                                      for k, v in opts.items()}, _made_at(tr))
+
+
+def make_vjp(tr, func: V, primals: list, kwargs: dict) -> V:
+    """`torch.func.vjp(func, *primals, has_aux=...)`: (out, vjp_fn) or (out, vjp_fn, aux)."""
+    if set(kwargs) - {"has_aux"}:
+        raise tr.unsupported(f"torch.func.vjp with {sorted(kwargs)}")
+    has_aux = bool(_plain(tr, kwargs["has_aux"], "has_aux")) if "has_aux" in kwargs else False
+    made_at = _made_at(tr)
+    try:
+        out = call_opaque(tr, "vjp_primal_out", func, primals, {})
+    except Unsupported as e:
+        if e.break_at is None:
+            e.break_at, e.break_location = made_at
+        raise warn_break(e)
+    fn = VjpFnV(func, primals, has_aux, next(iter(reversed(tr.graph.nodes)), None), made_at)
+    if not has_aux:
+        return TupleV([out, fn])
+    if not isinstance(out, TupleV) or len(out.items) != 2:
+        raise tr.unsupported("torch.func.vjp(has_aux=True) of a function that does not return "
+                             "a pair (output, aux)")
+    return TupleV([out.items[0], fn, out.items[1]])
+
+
+def call_vjp_fn(tr, fn: VjpFnV, args: list, kwargs: dict) -> V:
+    """`vjp_fn(*cotangents)`: one node, vjp recomputed from the primals' nodes."""
+    nodes = list(tr.graph.nodes)
+    after = nodes[nodes.index(fn.mark) + 1:] if fn.mark in nodes else nodes
+    for node in after:
+        if _mutates(node):
+            e = tr.unsupported(f"the vjp_fn of torch.func.vjp is called after an in-place op "
+                               f"({node.format_node()})", hint="vjp runs eagerly")
+            e.break_at, e.break_location = fn.made_at
+            raise warn_break(e)
+    try:
+        return call_opaque(tr, "vjp", _VjpOf(fn.func, len(fn.primals), fn.has_aux),
+                           [*fn.primals, *args], kwargs)
+    except Unsupported as e:
+        if e.break_at is None:
+            e.break_at, e.break_location = fn.made_at
+        raise warn_break(e)
+
+
+def _mutates(node) -> bool:
+    """A capture-graph node that may write a tensor (conservative: any trailing-underscore
+    callable, setitem, inplace=True, out=)."""
+    name = getattr(node.target, "__name__", "") or ""
+    return node.op == "call_function" and (
+        name.endswith("_") and not name.endswith("__") or node.target is operator.setitem or
+        node.kwargs.get("inplace") is True or "out" in node.kwargs)
+
+
+class _VjpOf:
+    """What a vjp_fn call runs: `vjp(func, *args[:n], has_aux=...)[1](*args[n:])`."""
+    def __init__(self, func: V, n: int, has_aux: bool):
+        self.func, self.n, self.has_aux = func, n, has_aux
+
+
+def _vjp_apply(f, n: int, has_aux: bool):
+    def vjp_apply(*args, **kwargs):
+        return torch.func.vjp(f, *args[:n], has_aux=has_aux)[1](*args[n:], **kwargs)
+    return vjp_apply
 
 
 def call_transform(tr, t: TransformV, args: list, kwargs: dict) -> V:
@@ -223,12 +311,18 @@ def _builder(tr, fn, tensors: list):
     (the closure tensors found here, appended in order)."""
     if isinstance(fn, _Const):
         return lambda cells: fn.fn
+    if isinstance(fn, _VjpOf):
+        inner = _builder(tr, fn.func, tensors)
+        return lambda cells: _vjp_apply(inner(cells), fn.n, fn.has_aux)
     if isinstance(fn, TransformV):
         inner = _builder(tr, fn.func, tensors)
         t = getattr(torch.func, fn.name)
         return lambda cells: t(inner(cells), **fn.opts)
     if isinstance(fn, ObjV):
         f = fn.value
+        if _torch_function(f):
+            tr.guard("ID", fn.source, f)
+            return lambda cells: f
         if not isinstance(f, types.FunctionType):
             raise tr.unsupported(f"a torch.func transform of a {type(f).__name__}")
         reads: list = []
@@ -283,11 +377,24 @@ def _func_builder(tr, fn: FuncV, tensors: list):
     return build
 
 
+def _torch_function(f) -> bool:
+    """torch.sin, F.gelu, ...: functions of torch's op namespaces (no Python side effects)."""
+    return callable(f) and not isinstance(f, (type, torch.nn.Module)) and \
+        getattr(f, "__module__", None) in ("torch", "torch.nn.functional", "torch.special",
+                                           "torch.linalg", "torch.fft", "torch._C._nn",
+                                           "torch._C._special", "torch._C._linalg")
+
+
 def _cell(x):
     return types.CellType(x)
 
 
 def _check_module(tr, m: torch.nn.Module) -> None:
+    from .hooks import trace_global_hooks
+    if global_hooks_present():
+        raise tr.unsupported("a module under a torch.func transform while global module hooks "
+                             "are registered")
+    trace_global_hooks(tr, [], {})        # guarded: registering one later recompiles
     for sub in m.modules():
         if sub._forward_hooks or sub._forward_pre_hooks or sub._backward_hooks:
             raise tr.unsupported("a module with hooks under a torch.func transform")

@@ -24,7 +24,7 @@ from .values import is_literal
 # kind → rank: cheap checks first
 RANKS = {"GLOBAL_STATE": 0, "ID": 1, "TYPE": 2, "NONE": 2, "EQ": 3, "LEN": 3, "KEYS": 4,
          "ALIAS": 5, "HASATTR": 5, "ABSENT": 5, "TENSOR": 6, "SHAPE": 6, "FLATTEN": 6,
-         "NO_ALIAS": 7, "NO_HOOKS": 7}
+         "NO_ALIAS": 7, "NO_HOOKS": 7, "NO_GLOBAL_HOOKS": 7}
 
 
 @dataclasses.dataclass
@@ -85,6 +85,9 @@ class Guard:
         if k == "NO_HOOKS":
             return (f"not ({e}._forward_hooks or {e}._forward_pre_hooks or {e}._backward_hooks "
                     f"or {e}._backward_pre_hooks)")
+        if k == "NO_GLOBAL_HOOKS":  # torch.nn.modules.module's global hook dicts, all empty
+            g = self.source.gid
+            return "not (" + " or ".join(f"{g}[{name!r}]" for name in self.expected) + ")"
         raise ValueError(f"unknown guard kind {k}")
 
     @property
@@ -115,6 +118,8 @@ class Guard:
         elif self.kind == "GLOBAL_STATE":
             exp = dict(zip(("grad_enabled", "inference_mode", "default_dtype", "autocast",
                             "dispatch_modes", "torch_func_transform"), exp))
+        elif self.kind == "NO_GLOBAL_HOOKS":
+            name, exp = "torch.nn.modules.module", "has none of " + ", ".join(exp)
         return f"{self.kind}: {name} {exp}"
 
 

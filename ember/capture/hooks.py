@@ -1,16 +1,20 @@
-"""Capture, module hooks: a module call with forward pre/post hooks is traced like eager's
-`nn.Module._call_impl` runs it.
+"""Capture, module hooks: a module call with hooks is traced like eager's `nn.Module._call_impl`
+runs it.
 
 Consumes a module value with hooks and the call's arguments (calls.call_module, and the root
 module's runner in entry.py); produces the traced output. The hook loop is the plain Python
 function `hooked_call` below, which the interpreter inlines like user code: each hook (a user
-function) is inlined in turn, in the order of the module's hook dicts, so values, call order and
-side effects are eager's. The hook dicts are module tables (sources.MODULE_TABLES) whose version
-tags the module-state snapshot records, so a hook added or removed after compilation is seen.
-Not traced (Unsupported: the module runs eagerly, loudly): backward hooks
-(register_full_backward_hook and its pre form) and global hooks (`register_module_forward_hook`,
-checked by the callers). An always_call hook is an ordinary hook here: when forward raises, the
-trace raises and the frame runs eagerly, which runs it as eager does.
+function) is inlined in turn, global hooks first, then the module's, in the order of the hook
+dicts, so values, call order and side effects are eager's. The module's hook dicts are module
+tables (sources.MODULE_TABLES) whose version tags the module-state snapshot records; the global
+dicts (`register_module_forward_hook` & co.) are guarded by `global_hooks` (their keys, or one
+cheap "none registered" check), so a hook added or removed after compilation recompiles.
+Full backward hooks (and pre-hooks) of a submodule: bwhooks.py, through the `bw_hook` argument.
+Not traced (Unsupported: the module runs eagerly, loudly): legacy `register_backward_hook`
+hooks and hooks that torch itself registers (FSDP's, parametrizations). The compiled root
+module's own backward hooks run eagerly around its compiled forward (root_eager_call). An
+always_call hook is an ordinary hook here: when forward raises, the trace raises and the frame
+runs eagerly, which runs it as eager does.
 `Tensor.register_hook` inside the traced code: register_tensor_hook below.
 """
 from __future__ import annotations
@@ -22,19 +26,30 @@ import torch
 
 from .controls import global_hooks_present
 
+_mm = torch.nn.modules.module
+_GLOBAL_DICTS = ("_global_forward_pre_hooks", "_global_forward_hooks",
+                 "_global_backward_pre_hooks", "_global_backward_hooks")
+
 
 def has_hooks(m: torch.nn.Module) -> bool:
     return bool(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or
                 m._backward_pre_hooks)
 
 
+def has_backward_hooks(m: torch.nn.Module) -> bool:
+    return bool(m._backward_hooks or m._backward_pre_hooks or _mm._global_backward_hooks or
+                _mm._global_backward_pre_hooks)
+
+
 def untraceable_hooks(m: torch.nn.Module) -> str | None:
-    """Why `m`'s hooks cannot be traced (they run eagerly), or None."""
-    if m._backward_hooks or m._backward_pre_hooks:
-        return f"{type(m).__name__} has backward hooks (not traced yet)"
-    for hook in (*m._forward_pre_hooks.values(), *m._forward_hooks.values()):
+    """Why `m`'s hooks (its own and the global ones) cannot be traced (they run eagerly), or
+    None."""
+    if m._get_backward_hooks()[1]:
+        return f"{type(m).__name__} has a non-full backward hook (register_backward_hook)"
+    for hook in (*m._forward_pre_hooks.values(), *m._forward_hooks.values(),
+                 *_mm._global_forward_pre_hooks.values(), *_mm._global_forward_hooks.values()):
         if (getattr(hook, "__module__", None) or "").startswith("torch."):
-            # torch's own (FSDP's all-gather/reshard, parametrizations): they run eagerly
+            # torch's own (FSDP's all-gather/reshard, parametrizations, ModuleTracker)
             return f"{type(m).__name__} has a forward hook from torch ({_qualname(hook)})"
     return None
 
@@ -44,23 +59,55 @@ def _qualname(f) -> str:
 
 
 def root_eager_call(m: torch.nn.Module, forward, args, kwargs):
-    """A compiled root module with hooks that are not traced (full backward hooks, torch's own
-    forward hooks): `_call_impl`'s steps run eagerly around the compiled `forward` (a graph's
-    inputs and outputs are real tensors, so BackwardHook wraps them as eager does). None when
-    eager `_call_impl` must run (legacy or global hooks)."""
+    """A compiled root module with backward hooks or torch's own forward hooks: `_call_impl`'s
+    steps run eagerly around the compiled `forward` (a graph's inputs and outputs are real
+    tensors, so BackwardHook wraps them as eager does). None when eager `_call_impl` must run
+    (legacy backward hooks)."""
     full, non_full = m._get_backward_hooks()
-    if non_full or global_hooks_present():
+    if non_full:
         return None
     from torch.utils.hooks import BackwardHook
     pre = m._get_backward_pre_hooks()
     bw = BackwardHook(m, full, pre) if full or pre else None
-    return lambda: hooked_call(m, forward, args, kwargs, bw)
+    return lambda: hooked_call(m, forward, args, kwargs, *global_hooks(), bw)
 
 
-def hooked_call(module, forward, args, kwargs, bw_hook=None):
+def global_hooks():
+    """(global forward pre-hooks, global forward hooks), each None when empty. In a trace the
+    interpreter calls `trace_global_hooks` instead, which guards them."""
+    return _mm._global_forward_pre_hooks or None, _mm._global_forward_hooks or None
+
+
+def trace_global_hooks(tr, args, kwargs):
+    """`global_hooks()` in a trace: with none registered, one NO_GLOBAL_HOOKS guard; else the
+    four global dicts read through guarded sources (their keys: a hook added or removed
+    recompiles; a hook's closure is read per call like a module hook's)."""
+    from .sources import GlobalSource
+    from .values import ObjV, TupleV
+    gid = tr.gid_for(vars(_mm))
+    if not global_hooks_present():
+        tr.guard("NO_GLOBAL_HOOKS", GlobalSource(gid, _GLOBAL_DICTS[0]), _GLOBAL_DICTS)
+        return TupleV([ObjV(None), ObjV(None)])
+    vals = [tr.wrap(getattr(_mm, name), GlobalSource(gid, name)) for name in _GLOBAL_DICTS]
+    return TupleV([vals[0] if _mm._global_forward_pre_hooks else ObjV(None),
+                   vals[1] if _mm._global_forward_hooks else ObjV(None)])
+
+
+global_hooks._ember_trace = trace_global_hooks
+
+
+def _forward_kwargs(module, hook_id) -> bool:
+    return hook_id in module._forward_hooks_with_kwargs or \
+        hook_id in _mm._global_forward_hooks_with_kwargs
+
+
+def hooked_call(module, forward, args, kwargs, global_pre=None, global_post=None, bw_hook=None):
     """`nn.Module._call_impl`'s hook path (torch 2.x). Traced (the interpreter inlines it) with
-    bw_hook None; run eagerly around a compiled forward with a BackwardHook (root_eager_call)."""
-    for hook_id, hook in module._forward_pre_hooks.items():
+    a bwhooks.TracedBackwardHook or None as bw_hook; run eagerly around a compiled forward with
+    torch's BackwardHook (root_eager_call)."""
+    pre_hooks = module._forward_pre_hooks.items() if global_pre is None else \
+        (*global_pre.items(), *module._forward_pre_hooks.items())
+    for hook_id, hook in pre_hooks:
         if hook_id in module._forward_pre_hooks_with_kwargs:
             args_kwargs_result = hook(module, args, kwargs)
             if args_kwargs_result is not None:
@@ -78,8 +125,10 @@ def hooked_call(module, forward, args, kwargs, bw_hook=None):
     if bw_hook is not None:
         args = bw_hook.setup_input_hook(args)
     result = forward(*args, **kwargs)
-    for hook_id, hook in module._forward_hooks.items():
-        if hook_id in module._forward_hooks_with_kwargs:
+    post_hooks = module._forward_hooks.items() if global_post is None else \
+        (*global_post.items(), *module._forward_hooks.items())
+    for hook_id, hook in post_hooks:
+        if _forward_kwargs(module, hook_id):
             hook_result = hook(module, args, kwargs, result)
         else:
             hook_result = hook(module, args, result)
@@ -91,9 +140,10 @@ def hooked_call(module, forward, args, kwargs, bw_hook=None):
 
 
 def root_call(self, *args, **kwargs):
-    """What a compiled module with forward hooks runs (entry.ModuleRunner): its hooks and forward,
-    traced as one frame."""
-    return hooked_call(self, self.forward, args, kwargs)
+    """What a compiled module with forward hooks (its own or global ones) runs
+    (entry.ModuleRunner): the hooks and forward, traced as one frame."""
+    global_pre, global_post = global_hooks()
+    return hooked_call(self, self.forward, args, kwargs, global_pre, global_post)
 
 
 def root_call_for(cls: type):
@@ -113,14 +163,17 @@ _HOOK_FUNCTIONS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 def register_tensor_hook(tr, t, args: list, kwargs: dict):
     """`t.register_hook(hook)` on a tensor the graph computes: from here on `t` is the output of
     an identity autograd.Function whose backward is `return hook(g)` (or g), traced into the joint
-    graph like a user Function's (autograd_fn.py: the hook must be free of Python side effects).
+    graph like a user Function's (autograd_fn.py) when the hook is free of Python side effects;
+    with side effects (a list it appends to, a print), the backward calls the hook per backward
+    through an opaque op instead (bwhooks.opaque_tensor_hook).
     Equal to eager only when the hook sees all of t's gradient, so `t` must have no use yet, and
     the returned handle must be discarded (its `remove()` could not be honoured); otherwise, and
     for graph inputs (the hook would stay on the caller's tensor), Unsupported: a graph break,
     where `t` is a real tensor when the hook is registered. With earlier uses of an intermediate
     `t` no break is correct (their gradients reach t's producer inside the first graph's
     backward, not through t), so the whole frame runs eagerly."""
-    from .autograd_fn import call_function_apply
+    from .autograd_fn import _check_pure, call_function_apply
+    from .bwhooks import opaque_tensor_hook
     from .values import FuncV, ObjV, peek
     hook = args[0] if args else kwargs.get("hook")
     if len(args) + len(kwargs) != 1 or hook is None:
@@ -142,13 +195,19 @@ def register_tensor_hook(tr, t, args: list, kwargs: dict):
     if f is None or f.pc >= len(f.instrs) or f.instrs[f.pc].opname != "POP_TOP":
         raise tr.unsupported("the handle Tensor.register_hook returns is used",
                              hint="only `t.register_hook(fn)` as a statement is traced")
-    if isinstance(hook, FuncV) and not hook.closure and hook.fn_obj is None:
-        fn = types.FunctionType(hook.code, hook.globals, hook.name, hook.defaults or None)
+    if isinstance(hook, FuncV) and not hook.closure and not hook.kwdefaults and \
+            hook.fn_obj is None and all(isinstance(d, ObjV) for d in hook.defaults):
+        # `lambda g, log=log: ...`: defaults are the caller's objects (guarded by their reads)
+        fn = types.FunctionType(hook.code, hook.globals, hook.name,
+                                tuple(d.value for d in hook.defaults) or None)
     elif isinstance(hook, ObjV) and isinstance(peek(hook), types.FunctionType):
-        fn = peek(hook)
+        fn = hook.value          # the graph holds this object: guarded by identity
     else:
         raise tr.unsupported("Tensor.register_hook with a hook that is not a plain function")
-    out = call_function_apply(tr, _hook_function(fn).apply, [t], {})
+    if _check_pure(fn, is_ctx_method=False, depth=0, reads=[]) is None:
+        out = call_function_apply(tr, _hook_function(fn).apply, [t], {})
+    else:
+        out = opaque_tensor_hook(tr, fn, t)
     t.node, t.meta = out.node, out.meta        # every later use of t sees the hooked tensor
     return ObjV(None)
 

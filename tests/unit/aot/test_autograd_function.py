@@ -259,3 +259,32 @@ def test_globals_read_by_forward_and_backward_are_guarded():
         FACTOR = 2.0
     st = ember.stats()["counts"]
     assert st.get("recompiles") == 1 and not st.get("graph_breaks"), st
+
+
+class ViewOut(torch.autograd.Function):
+    """Returns a view of its input: aot must not rebuild that output as a view of the input's
+    value (which would skip this backward)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 3
+
+
+def _view_out(x, w):
+    return ViewOut.apply(x @ w)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "ember"])
+def test_view_returned_by_a_function_keeps_its_backward(backend):
+    x, w = torch.randn(3, 4), torch.randn(4, 5)
+    wa, wb = w.clone().requires_grad_(), w.clone().requires_grad_()
+    out = ember.compile(_view_out, backend=backend, fullgraph=True)(x, wa)
+    ref = _view_out(x, wb)
+    torch.testing.assert_close(out, ref)
+    out.sum().backward()
+    ref.sum().backward()
+    torch.testing.assert_close(wa.grad, wb.grad)        # 3x the matmul's gradient

@@ -1,7 +1,8 @@
 """torch.func and compiled code: a compiled function called under vmap/grad (its arguments are
 functorch-wrapped tensors, which no kernel can read) runs that call eagerly with one warning and
 keeps its compiled entry for plain calls; torch.func transforms called inside a compiled function
-are a graph break with one warning (the code around them stays compiled), never inlined."""
+are graph nodes (vjp: the output and, when vjp_fn is called, the vjp), or a graph break with one
+warning (the code around them stays compiled), never inlined."""
 from __future__ import annotations
 
 import pytest
@@ -122,15 +123,9 @@ def has_side_effect(t, log):
     return torch.func.grad(f)(t).cos()
 
 
-def uses_vjp(t):
-    out, fn = torch.func.vjp(torch.sin, t)
-    return fn(torch.ones_like(out))[0] + out
-
-
 @pytest.mark.parametrize("fn, args, match", [
     (reads_parameter, (torch.nn.Linear(4, 2), x[0]), "neither an argument nor a closure"),
     (has_side_effect, (x[0], []), "closes over .log., a ListV"),
-    (uses_vjp, (x[0],), "torch.func.vjp is not traced"),
 ])
 def test_untraceable_transforms_break_with_one_warning(fn, args, match):
     with pytest.raises(ember.Unsupported, match=match):
@@ -164,3 +159,66 @@ def test_per_sample_grads_of_a_model_in_one_graph(backend):
     for k in want:
         torch.testing.assert_close(got[k], want[k])
     assert capture.stats()["graphs"] == 1
+
+
+def uses_vjp(x, w):
+    out, vjp_fn = torch.func.vjp(lambda a: (a * w).sin(), x)
+    y = out.cos()                                   # out used before vjp_fn is called
+    g, = vjp_fn(torch.ones_like(out) * 2)
+    s_out, s_fn = torch.func.vjp(torch.sin, x)      # a torch function
+    return y + g + s_fn(s_out)[0]
+
+
+def uses_vjp_aux(x, w):
+    out, vjp_fn, aux = torch.func.vjp(lambda p, q: ((p * q).sum(-1), p.exp()), x, w,
+                                      has_aux=True)
+    gx, gw = vjp_fn(torch.ones_like(out))
+    return gx * aux, gw
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager", "ember"])
+def test_vjp_inside_compiled_function_is_one_graph(backend):
+    """torch.compile: 1 graph, 0 breaks for uses_vjp (asserted below)."""
+    a, b = torch.randn(3, 4), torch.randn(3, 4)
+    for fn in (uses_vjp, uses_vjp_aux):
+        ember.reset()
+        cf = ember.compile(fn, backend=backend, fullgraph=True)
+        for w_ in (b, b * 3):          # the closure over w reads the current tensor
+            torch.testing.assert_close(cf(a, w_), fn(a, w_))
+        st = capture.stats()
+        assert st["graphs"] == 1 and st.get("graph_breaks", 0) == 0, st
+    wa, wb = b.clone().requires_grad_(), b.clone().requires_grad_()   # differentiated again
+    ember.compile(uses_vjp, backend=backend)(a, wa).sum().backward()
+    uses_vjp(a, wb).sum().backward()
+    torch.testing.assert_close(wa.grad, wb.grad)
+    if backend == "eager":
+        assert dynamo_counts(uses_vjp, a, b) == (1, 0)
+
+
+def vjp_after_inplace(x, w):
+    out, vjp_fn = torch.func.vjp(lambda a: (a * w).sin(), x)
+    x.mul_(2)                   # eager's vjp_fn uses x as it was: recomputing would not
+    return vjp_fn(torch.ones_like(out))[0] + out
+
+
+def returns_vjp_fn(x):
+    out, vjp_fn = torch.func.vjp(torch.sin, x)
+    return out * 2, vjp_fn
+
+
+def test_vjp_refused_where_recomputing_differs_or_vjp_fn_escapes():
+    a, b = torch.randn(3, 4), torch.randn(3, 4)
+    with pytest.raises(ember.Unsupported, match="after an in-place op"):
+        ember.compile(vjp_after_inplace, backend="eager", fullgraph=True)(a.clone(), b)
+    ember.reset()
+    xa, xb = a.clone(), a.clone()
+    with pytest.warns(UserWarning, match="after an in-place op"):
+        got = ember.compile(vjp_after_inplace, backend="aot_eager")(xa, b)
+    torch.testing.assert_close(got, vjp_after_inplace(xb, b))
+    torch.testing.assert_close(xa, xb)
+    assert capture.stats()["graph_breaks"] >= 1
+    ember.reset()
+    with pytest.warns(UserWarning, match="returning a VjpFnV"):
+        out, fn = ember.compile(returns_vjp_fn, backend="aot_eager")(a)
+    torch.testing.assert_close(out, a.sin() * 2)
+    torch.testing.assert_close(fn(torch.ones_like(a))[0], a.cos())

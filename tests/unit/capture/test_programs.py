@@ -552,7 +552,8 @@ def test_module_forward_hook_is_traced():
     assert capture.stats()["graphs"] == 1 and capture.stats().get("fallbacks", 0) == 0
 
 
-def test_submodule_backward_hook_is_unsupported_under_fullgraph():
+def test_submodule_legacy_backward_hook_is_unsupported_under_fullgraph():
+    """register_backward_hook (not full) is not traced; full ones are (test_backward_hooks.py)."""
     class M(nn.Module):
         def __init__(self):
             super().__init__()
@@ -561,9 +562,9 @@ def test_submodule_backward_hook_is_unsupported_under_fullgraph():
         def forward(self, x):
             return self.lin(x)
     m = M()
-    m.lin.register_full_backward_pre_hook(lambda mod, g: None)
+    m.lin.register_backward_hook(lambda mod, gi, go: None)
     ember.compile(m, backend="eager", fullgraph=True)
-    with pytest.raises(ember.Unsupported, match="hooks"):
+    with pytest.raises(ember.Unsupported, match="non-full backward hook"):
         m(x44)
 
 
