@@ -435,25 +435,59 @@ def _init(rtype, dt) -> str:
     raise NotImplementedError(rtype)
 
 
-#: float32 sums over at least this many elements accumulate in double, as ATen's CPU kernels do
-#: for BatchNorm's statistics (acc_type<float, is_cuda=false> is double). A float accumulator
-#: drifts by ~sqrt(n) ulps over n terms: over a BatchNorm's 8x112x112 = 100k elements per channel
-#: that made ember's forward activations 20x less accurate than eager's (lraspp, mobilenet v3),
-#: and ReLU masks flip at that level. Short rows (softmax, LayerNorm) keep float accumulators, and
-#: so do bf16/fp16 results (float is already far finer than what they store).
+#: float32 sums over at least this many elements are cascaded: a float accumulator drifts by
+#: ~sqrt(n) ulps over n terms, and over a BatchNorm's 8x112x112 = 100k elements per channel that
+#: made ember's activations 20x less accurate than eager's (lraspp, mobilenet v3; ReLU masks flip
+#: at that level). A cascaded sum adds CASCADE_BLOCK elements at a time into a float (vector)
+#: accumulator that starts from zero, at float SIMD speed, and adds each block's sum into a
+#: double: the error is that of ~CASCADE_BLOCK / lanes float additions per lane, plus one
+#: rounding to float (ATen's sum does the same with float levels, its BatchNorm statistics
+#: accumulate in double). Converting every element to double instead ran 0.67-0.86x as fast.
+#: Short rows (softmax, LayerNorm) keep float accumulators, and so do bf16/fp16 results (float is
+#: already far finer than what they store).
 LONG_SUM = 4096
+#: elements per float block of a cascaded sum along a simd loop (8 lanes: 128 terms per lane)
+CASCADE_BLOCK = 1024
+#: rows per float block of a cascaded column sum (each column is one lane: terms per lane)
+CASCADE_ROWS = 128
+#: iterations per `omp for` block of a reduction to a scalar that is not cascaded
+PARALLEL_BLOCK = 4096
 
 
-def _acc_dtype(node, length) -> torch.dtype:
+def _cascaded(node, length) -> bool:
     body = node.body
-    if (body.reduction_type == "sum" and body.src_dtype == torch.float32
-            and body.dtype == torch.float32 and hint(length) >= LONG_SUM):
-        return torch.float64
-    return body.src_dtype
+    return (body.reduction_type == "sum" and body.src_dtype == torch.float32
+            and body.dtype == torch.float32 and hint(length) >= LONG_SUM)
 
 
 def _acc_value(acc, adt, dt) -> str:
     return acc if adt == dt else f"static_cast<{ctype(dt)}>({acc})"
+
+
+class Span:
+    """A loop over [lo, hi) of a dim of `size` (one block of a blocked reduction): the loop var
+    still lies in [0, size), which is what index simplification and clamping assume."""
+
+    def __init__(self, lo: str, hi: str, size):
+        self.lo, self.hi, self.size = lo, hi, size
+
+
+def _for(v, size) -> str:
+    """The header of a loop over `size` (an int, a size expression or a Span)."""
+    lo, hi = (size.lo, size.hi) if isinstance(size, Span) else (0, _int(size))
+    return f"for (int64_t {v} = {lo}; {v} < {hi}; ++{v})"
+
+
+def _block_split(sizes, block: int) -> tuple[int, int]:
+    """(i, c): walk the loop nest `sizes` as blocks of about `block` iterations: dims before i
+    one by one, dim i in pieces of c, the dims after it (fewer than `block` iterations) whole."""
+    inner = 1
+    for i in range(len(sizes) - 1, -1, -1):
+        s = hint(sizes[i])
+        if inner * s >= block:
+            return i, -(-block // inner)
+        inner *= s
+    return 0, max(hint(sizes[0]), 1)
 
 
 def _update(rtype, acc, v, dt) -> str:
@@ -730,6 +764,18 @@ class KernelCodegen:
             code.level -= 1
             code.writeline("}")
 
+        def open_loops(sizes, vars_) -> int:
+            for size, v in zip(sizes, vars_):
+                code.writeline(_for(v, size))
+                code.writeline("{")
+                code.level += 1
+            return len(sizes)
+
+        def close_loops(depth):
+            for _ in range(depth):
+                code.level -= 1
+                code.writeline("}")
+
         for st in k.stages:
             rv = [loop_var(m + i) for i in range(len(st.inner))]
             h.ranges = self.ranges_with(rv, st.inner)
@@ -737,37 +783,44 @@ class KernelCodegen:
                 if not rv:
                     lanes(lambda: [n.store_pointwise(xv) for n in st.nodes], simd=False)
                     continue
-                for size, v in zip(st.inner, rv):
-                    code.writeline(f"for (int64_t {v} = 0; {v} < {_int(size)}; ++{v})")
-                    code.writeline("{")
-                    code.level += 1
+                depth = open_loops(st.inner, rv)
                 lanes(lambda: [n.store_pointwise(xv + rv) for n in st.nodes])
-                for _ in rv:
-                    code.level -= 1
-                    code.writeline("}")
+                close_loops(depth)
                 continue
             accs, widened = [], {}
             for n in st.nodes:
                 dt, rt = n.body.src_dtype, n.body.reduction_type
-                adt = _acc_dtype(n, numel(st.inner))
+                adt = torch.float64 if _cascaded(n, numel(st.inner)) else dt
                 acc = h.fresh("acc")
                 code.writeline(f"{ctype(adt)} {acc}[{B}];")
                 code.writeline(f"for (int64_t j = 0; j < {B}; ++j) {acc}[j] = {_init(rt, adt)};")
                 accs.append((n, acc, rt, dt))
                 widened[acc] = adt
-            for size, v in zip(st.inner, rv):
-                code.writeline(f"for (int64_t {v} = 0; {v} < {_int(size)}; ++{v})")
-                code.writeline("{")
-                code.level += 1
+            # a cascaded sum walks the rows in blocks (see _block_split): each column is summed
+            # over a block in a float acc{k}_b[j], then added into the double acc{k}[j]
+            cascade = [(acc, dt) for _, acc, _, dt in accs if widened[acc] != dt]
+            i, c = _block_split(st.inner, CASCADE_ROWS) if cascade else (len(rv), 1)
+            depth = open_loops(st.inner[:i], rv[:i])
+            inner_depth = 0
+            if cascade:
+                span = self._open_block(st.inner[i], c)
+                depth += 1
+                for acc, dt in cascade:
+                    code.writeline(f"{ctype(dt)} {acc}_b[{B}];")
+                    code.writeline(f"for (int64_t j = 0; j < {B}; ++j) {acc}_b[j] = {_init('sum', dt)};")
+                inner_depth = open_loops([span] + list(st.inner[i + 1:]), rv[i:])
 
             def update(accs=accs, rv=rv):
                 for n, acc, rt, dt in accs:
                     v = h._as(n.reduction_value(xv, rv), dt)
-                    code.writeline(_update(rt, f"{acc}[j]", v, dt))
+                    tgt = f"{acc}_b[j]" if widened[acc] != dt else f"{acc}[j]"
+                    code.writeline(_update(rt, tgt, v, dt))
             lanes(update)
-            for _ in rv:
-                code.level -= 1
-                code.writeline("}")
+            close_loops(inner_depth)
+            for acc, _ in cascade:
+                code.writeline("#pragma omp simd")
+                code.writeline(f"for (int64_t j = 0; j < n; ++j) {acc}[j] += {acc}_b[j];")
+            close_loops(depth)
             lanes(lambda accs=accs, widened=widened: [
                 h.store(n.name, n.store_index(xv),
                         CppVal(_acc_value(f"{acc}[j]", widened[acc], dt), dt))
@@ -819,12 +872,13 @@ class KernelCodegen:
                 hoisted = IndentedBuffer(code.level)
             if pragma:
                 code.writeline(pragma)
-            code.writeline(f"for (int64_t {v} = 0; {v} < {_int(size)}; ++{v})")
+            code.writeline(_for(v, size))
             code.writeline("{")
             code.level += 1
         outer = h.simd, h.hoisted, h.hoisted_cse
         if n and simd_last:
-            h.simd, h.hoisted, h.hoisted_cse = (vars_[-1], ranges[-1]), hoisted, {}
+            size = ranges[-1].size if isinstance(ranges[-1], Span) else ranges[-1]
+            h.simd, h.hoisted, h.hoisted_cse = (vars_[-1], size), hoisted, {}
         body()
         if n and simd_last:
             code.lines[hoist_at:hoist_at] = hoisted.lines
@@ -833,6 +887,50 @@ class KernelCodegen:
             code.level -= 1
             code.writeline("}")
         h.pop(saved)
+
+    def _open_block(self, size, c, pragma=None) -> Span:
+        """Open a loop over the blocks of c iterations of a dim of `size` (the caller closes it);
+        returns the Span of the current block."""
+        code = self.h.code
+        b = self.h.fresh("blk")
+        lo, hi = f"{b}_lo", f"{b}_hi"
+        if pragma:
+            code.writeline(pragma)
+        code.writeline(f"for (int64_t {b} = 0; {b} < {_blocks(size, c)}; ++{b})")
+        code.writeline("{")
+        code.level += 1
+        code.writeline(f"int64_t {lo} = {b} * {c}, {hi} = std::min<int64_t>({lo} + {c}, {_int(size)});")
+        return Span(lo, hi, size)
+
+    def _blocked(self, sizes, lvars, accs, body, simd=True, omp_for=False):
+        """A reduction stage's loop nest over `sizes` walked in blocks (see _block_split),
+        updating `accs` [(name, rtype, dtype, acc dtype)] through body(targets). A cascaded sum
+        (acc dtype wider than its dtype) gets a float accumulator per block, added into the wide
+        one after the block. omp_for: the threads share the blocks (or the dims before them), and
+        `accs` are per-thread partials."""
+        code, h = self.h.code, self.h
+        cascade = any(adt != dt for _, _, dt, adt in accs)
+        i, c = _block_split(sizes, CASCADE_BLOCK if cascade else PARALLEL_BLOCK)
+
+        def blocks():
+            span = self._open_block(sizes[i], c, "#pragma omp for" if omp_for and i == 0 else None)
+            targets = [f"{name}_b" if adt != dt else name for name, _, dt, adt in accs]
+            for t, (name, rt, dt, adt) in zip(targets, accs):
+                if t != name:
+                    code.writeline(f"{ctype(dt)} {t} = {_init(rt, dt)};")
+            clause = simd and _red_clause([(rt, t, dt) for t, (_, rt, dt, _) in zip(targets, accs)])
+            self._loops([span] + list(sizes[i + 1:]), lvars[i:], False,
+                        simd_last=simd, reduction=clause or None, body=lambda: body(targets))
+            for t, (name, rt, _, _) in zip(targets, accs):
+                if t != name:
+                    code.writeline(_combine(rt, name, t))
+            code.level -= 1
+            code.writeline("}")
+        if i:
+            self._loops(sizes[:i], lvars[:i], omp_for, simd_last=False, body=blocks,
+                        partial=omp_for)
+        else:
+            blocks()
 
     def _stage(self, stage, xv, m, parallel_inner):
         h = self.h
@@ -858,7 +956,7 @@ class KernelCodegen:
             dt = n.body.src_dtype
             rt = n.body.reduction_type
             acc = h.fresh("acc")
-            widened[acc] = adt = _acc_dtype(n, numel(stage.inner))
+            adt = widened[acc] = torch.float64 if _cascaded(n, numel(stage.inner)) else dt
             code.writeline(f"{ctype(adt)} {acc} = {_init(rt, adt)};")
             if rt in ("argmax", "argmin"):
                 code.writeline(f"int64_t {acc}_i = 0;")
@@ -882,37 +980,21 @@ class KernelCodegen:
                 else:
                     code.writeline(_update(rt, tgt, v, dt))
 
-        par = parallel_inner and clause is not None
-        if par:
+        sizes, lvars, subs = list(stage.inner), rv, {}
+        if clause is not None:
+            c = collect(lambda: [n.reduction_value(xv, rv) for n in stage.nodes], ranges)
+            sizes, lvars, subs = plan_loops(stage.inner, rv, c.exprs)
+        h.subs = {**h.subs, **subs}
+        if parallel_inner and clause is not None:
+            # per-thread partials over `omp for` blocks, combined once per thread
             parts = [(n, h.fresh("part"), rt, widened[acc]) for n, acc, rt, _ in accs]
             code.writeline("#pragma omp parallel")
             code.writeline("{")
             code.level += 1
             for n, p, rt, adt in parts:
                 code.writeline(f"{ctype(adt)} {p} = {_init(rt, adt)};")
-            pclause = _red_clause([(rt, p, dt) for _, p, rt, dt in parts])
-            inner = list(stage.inner)
-            if len(inner) == 1:   # split one long dim into blocks: omp for outside, simd inside
-                blk = 4096
-                nb = _blocks(inner[0], blk)
-                code.writeline("#pragma omp for")
-                code.writeline(f"for (int64_t blk = 0; blk < {nb}; ++blk)")
-                code.writeline("{")
-                code.level += 1
-                code.writeline(f"int64_t lo = blk * {blk}, hi = std::min<int64_t>(lo + {blk}, {_int(inner[0])});")
-                code.writeline(f"#pragma omp simd {pclause}")
-                code.writeline(f"for (int64_t {rv[0]} = lo; {rv[0]} < hi; ++{rv[0]})")
-                code.writeline("{")
-                code.level += 1
-                saved = h.push()
-                body([p for _, p, _, _ in parts])
-                h.pop(saved)
-                code.level -= 2
-                code.writeline("}")
-                code.writeline("}")
-            else:
-                self._loops(inner, rv, True, simd_last=True, reduction=pclause, partial=True,
-                            body=lambda: body([p for _, p, _, _ in parts]))
+            self._blocked(sizes, lvars, [(p, rt, dt, adt) for (_, p, rt, adt), (_, _, _, dt)
+                                         in zip(parts, accs)], body, omp_for=True)
             code.writeline("#pragma omp critical")
             code.writeline("{")
             for (n, acc, rt, dt), (_, p, _, _) in zip(accs, parts):
@@ -920,17 +1002,14 @@ class KernelCodegen:
             code.writeline("}")
             code.level -= 1
             code.writeline("}")
+        elif any(widened[acc] != dt for _, acc, _, dt in accs):
+            self._blocked(sizes, lvars, [(acc, rt, dt, widened[acc]) for _, acc, rt, dt in accs],
+                          body, simd=clause is not None)
         else:
-            simd = clause is not None
-            sizes, lvars, subs = list(stage.inner), rv, {}
-            if simd:
-                c = collect(lambda: [n.reduction_value(xv, rv) for n in stage.nodes], ranges)
-                sizes, lvars, subs = plan_loops(stage.inner, rv, c.exprs)
-            h.subs = {**h.subs, **subs}
-            self._loops(sizes, lvars, False, simd_last=simd, reduction=clause,
+            self._loops(sizes, lvars, False, simd_last=clause is not None, reduction=clause,
                         body=lambda: body([acc for _, acc, _, _ in accs]))
-            for v in subs:
-                h.subs.pop(v, None)
+        for v in subs:
+            h.subs.pop(v, None)
         for n, acc, rt, dt in accs:
             result = CppVal(f"{acc}_i" if rt in ("argmax", "argmin")
                             else _acc_value(acc, widened[acc], dt),
