@@ -601,6 +601,30 @@ def plan_loops(ranges, vars_, exprs, order=None):
     return sizes, out_vars, subs
 
 
+#: tile edge of a layout conversion (see _transposed_dim): a 16 x 16 float tile of the input is
+#: 16 cache lines, so each line a strided load brings in is used 16 times while still in L1
+TILE = 16
+
+
+def _transposed_dim(sizes, lvars, exprs) -> int | None:
+    """The loop (not the innermost one, along which the store is contiguous) along which some
+    load is contiguous while it strides by at least TILE along the innermost one: a layout
+    conversion (NHWC <-> NCHW, a permute). Walked row by row, each of the innermost loop's loads
+    touches another cache line, and a line is reused only one outer iteration later, out of L1
+    once the inner loop is long (NHWC -> NCHW of 8x256x28x28 ran at ~4 ns an element)."""
+    if len(lvars) < 2 or any(is_symbolic(sz) for sz in sizes) or hint(sizes[-1]) < TILE:
+        return None
+    vi = lvars[-1]
+    for e in exprs:
+        c = _coeff(e, vi)
+        if not (isinstance(c, sympy.Integer) and abs(int(c)) >= TILE):
+            continue
+        for d, v in enumerate(lvars[:-1]):
+            if _coeff(e, v) == 1 and hint(sizes[d]) >= TILE:
+                return d
+    return None
+
+
 # --- kernels -------------------------------------------------------------------------------
 
 def loop_var(i):
@@ -658,8 +682,13 @@ class KernelCodegen:
             order = sorted(range(m), key=lambda d: -hint(_coeff(first, xv[d])))
             sizes, lvars, subs = plan_loops(outer, xv, c.exprs, order)
             h.subs = subs
-            self._loops(sizes, lvars, parallel, simd_last=True,
-                        body=lambda: [n.store_pointwise(xv) for n in nodes])
+            d = _transposed_dim(sizes, lvars, [e.xreplace(subs) for e in c.exprs])
+            if d is None:
+                self._loops(sizes, lvars, parallel, simd_last=True,
+                            body=lambda: [n.store_pointwise(xv) for n in nodes])
+            else:
+                self._tiled(sizes, lvars, d, parallel,
+                            body=lambda: [n.store_pointwise(xv) for n in nodes])
             h.subs = {}
         elif self._column_reduction_ok(xv):
             self._column_reduction(xv, parallel)
@@ -887,6 +916,25 @@ class KernelCodegen:
             code.level -= 1
             code.writeline("}")
         h.pop(saved)
+
+    def _tiled(self, sizes, lvars, d, parallel, body):
+        """The loops of a layout conversion in TILE x TILE tiles of dim d and the innermost dim:
+        the other dims and the two tile loops outside (parallel), then dim d and the innermost
+        one (simd) within the tile."""
+        code = self.h.code
+        outer = [i for i in range(len(sizes) - 1) if i != d]
+        blk = [self.h.fresh("blk"), self.h.fresh("blk")]
+        tiled = [(blk[0], sizes[d]), (blk[1], sizes[-1])]
+
+        def tile():
+            spans = []
+            for b, size in tiled:
+                code.writeline(f"int64_t {b}_lo = {b} * {TILE}, "
+                               f"{b}_hi = std::min<int64_t>({b}_lo + {TILE}, {_int(size)});")
+                spans.append(Span(f"{b}_lo", f"{b}_hi", size))
+            self._loops(spans, [lvars[d], lvars[-1]], False, simd_last=True, body=body)
+        self._loops([sizes[i] for i in outer] + [-(-hint(sz) // TILE) for _, sz in tiled],
+                    [lvars[i] for i in outer] + blk, parallel, simd_last=False, body=tile)
 
     def _open_block(self, size, c, pragma=None) -> Span:
         """Open a loop over the blocks of c iterations of a dim of `size` (the caller closes it);

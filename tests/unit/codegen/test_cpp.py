@@ -226,6 +226,28 @@ def test_cascaded_sums_match_eager_end_to_end(tmp_path, monkeypatch):
             assert err <= max(2 * eager_err, 1.2e-7), (err, eager_err)
 
 
+@pytest.mark.parametrize("to_cl", [True, False])
+def test_layout_conversion_is_tiled(tmp_path, monkeypatch, to_cl):
+    """NCHW <-> NHWC (conv graphs' input and output conversions): the load strides along the
+    store's contiguous dim, so the kernel walks 16 x 16 tiles of (C, H*W); tails (37 channels,
+    205 positions) and values match. A same-layout kernel is not tiled."""
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))
+    shape = (2, 37, 5, 41)
+    t = torch.randn(*shape)
+    src_t = t if to_cl else t.to(memory_format=torch.channels_last)
+    dst = torch.empty(shape, memory_format=torch.channels_last if to_cl else torch.contiguous_format)
+    x = InputBuffer("arg0", torch.float32, shape, src_t.stride(), position=0)
+    xl = x.loader()
+    for out_stride, tiled in ((dst.stride(), True), (src_t.stride(), False)):
+        out = ComputedBuffer("buf0", torch.float32, shape, out_stride, body=Pointwise(
+            shape, torch.float32, lambda i: ops.add(ops.mul(xl(i), 2.0), 1.0)))
+        steps, src, fns, sigs = _compile([out], [x])
+        assert ("blk0_lo" in src) == tiled, src
+        res = torch.empty_strided(shape, out_stride)
+        _run(steps, fns, sigs, {"arg0": src_t, "buf0": res})
+        torch.testing.assert_close(res, t * 2 + 1, rtol=0, atol=0)
+
+
 def _window_max_cl(x, n, w, c, other):
     """Channels-last window max: out[i, j, ch] = max(x[i, j-1, ch], x[i, j, ch]), masked at
     the left edge; the mask moves with j, not with the innermost (simd) dim ch."""
