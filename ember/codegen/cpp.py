@@ -356,12 +356,16 @@ class KernelCodegen:
                 continue
             if not c.exprs:
                 return False
-            exprs += [(e, rv[-1]) for e in c.exprs]
+            exprs += [(e, rv[-1], any(e is s for s in c.stores)) for e in c.exprs]
         last = xv[-1]
         # a load that does not move with the outer dim (a per-row mean in LayerNorm's weight
-        # gradient) is one value for the whole block: contiguous along the reduced dim is fine
-        return (all(_coeff(e, rlast) != 1 or _coeff(e, last) == 0 for e, rlast in exprs)
-                and any(_coeff(e, last) == 1 for e, _ in exprs))
+        # gradient) is one value for the whole block: contiguous along the reduced dim is fine.
+        # A store may be (LayerNorm over C of NCHW written channels-last, ConvNeXt's and
+        # EdgeNeXt's permute + LayerNorm): one strided store per element across the lanes, where
+        # the row form gathers each element in every stage (~26 ns an element)
+        return (all(store or _coeff(e, rlast) != 1 or _coeff(e, last) == 0
+                    for e, rlast, store in exprs)
+                and any(_coeff(e, last) == 1 for e, _, _ in exprs))
 
     def _column_reduction(self, xv, parallel):
         k, h = self.kernel, self.h

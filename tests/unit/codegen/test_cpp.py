@@ -143,6 +143,29 @@ def _run(steps, fns, sigs, bufs):
     fns[steps[0].name](*[bufs[a].data_ptr() for a in sigs[steps[0].name]])
 
 
+def test_column_reduction_with_transposed_store(tmp_path, monkeypatch):
+    # LayerNorm over C of an NCHW tensor written channels-last (ConvNeXt's / EdgeNeXt's permute +
+    # LayerNorm): the loads run along W, the store along C. Vectorized across W (blocked form,
+    # strided stores) instead of gathering every element down C in each stage
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))
+    n, c, hw = 2, 24, 70
+    x = InputBuffer("arg0", torch.float32, (n, c, hw), (c * hw, hw, 1), position=0)
+    xl = x.loader()
+    mean = ComputedBuffer("buf0", torch.float32, (n, hw), (hw, 1), body=Reduction(
+        (n, hw), (c,), "sum", torch.float32, torch.float32, lambda i, r: xl([i[0], r[0], i[1]])))
+    ml = mean.loader()
+    out = ComputedBuffer("buf1", torch.float32, (n, hw, c), (hw * c, c, 1), body=Pointwise(
+        (n, hw, c), torch.float32,
+        lambda i: ops.sub(xl([i[0], i[2], i[1]]), ops.mul(ml([i[0], i[1]]), 1.0 / c))))
+    steps, src, fns, sigs = _compile([mean, out], [x])
+    assert len(steps) == 1 and "acc0[" in src, src
+    t = torch.randn(n, c, hw)
+    res = torch.empty(n, hw, c)
+    _run(steps, fns, sigs, {"arg0": t, "buf1": res})
+    torch.testing.assert_close(res, (t - t.mean(1, keepdim=True)).permute(0, 2, 1),
+                               atol=1e-6, rtol=1e-6)
+
+
 def test_long_float_sums_are_cascaded(tmp_path, monkeypatch):
     # BatchNorm statistics: 100k elements per channel, along rows (NCHW) and down columns (NHWC).
     # A float accumulator drifts by ~sqrt(n) ulps (1e-5 relative here, 20x eager's error on
