@@ -209,9 +209,10 @@ def plan_loops(ranges, vars_, exprs, order=None):
     return sizes, out_vars, subs
 
 
-#: tile edge of a layout conversion (see _transposed_dim): a 16 x 16 float tile of the input is
-#: 16 cache lines, so each line a strided load brings in is used 16 times while still in L1
-TILE = 16
+#: tile edge of a layout conversion (see _transposed_dim): a 32 x 32 float tile of the input is
+#: 64 cache lines, each reused from L1 while the tile is walked (benchmarks/kernel_ab.py: 32
+#: beat 16 and 64 on NCHW <-> NHWC of 8x128x28x28, 8x256x28x28 and 8x144x56x56)
+TILE = 32
 
 
 def _transposed_dim(sizes, lvars, exprs) -> int | None:

@@ -252,7 +252,7 @@ def test_cascaded_sums_match_eager_end_to_end(tmp_path, monkeypatch):
 @pytest.mark.parametrize("to_cl", [True, False])
 def test_layout_conversion_is_tiled(tmp_path, monkeypatch, to_cl):
     """NCHW <-> NHWC (conv graphs' input and output conversions): the load strides along the
-    store's contiguous dim, so the kernel walks 16 x 16 tiles of (C, H*W); tails (37 channels,
+    store's contiguous dim, so the kernel walks TILE x TILE tiles of (C, H*W); tails (37 channels,
     205 positions) and values match. A same-layout kernel is not tiled."""
     monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))
     shape = (2, 37, 5, 41)
