@@ -114,6 +114,8 @@ simple("layernorm_chw", lambda m, x: F.layer_norm(x, x.shape[1:], m.w, m.b), lam
        params=lambda s: {"w": torch.randn(32, S(56, s), S(56, s)), "b": torch.randn(32, S(56, s), S(56, s))})
 simple("layernorm2d_permute", lambda m, x: m.ln(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2),
        lambda s: [img(s)], mods=lambda s: {"ln": nn.LayerNorm(64)})
+simple("layernorm_permute_to_nhwc", lambda m, x: m.ln(x.permute(0, 2, 3, 1)),   # ConvNeXt/EdgeNeXt
+       lambda s: [img(s)], mods=lambda s: {"ln": nn.LayerNorm(64)})               # block before its MLP
 
 
 def _ln2d_manual(m, x):  # ConvNeXt's LayerNorm2d: a reduction over the channel (non-last) dim

@@ -29,7 +29,7 @@ import math
 import torch
 
 from ..errors import Unsupported
-from .cpp import ctype, literal
+from .cpp_handler import ctype, literal
 from .cpp_prelude import PRELUDE
 
 aten = torch.ops.aten
