@@ -512,18 +512,21 @@ def var_mean(ctx, node, x, dims=None, *, correction=None, keepdim=False):
             return lx(at0) if n > 0 else ops.constant(0.0, cd)   # an empty slice has none
         nonempty = ops.gt(ops.index_expr(n, torch.int64), ops.constant(0, torch.int64))
         return ops.masked(nonempty, lambda: lx(at0), 0.0)
-    # the mean of the data shifted by c (c + sum(x - c) / n): n equal values give exactly
-    # c and a variance of exactly 0, as eager's Welford does (sum(x) / n rounds, and a
-    # std of 3e-8 flipped a `std > 0` test), and a mean far from 0 cancels fewer digits
-    s = reduce(ctx, Pending(Pointwise(x.size, dtype, lambda i: ops.sub(lx(i), first(i)))), d,
-               True, "sum", dtype)
+    # the data shifted by c, y = x - c: mean c + sum(y) / n, variance sum((y - sum(y)/n)^2)/n'.
+    # n equal values give exactly c and exactly 0, as eager's Welford does (sum(x) / n rounds,
+    # and a std of 3e-8 flipped a `std > 0` test), and a mean far from 0 cancels fewer digits.
+    # (Triton's find_welford matches the two sums in this form: the second reads the first's y.)
+    def shifted(index):
+        return ops.sub(lx(index), first(index))
+    s = reduce(ctx, Pending(Pointwise(x.size, dtype, shifted)), d, True, "sum", dtype)
     ksize = s.size
-    shift = _scale(s.loader(), 1.0 / n if n else float("nan"), cd)
-    mean_k = Pending(Pointwise(ksize, dtype, lambda i: ops.add(first(i), shift(i))))
-    lm = broadcast_loader(mean_k, x.size, cd)
+    shift_k = Pending(Pointwise(ksize, dtype,
+                                _scale(s.loader(), 1.0 / n if n else float("nan"), cd)))
+    mean_k = Pending(Pointwise(ksize, dtype, lambda i: ops.add(first(i), shift_k.loader()(i))))
+    lsh = broadcast_loader(shift_k, x.size, cd)
 
     def sq(index):
-        diff = ops.sub(lx(index), lm(index))
+        diff = ops.sub(shifted(index), lsh(index))
         return ops.mul(diff, diff)
     sq_val = Pending(Pointwise(x.size, dtype, sq))
     ss = reduce(ctx, sq_val, d, True, "sum", dtype)

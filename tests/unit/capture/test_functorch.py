@@ -58,6 +58,7 @@ def dynamo_counts(fn, *args) -> tuple[int, int]:
     """torch.compile's (graphs, breaks) for the same call: the peer."""
     from torch._dynamo.testing import CompileCounter
     torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()     # process-wide: earlier tests' breaks count too
     cnt = CompileCounter()
     torch.compile(fn, backend=cnt)(*args)
     return cnt.frame_count, torch._dynamo.utils.counters["graph_break"].total()
