@@ -31,6 +31,7 @@ import torch
 import torch.fx as fx
 
 from ._util import canonical_dim, canonical_dims, promote, to
+from . import shapes
 from .registry import DECOMPS
 
 aten = torch.ops.aten
@@ -63,6 +64,11 @@ def table() -> dict:
     """The decomposition table for the re-trace: complex rules first, then the real ones (the
     real ops a rule emits decompose to PRIMS as usual)."""
     out = dict(DECOMPS)
+    for op, fn in DECOMPS.items():
+        if fn.decomposition.__module__ == shapes.__name__:
+            # data movement (stack, repeat, flip, roll, tril, ...): written for any dtype, its
+            # views and copies land on the rules below
+            out[op] = fn.decomposition
     for op, fn in COMPLEX.items():
         real = DECOMPS.get(op)
         out[op] = fn if real is None else _first(fn, real)
@@ -339,7 +345,7 @@ def neg(z):
     return _join(_neg(re), _neg(im), z.shape, re.dtype, z.device)
 
 
-@rule(aten._conj.default, aten.conj_physical.default)
+@rule(aten._conj.default, aten.conj_physical.default, aten._conj_physical.default)
 def conj(z):
     re, im = _parts(z, _real_dtype(z.dtype))
     return _join(re, _neg(im), z.shape, re.dtype, z.device)
@@ -454,6 +460,39 @@ COMPLEX[aten._neg_view.default] = _real_operands_rule(
 COMPLEX[aten.complex.default] = _real_operands_rule(complex_)
 
 
+def _compare(a, b, eq):
+    out = result_dtype(a, b)
+    if not out.is_complex:
+        raise _Decline("real compare")
+    rd = _real_dtype(out)
+    (ar, ai), (br, bi) = _parts(a, rd), _parts(b, rd)
+    dev = _device(a, b)
+
+    def side(x, y):
+        x = 0.0 if x is None else x
+        y = 0.0 if y is None else y
+        if not isinstance(x, torch.Tensor):
+            x, y = y, x
+        if not isinstance(x, torch.Tensor):
+            x = aten.full.default([], x, dtype=rd, device=dev)
+        return (aten.eq.Tensor if eq else aten.ne.Tensor)(x, y) if isinstance(y, torch.Tensor) \
+            else (aten.eq.Scalar if eq else aten.ne.Scalar)(x, y)
+    both = aten.bitwise_and.Tensor if eq else aten.bitwise_or.Tensor
+    out = both(side(ar, br), side(ai, bi))
+    shape = _shape(a, b)
+    return out if tuple(out.shape) == shape else aten.expand.default(out, list(shape))
+
+
+@rule(aten.eq.Tensor, aten.eq.Scalar)
+def eq(a, b):
+    return _compare(a, b, True)
+
+
+@rule(aten.ne.Tensor, aten.ne.Scalar)
+def ne(a, b):
+    return _compare(a, b, False)
+
+
 @rule(aten.where.self)
 def where(cond, a, b):
     rd, ar, ai, br, bi = _binary(a, b)
@@ -515,6 +554,8 @@ def _creation(size, value, dtype, device, stride=None):
 
 @rule(aten.full.default)
 def full(size, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None):
+    if dtype is None and isinstance(fill_value, complex):
+        dtype = result_dtype(fill_value)
     if dtype is None or not dtype.is_complex:
         raise _Decline("real full")
     return _creation(size, fill_value, dtype, device)
@@ -663,3 +704,45 @@ def keep_layout(t: torch.Tensor, meta: torch.Tensor) -> torch.Tensor:
     dst = aten.empty_strided.default(list(meta.shape) + [2], [2 * s for s in meta.stride()] + [1],
                                      dtype=rd, device=t.device)
     return _complex(aten.copy.default(dst, _pair(t)))
+
+
+# --------------------------------------------------------------------------- data movement
+# the same op on the pair: index lists and pads never reach its trailing (re, im) dim
+
+@rule(aten.constant_pad_nd.default)
+def constant_pad_nd(z, pad, value=0):
+    if value != 0:
+        raise _Decline("a nonzero pad value")
+    return _view(aten.constant_pad_nd.default, z, [0, 0] + list(pad), 0.0)
+
+
+@rule(aten.index.Tensor)
+def index(z, indices):
+    if not z.is_complex():
+        raise _Decline("real values")
+    return _view(aten.index.Tensor, z, list(indices))
+
+
+@rule(aten.slice_scatter.default)
+def slice_scatter(z, src, dim=0, start=None, end=None, step=1):
+    rd = _real_dtype(z.dtype)
+    return _view(aten.slice_scatter.default, z, _pair(_as(src, rd)), canonical_dim(dim, z.dim()),
+                 start, end, step)
+
+
+@rule(aten.select_scatter.default)
+def select_scatter(z, src, dim, index):
+    rd = _real_dtype(z.dtype)
+    return _view(aten.select_scatter.default, z, _pair(_as(src, rd)),
+                 canonical_dim(dim, z.dim()), index)
+
+
+def _as(x, rd):
+    """x as a complex tensor of real dtype rd's complex type."""
+    if x.is_complex() and x.dtype == _COMPLEX[rd]:
+        return x
+    re, im = _parts(x, rd)
+    return _join(re, im, x.shape, rd, x.device)
+
+
+_COMPLEX = {v: k for k, v in _REAL.items()}
