@@ -29,6 +29,7 @@ from .common import CTYPE, IndentedBuffer, index_printer
 from .cpp_prelude import PRELUDE
 
 PARALLEL_MIN_WORK = 32768
+UNROLL = 2      # a pointwise kernel's innermost dim at most this long is unrolled (a pair)
 
 
 # --- index printing ------------------------------------------------------------------------
@@ -624,8 +625,21 @@ class KernelCodegen:
             order = sorted(range(m), key=lambda d: -hint(_coeff(first, xv[d])))
             sizes, lvars, subs = plan_loops(outer, xv, c.exprs, order)
             h.subs = subs
-            self._loops(sizes, lvars, parallel, simd_last=True,
-                        body=lambda: [n.store_pointwise(xv) for n in nodes])
+            if len(sizes) > 1 and not is_symbolic(sizes[-1]) and 1 < int(sizes[-1]) <= UNROLL:
+                # an innermost dim of 2 (the (re, im) pair of a complex value, decomp/complex.py)
+                # is unrolled, so the simd loop runs over the dim above it: g++ vectorizes the
+                # stride-2 loads and stores as interleaved groups, not a 2-lane loop (RoPE's
+                # complex multiply ran 3x slower than eager's)
+                def body():
+                    for k in range(int(sizes[-1])):
+                        h.subs = {**subs, lvars[-1]: sympy.Integer(k)}
+                        for n in nodes:
+                            n.store_pointwise(xv)
+                    h.subs = subs
+                self._loops(sizes[:-1], lvars[:-1], parallel, simd_last=True, body=body)
+            else:
+                self._loops(sizes, lvars, parallel, simd_last=True,
+                            body=lambda: [n.store_pointwise(xv) for n in nodes])
             h.subs = {}
         elif self._column_reduction_ok(xv):
             self._column_reduction(xv, parallel)

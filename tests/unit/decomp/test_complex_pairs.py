@@ -2,11 +2,18 @@
 kernel backend vs eager (complex64 and complex128, broadcasting, Python and 0-dim operands),
 the count of externs left (only the free view_as_real/view_as_complex at the graph's edges),
 grads through complex math vs eager, conjugate views, and an FFT that stays an extern."""
+import re
+
 import pytest
 import torch
 
 import ember
-from ember.backends.ember import STATS
+from ember.aot import trace_aten
+from ember.backends.ember import STATS, _complex_as_real_pairs
+from ember.codegen.cpp import generate_tu
+from ember.decomp import get_decompositions
+from ember.lower.lowering import GraphLowering
+from ember.schedule import schedule
 from tests.unit.lower.helpers import compile_fn
 
 EDGE_VIEWS = {"aten.view_as_real.default", "aten.view_as_complex.default"}
@@ -194,3 +201,16 @@ def test_complex_matmul_stays_extern():
     a, b = cplx(3, 4), cplx(4, 5)
     stats = check(lambda a, b: (a @ b) * 2 + a.sum(), a, b)
     assert "aten.mm.default" in stats["fallbacks"] or stats["externs"] >= 1, stats
+
+
+def test_pair_kernel_vectorizes_over_the_dim_above_the_pair():
+    """The re/im results of a complex multiply are stored by ONE kernel whose simd loop runs
+    over the complex elements (the pair dim unrolled), not a 2-lane loop per element."""
+    a, b = cplx(8, 64), cplx(8, 64)
+    gm = trace_aten(lambda a, b: a * b, (a, b), decompositions=get_decompositions())
+    g = GraphLowering(_complex_as_real_pairs(gm, [a, b]), [a, b]).run()
+    plan = schedule(g)
+    src, _ = generate_tu(plan.kernels, plan.deps, plan.buffers)
+    assert len(plan.kernels) == 1
+    simd = re.findall(r"#pragma omp[^\n]*simd[^\n]*\n\s*for \(int64_t (v\d+) = 0; \1 < (\d+);", src)
+    assert simd and all(int(n) > 2 for _, n in simd), src
