@@ -164,10 +164,12 @@ def _complex_as_real_pairs(gm, example_inputs):
     phs = list(gm.graph.find_nodes(op="placeholder"))
     outs = list(gm.graph.find_nodes(op="output"))[0].args[0]
     metas = [o.meta.get("val") if isinstance(o, torch.fx.Node) else None for o in outs]
-    if not real_pairs.has_complex(gm) or len(phs) != len(example_inputs) or any(
-            not isinstance(x, torch.Tensor) or shapes.is_symbolic(x) for x in example_inputs) or \
-            any(not isinstance(m, torch.Tensor) for m in metas):
+    if not real_pairs.has_complex(gm) or len(phs) != len(example_inputs) or \
+            not all(isinstance(v, torch.Tensor) for v in list(example_inputs) + metas):
         return gm
+    vals = [n.meta.get("val") for n in phs] + metas + list(example_inputs)
+    if any(isinstance(v, torch.Tensor) and shapes.is_symbolic(v) for v in vals):
+        return gm       # dynamic shapes: re-traced on example sizes it would specialize them
 
     def program(*args):
         return tuple(real_pairs.keep_layout(o, m) for o, m in zip(gm(*args), metas))

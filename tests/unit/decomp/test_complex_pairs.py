@@ -214,3 +214,22 @@ def test_pair_kernel_vectorizes_over_the_dim_above_the_pair():
     assert len(plan.kernels) == 1
     simd = re.findall(r"#pragma omp[^\n]*simd[^\n]*\n\s*for \(int64_t (v\d+) = 0; \1 < (\d+);", src)
     assert simd and all(int(n) > 2 for _, n in simd), src
+
+
+def test_dynamo_capture_and_dynamic_shapes():
+    """Through torch.compile(backend=ember.backend) the complex math compiles too; with
+    dynamic shapes the graph is not re-traced (that would specialize its sizes) and its complex
+    ops stay externs, values equal either way."""
+    def fn(x, f):
+        xc = torch.view_as_complex(x.reshape(*x.shape[:-1], -1, 2))
+        return torch.view_as_real(xc * f).flatten(-2) * 2
+    f = torch.polar(torch.ones(8), torch.randn(8))
+    STATS.clear()
+    c = torch.compile(fn, backend=ember.backend)
+    x = real(3, 16)
+    torch.testing.assert_close(c(x, f), fn(x, f))
+    compiled_math(STATS[-1])
+    d = ember.compile(fn, dynamic=True)
+    for n in (3, 5):
+        x = real(n, 16)
+        torch.testing.assert_close(d(x, f), fn(x, f))
