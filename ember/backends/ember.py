@@ -173,8 +173,13 @@ def _complex_as_real_pairs(gm, example_inputs):
 
     def program(*args):
         return tuple(real_pairs.keep_layout(o, m) for o, m in zip(gm(*args), metas))
-    with torch.no_grad():
-        work = trace_aten(program, list(example_inputs), decompositions=real_pairs.table())
+    try:
+        with torch.no_grad():
+            work = trace_aten(program, list(example_inputs), decompositions=real_pairs.table())
+    except Exception as exc:  # noqa: BLE001 - the fallback policy
+        # loud (raises under EMBER_STRICT=1); the graph keeps its complex ops as aten externs
+        fall_back("ember", exc, "its complex ops as aten externs (not kernels)")
+        return gm
     if work.meta["constants"] or work.meta["mutated_inputs"]:
         return gm
     return real_pairs.fold_pairs(work)
