@@ -38,6 +38,7 @@ aten = torch.ops.aten
 COMPLEX: dict = {}
 _PAIR_VIEWS = (aten.view_as_real.default, aten.view_as_complex.default)
 _REAL = {torch.complex64: torch.float32, torch.complex128: torch.float64}
+_COMPLEX = {v: k for k, v in _REAL.items()}
 
 
 class _Decline(Exception):
@@ -114,6 +115,22 @@ def fold_pairs(gm: fx.GraphModule) -> fx.GraphModule:
     return gm
 
 
+def keep_layout(t: torch.Tensor, meta: torch.Tensor) -> torch.Tensor:
+    """t (a re-traced graph output) stored with the strides of `meta` (the output as the graph
+    first had it, which the runtime and the next graph were traced with): a real pair result
+    is dense, a complex output of a permuted value was not."""
+    same = all(a == b for n, a, b in zip(t.shape, t.stride(), meta.stride()) if n != 1)
+    if same or t.shape != meta.shape or t.is_complex() and t.dtype not in _REAL:
+        return t
+    if not t.is_complex():
+        return aten.copy.default(aten.empty_strided.default(
+            list(meta.shape), list(meta.stride()), dtype=t.dtype, device=t.device), t)
+    rd = _real_dtype(t.dtype)
+    dst = aten.empty_strided.default(list(meta.shape) + [2], [2 * s for s in meta.stride()] + [1],
+                                     dtype=rd, device=t.device)
+    return _complex(aten.copy.default(dst, _pair(t)))
+
+
 # ---------------------------------------------------------------------- operands and results
 
 def _involves_complex(args, kwargs) -> bool:
@@ -180,6 +197,14 @@ def _join(re, im, shape, rd, device) -> torch.Tensor:
     # the pair (an output, a view of z, an op without a rule) and is removed otherwise
     z._ember_parts = (re, im)
     return z
+
+
+def _as(x, rd):
+    """x as a complex tensor of real dtype rd's complex type."""
+    if x.is_complex() and x.dtype == _COMPLEX[rd]:
+        return x
+    re, im = _parts(x, rd)
+    return _join(re, im, x.shape, rd, x.device)
 
 
 def _shape(*xs):
@@ -497,12 +522,12 @@ def ne(a, b):
 def where(cond, a, b):
     rd, ar, ai, br, bi = _binary(a, b)
     dev = _device(a, b)
-    def full(v):
-        return aten.full.default([], 0.0 if v is None else v, dtype=rd, device=dev) \
-            if not isinstance(v, torch.Tensor) else v
-    shape = _shape(cond, a, b)
-    return _join(aten.where.self(cond, full(ar), full(br)), aten.where.self(cond, full(ai), full(bi)),
-                 shape, rd, dev)
+
+    def tensor(v):
+        return v if isinstance(v, torch.Tensor) else \
+            aten.full.default([], 0.0 if v is None else v, dtype=rd, device=dev)
+    return _join(aten.where.self(cond, tensor(ar), tensor(br)),
+                 aten.where.self(cond, tensor(ai), tensor(bi)), _shape(cond, a, b), rd, dev)
 
 
 # --------------------------------------------------------------------------------- reductions
@@ -691,21 +716,6 @@ def cat(tensors, dim=0):
     return _complex(aten.cat.default(pairs, canonical_dim(dim, tensors[0].dim())))
 
 
-def keep_layout(t: torch.Tensor, meta: torch.Tensor) -> torch.Tensor:
-    """t (a re-traced graph output) stored with the strides of `meta` (the output as the graph
-    first had it, which the runtime and the next graph were traced with): a real pair result
-    is dense, a complex output of a permuted value was not."""
-    if tuple(t.stride()) == tuple(meta.stride()) or t.shape != meta.shape:
-        return t
-    if not t.is_complex():
-        return aten.copy.default(aten.empty_strided.default(
-            list(meta.shape), list(meta.stride()), dtype=t.dtype, device=t.device), t)
-    rd = _real_dtype(t.dtype)
-    dst = aten.empty_strided.default(list(meta.shape) + [2], [2 * s for s in meta.stride()] + [1],
-                                     dtype=rd, device=t.device)
-    return _complex(aten.copy.default(dst, _pair(t)))
-
-
 # --------------------------------------------------------------------------- data movement
 # the same op on the pair: index lists and pads never reach its trailing (re, im) dim
 
@@ -735,14 +745,3 @@ def select_scatter(z, src, dim, index):
     rd = _real_dtype(z.dtype)
     return _view(aten.select_scatter.default, z, _pair(_as(src, rd)),
                  canonical_dim(dim, z.dim()), index)
-
-
-def _as(x, rd):
-    """x as a complex tensor of real dtype rd's complex type."""
-    if x.is_complex() and x.dtype == _COMPLEX[rd]:
-        return x
-    re, im = _parts(x, rd)
-    return _join(re, im, x.shape, rd, x.device)
-
-
-_COMPLEX = {v: k for k, v in _REAL.items()}
