@@ -251,7 +251,10 @@ def result_dtype(*xs) -> torch.dtype:
                           else torch.complex64)
         else:
             continue
-        tiers[tier] = d if tiers[tier] is None else promote(tiers[tier], d)
+        try:
+            tiers[tier] = d if tiers[tier] is None else promote(tiers[tier], d)
+        except KeyError:            # complex32, uint16, float8: not in the promotion table
+            raise _Decline(d) from None
     return _combine(tiers[0], _combine(tiers[1], tiers[2]))
 
 

@@ -233,3 +233,10 @@ def test_dynamo_capture_and_dynamic_shapes():
     for n in (3, 5):
         x = real(n, 16)
         torch.testing.assert_close(d(x, f), fn(x, f))
+
+
+def test_complex32_stays_extern():
+    """complex32 has no real-pair rule (and no promotion entry): its ops stay aten externs."""
+    a = torch.randn(8, dtype=torch.complex64).to(torch.complex32)
+    stats = check(lambda a: a + a, a, tol=1e-3)
+    assert "aten.add.Tensor" in stats["fallbacks"], stats
