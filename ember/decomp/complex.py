@@ -156,7 +156,10 @@ def _pair(z: torch.Tensor) -> torch.Tensor:
     if z.is_conj() or z.is_neg():
         raise _Decline("conjugate or negative bit")
     _real_dtype(z.dtype)
-    return aten.view_as_real.default(z)
+    r = getattr(z, "_ember_pair", None)
+    if r is None:               # one view per complex value (the graph is functional)
+        r = z._ember_pair = aten.view_as_real.default(z)
+    return r
 
 
 def _complex(r: torch.Tensor) -> torch.Tensor:
