@@ -175,7 +175,8 @@ def _complex_as_real_pairs(gm, example_inputs):
         return tuple(real_pairs.keep_layout(o, m) for o, m in zip(gm(*args), metas))
     try:
         with torch.no_grad():
-            work = trace_aten(program, list(example_inputs), decompositions=real_pairs.table())
+            work = trace_aten(program, list(example_inputs), decompositions=real_pairs.table(),
+                              device=gm.meta.get("device"))
     except Exception as exc:  # noqa: BLE001 - the fallback policy
         # loud (raises under EMBER_STRICT=1); the graph keeps its complex ops as aten externs
         fall_back("ember", exc, "its complex ops as aten externs (not kernels)")

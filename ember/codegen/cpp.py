@@ -235,7 +235,7 @@ class CppHandler:
             return self.emit(f"{name}_row[{self.idx(self.simple(index).xreplace(self.row_subs))}]",
                              compute_dtype(self.buffers[name].dtype))
         if self.load_mask:
-            idx = self._clamped(name, self.simple(index), idx)
+            idx = self._clamped(name, self.simple(index).xreplace(self.subs), idx)
         if name in self.local:
             raise AssertionError(f"local buffer {name} read before it is written")
         dt = self.buffers[name].dtype
@@ -568,6 +568,20 @@ def plan_loops(ranges, vars_, exprs, order=None):
     return sizes, out_vars, subs
 
 
+def _drop_simd_over_masked_ifs(lines, start):
+    """g++ 12 miscompiles `#pragma omp simd` over a loop whose body loads the two halves of a
+    stride-2 group under `if (mask)` (constant_pad_nd of pairs: valid elements came out 0):
+    an unrolled pair loop with an `if`-form masked load loses its simd pragma (the branch-free
+    clamped form, which the unrolled loads normally take, is vectorized correctly)."""
+    body = lines[start:]
+    if not any(line.lstrip().startswith("if (") for line in body):
+        return
+    for i, line in enumerate(body, start):
+        if line.lstrip().startswith("#pragma omp") and "simd" in line:
+            kept = line.replace(" simd", "")
+            lines[i] = kept if kept.strip() != "#pragma omp" else ""
+
+
 def split_pair(outer, xv, exprs_of):
     """A loop dim whose indices read it only as v // 2 and v % 2 (a pointwise op on the
     flattened view of (..., n, 2) pairs: LLaMA's `view_as_real(x).flatten(3).type_as(q)`) is
@@ -668,7 +682,9 @@ class KernelCodegen:
                         for n in nodes:
                             n.store_pointwise(point)
                     h.subs = subs
+                start = len(code.lines)
                 self._loops(sizes[:-1], lvars[:-1], parallel, simd_last=True, body=body)
+                _drop_simd_over_masked_ifs(code.lines, start)
             else:
                 self._loops(sizes, lvars, parallel, simd_last=True,
                             body=lambda: [n.store_pointwise(point) for n in nodes])

@@ -45,3 +45,30 @@ def test_odd_or_unsplittable_dims_keep_their_loops():
     x = torch.randn(4, 30)
     check(lambda x: torch.stack([x.view(4, 10, 3)[..., 0] * 2, x.view(4, 10, 3)[..., 1]], -1)
           .flatten(-2) + 1, x)
+
+
+def test_flattened_pairs_of_an_empty_dim():
+    # the view's index is a ModularIndexing by a size-0 extent (index simplification divided
+    # by it: ZeroDivisionError inside ember)
+    x = torch.randn(1, 0, 3, 2)
+    check(lambda x: torch.stack([x[..., 0] * 2, x[..., 1]], -1).flatten(-2) + 1, x)
+
+
+def test_padded_pairs_values():
+    """constant_pad_nd of (..., 2) pairs: the unrolled pair's masked loads were emitted as
+    `if (mask)` loads under `omp simd`, which g++ 12 miscompiled (valid elements came out 0):
+    a silent wrong value. Their mask is now applied branch-free."""
+    x = torch.arange(18.).view(1, 3, 3, 2)
+    check(lambda x: torch.constant_pad_nd(x, [0, 0, 2, 2], 0.0) * 1, x)
+    z = torch.randn(1, 3, 3, dtype=torch.complex64)
+    check(lambda z: torch.nn.functional.pad(z, (2, 2)) * 2, z)
+
+
+def test_masked_if_loses_the_simd_pragma():
+    from ember.codegen.cpp import _drop_simd_over_masked_ifs
+    lines = ["x", "#pragma omp simd", "for (...)", "{", "if (tmp3) {", "}", "}"]
+    _drop_simd_over_masked_ifs(lines, 1)
+    assert not any("simd" in line for line in lines)
+    lines = ["#pragma omp parallel for simd", "for (...)", "{", "a = b;", "}"]
+    _drop_simd_over_masked_ifs(lines, 0)
+    assert lines[0] == "#pragma omp parallel for simd"
