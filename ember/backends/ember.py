@@ -235,7 +235,7 @@ class _Compiled:
                 if isinstance(n.meta.get("val"), torch.Tensor) and n.meta["val"].is_complex()]
         if cplx:
             # the kernels read complex inputs as real pairs (view_as_real), which a conjugate
-            # view (z.conj() passed in) does not have: such an input is resolved first
+            # or negative view (z.conj() passed in) does not have: such an input is resolved
             run = grad_free(lambda args: self.call(_resolve_conj(args, cplx)))
         else:
             run = grad_free(lambda args: self.call(args))   # self.call changes after the first
@@ -245,11 +245,11 @@ class _Compiled:
 
 
 def _resolve_conj(args, positions):
-    if not any(args[i].is_conj() for i in positions):
+    if not any(args[i].is_conj() or args[i].is_neg() for i in positions):
         return args
     args = list(args)
     for i in positions:
-        args[i] = args[i].resolve_conj()
+        args[i] = args[i].resolve_conj().resolve_neg()
     return args
 
 
