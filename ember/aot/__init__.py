@@ -34,15 +34,16 @@ def _module(graph: fx.Graph, device: torch.device, name: str) -> fx.GraphModule:
     return gm
 
 
-def trace_aten(fn, args, decompositions=None) -> fx.GraphModule:
+def trace_aten(fn, args, decompositions=None, device=None) -> fx.GraphModule:
     """Trace `fn(*args)` to a functional aten graph (inference, no grad).
 
     Placeholders are `args` (then lifted constants, listed in gm.meta["constants"]); the output
     tuple is fn's flattened tensor outputs followed by the new values of mutated inputs
-    (gm.meta["mutated_inputs"] lists their positions).
+    (gm.meta["mutated_inputs"] lists their positions). `device`: the graph's device when `args`
+    do not tell it (meta tensors).
     """
     traced = trace_program(fn, specs_of(args), decompositions=decompositions,
-                           device=graph_device(args), joint=False, plan_aliases=False)
+                           device=device or graph_device(args), joint=False, plan_aliases=False)
     gm = _module(traced.graph, traced.device, "EmberAten")
     gm.meta["constants"] = traced.constants
     gm.meta["mutated_inputs"] = traced.mutated

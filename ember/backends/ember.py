@@ -23,12 +23,12 @@ import torch
 
 from .. import counters, debug, shapes
 from ..errors import Unsupported
-from ..aot import aot_compile
+from ..aot import aot_compile, trace_aten
 from ..codegen import triton_launch
 from ..codegen.cpp import generate_tu
 from ..codegen.wrapper import WrapperCodegen, grad_free
 from ..fallback import fall_back, stage
-from ..decomp import get_decompositions
+from ..decomp import complex as real_pairs, get_decompositions
 from ..logging import get_logger
 from ..loopir.index import size_hints
 from ..loopir.printer import plan_summary, print_lowered, print_plan
@@ -111,14 +111,19 @@ def compile_aten_graph(gm, example_inputs, *, options=None):
     with size_hints(env.hints if env is not None else {}), debug.graph_scope():
         t0 = time.perf_counter()
         use_triton = triton_launch.selected(gm, example_inputs, options)  # raises on mixed devices
-        key = None if use_triton else graph_cache.graph_key(gm, options)
+        with stage("decomp"):
+            work = _complex_as_real_pairs(gm, example_inputs)
+        key = None if use_triton else graph_cache.graph_key(work, options)
         entry = graph_cache.load(key) if key else None
         if entry is not None:
             return _from_graph_cache(entry, gm)
         debug.dump("aot", gm.code, summary=f"the aten graph given to the kernel backend, "
                                           f"{len(gm.graph.nodes)} nodes", of=gm)
+        if work is not gm:
+            debug.dump("real_pairs", work.code, summary=f"complex values as real pairs "
+                       f"(decomp/complex.py), {len(work.graph.nodes)} nodes", of=work)
         with stage("lower"):
-            g = GraphLowering(gm, example_inputs).run()
+            g = GraphLowering(work, example_inputs).run()
         if debug.active():
             debug.dump("lower", print_lowered(g.inputs, g.nodes, g.outputs), summary=None)
         with stage("schedule"):
@@ -151,6 +156,34 @@ def compile_aten_graph(gm, example_inputs, *, options=None):
         perf_log.info("graph %d: %s, fallbacks %s, lowered in %.3fs", stats["graph"],
                       plan_summary(plan), list(plan.fallbacks), time.perf_counter() - t0)
         return _Compiled(wsrc, wrapper.globals, future, sigs, stats, gm).entry()
+
+
+def _complex_as_real_pairs(gm, example_inputs):
+    """A graph holding complex values, re-traced with decomp/complex.py's rules: complex math
+    on real (..., 2) pairs, so it becomes kernels. Outputs keep their layouts."""
+    phs = list(gm.graph.find_nodes(op="placeholder"))
+    outs = list(gm.graph.find_nodes(op="output"))[0].args[0]
+    metas = [o.meta.get("val") if isinstance(o, torch.fx.Node) else None for o in outs]
+    if not real_pairs.has_complex(gm) or len(phs) != len(example_inputs) or \
+            not all(isinstance(v, torch.Tensor) for v in list(example_inputs) + metas):
+        return gm
+    vals = [n.meta.get("val") for n in phs] + metas + list(example_inputs)
+    if any(isinstance(v, torch.Tensor) and shapes.is_symbolic(v) for v in vals):
+        return gm       # dynamic shapes: re-traced on example sizes it would specialize them
+
+    def program(*args):
+        return tuple(real_pairs.keep_layout(o, m) for o, m in zip(gm(*args), metas))
+    try:
+        with torch.no_grad():
+            work = trace_aten(program, list(example_inputs), decompositions=real_pairs.table(),
+                              device=gm.meta.get("device"))
+    except Exception as exc:  # noqa: BLE001 - the fallback policy
+        # loud (raises under EMBER_STRICT=1); the graph keeps its complex ops as aten externs
+        fall_back("ember", exc, "its complex ops as aten externs (not kernels)")
+        return gm
+    if work.meta["constants"] or work.meta["mutated_inputs"]:
+        return gm
+    return real_pairs.fold_pairs(work)
 
 
 def _from_graph_cache(entry, gm):
@@ -198,10 +231,26 @@ class _Compiled:
         return tuple(out) if isinstance(out, (list, tuple)) else (out,)
 
     def entry(self):
-        run = grad_free(lambda args: self.call(args))   # self.call changes after the first call
+        cplx = [i for i, n in enumerate(self.gm.graph.find_nodes(op="placeholder"))
+                if isinstance(n.meta.get("val"), torch.Tensor) and n.meta["val"].is_complex()]
+        if cplx:
+            # the kernels read complex inputs as real pairs (view_as_real), which a conjugate
+            # or negative view (z.conj() passed in) does not have: such an input is resolved
+            run = grad_free(lambda args: self.call(_resolve_conj(args, cplx)))
+        else:
+            run = grad_free(lambda args: self.call(args))   # self.call changes after the first
         run.ember_stats = self.stats
         run.ember_wrapper = self.wsrc
         return run
+
+
+def _resolve_conj(args, positions):
+    if not any(args[i].is_conj() or args[i].is_neg() for i in positions):
+        return args
+    args = list(args)
+    for i in positions:
+        args[i] = args[i].resolve_conj().resolve_neg()
+    return args
 
 
 def _report(gid, plan, source, wsrc):

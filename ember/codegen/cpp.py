@@ -24,6 +24,7 @@ from .cpp_handler import CHECKED, CppHandler, CppVal, _blocks, _int, cexpr, ctyp
 from .cpp_prelude import PRELUDE
 
 PARALLEL_MIN_WORK = 32768
+UNROLL = 2      # a pointwise kernel's innermost dim at most this long is unrolled (a pair)
 
 
 # --- reductions ----------------------------------------------------------------------------
@@ -231,6 +232,46 @@ def _transposed_dim(sizes, lvars, exprs) -> int | None:
         for d, v in enumerate(lvars[:-1]):
             if _coeff(e, v) == 1 and hint(sizes[d]) >= TILE:
                 return d
+
+
+def _drop_simd_over_masked_ifs(lines, start):
+    """g++ 12 miscompiles `#pragma omp simd` over a loop whose body loads the two halves of a
+    stride-2 group under `if (mask)` (constant_pad_nd of pairs: valid elements came out 0):
+    an unrolled pair loop with an `if`-form masked load loses its simd pragma (the branch-free
+    clamped form, which the unrolled loads normally take, is vectorized correctly)."""
+    body = lines[start:]
+    if not any(line.lstrip().startswith("if (") for line in body):
+        return
+    for i, line in enumerate(body, start):
+        if line.lstrip().startswith("#pragma omp") and "simd" in line:
+            kept = line.replace(" simd", "")
+            lines[i] = kept if kept.strip() != "#pragma omp" else ""
+
+
+def split_pair(outer, xv, exprs_of):
+    """A loop dim whose indices read it only as v // 2 and v % 2 (a pointwise op on the
+    flattened view of (..., n, 2) pairs: LLaMA's `view_as_real(x).flatten(3).type_as(q)`) is
+    split into v = 2*a + b, so the kernel loops over a and the pair b (unrolled, see generate)
+    with affine indices instead of dividing per element in a loop g++ does not vectorize.
+    `exprs_of(point, ranges)` collects the body's index expressions at loop point `point`.
+    Returns (ranges, loop vars, point) or None."""
+    c = exprs_of(xv, dict(zip(xv, outer)))
+    opaque = set()
+    for e in c.exprs:
+        for f in e.atoms(FloorDiv, ModularIndexing):
+            opaque |= f.free_symbols
+    for d, (v, n) in enumerate(zip(xv, outer)):
+        if v not in opaque or is_symbolic(n) or int(n) % 2 or int(n) < 4:
+            continue
+        a, b = loop_var(len(xv)), loop_var(len(xv) + 1)
+        ranges = list(outer[:d]) + [sympy.Integer(int(n) // 2), sympy.Integer(2)] + \
+            list(outer[d + 1:])
+        lv = list(xv[:d]) + [a, b] + list(xv[d + 1:])
+        point = list(xv[:d]) + [2 * a + b] + list(xv[d + 1:])
+        split = exprs_of(point, dict(zip(lv, ranges)))
+        if not any(f.has(a) or f.has(b) for e in split.exprs
+                   for f in e.atoms(FloorDiv, ModularIndexing)):
+            return ranges, lv, point
     return None
 
 
@@ -286,19 +327,40 @@ class KernelCodegen:
             self.par_if = f" if({cexpr(sympy.expand(work))} >= {PARALLEL_MIN_WORK})"
         if k.pure_pointwise and m > 0:
             nodes = k.stages[0].nodes
-            c = collect(lambda: [n.store_pointwise(xv) for n in nodes], self.outer_ranges)
+
+            def exprs_of(point, ranges):
+                return collect(lambda: [n.store_pointwise(point) for n in nodes], ranges)
+            ranges, lv, point = split_pair(outer, xv, exprs_of) or (outer, xv, xv)
+            h.ranges = dict(zip(lv, ranges))
+            c = exprs_of(point, h.ranges)
             first = c.stores[0] if c.stores else sympy.Integer(0)
-            order = sorted(range(m), key=lambda d: -hint(_coeff(first, xv[d])))
-            sizes, lvars, subs = plan_loops(outer, xv, c.exprs, order)
+            order = sorted(range(len(lv)), key=lambda d: -hint(_coeff(first, lv[d])))
+            sizes, lvars, subs = plan_loops(ranges, lv, c.exprs, order)
             h.subs = subs
+
+            def store():
+                for n in nodes:
+                    n.store_pointwise(point)
             d = _transposed_dim(sizes, lvars, [e.xreplace(subs) for e in c.exprs])
-            if d is None:
-                self._loops(sizes, lvars, parallel, simd_last=True,
-                            body=lambda: [n.store_pointwise(xv) for n in nodes])
+            if len(sizes) > 1 and not is_symbolic(sizes[-1]) and 1 < int(sizes[-1]) <= UNROLL:
+                # an innermost dim of 2 (the (re, im) pair of a complex value, decomp/complex.py)
+                # is unrolled, so the simd loop runs over the dim above it: g++ vectorizes the
+                # stride-2 loads and stores as interleaved groups, not a 2-lane loop (RoPE's
+                # complex multiply ran 3x slower than eager's)
+                def body():
+                    for k in range(int(sizes[-1])):
+                        h.subs = {**subs, lvars[-1]: sympy.Integer(k)}
+                        store()
+                    h.subs = subs
+                start = len(code.lines)
+                self._loops(sizes[:-1], lvars[:-1], parallel, simd_last=True, body=body)
+                _drop_simd_over_masked_ifs(code.lines, start)
+            elif d is not None:
+                self._tiled(sizes, lvars, d, parallel, body=store)
             else:
-                self._tiled(sizes, lvars, d, parallel,
-                            body=lambda: [n.store_pointwise(xv) for n in nodes])
+                self._loops(sizes, lvars, parallel, simd_last=True, body=store)
             h.subs = {}
+            h.ranges = self.outer_ranges
         elif self._column_reduction_ok(xv):
             self._column_reduction(xv, parallel)
         elif scalar_reduce:

@@ -230,7 +230,7 @@ class CppHandler:
             return self.emit(f"{name}_row[{self.idx(self.simple(index).xreplace(self.row_subs))}]",
                              compute_dtype(self.buffers[name].dtype))
         if self.load_mask:
-            idx = self._clamped(name, self.simple(index), idx)
+            idx = self._clamped(name, self.simple(index).xreplace(self.subs), idx)
         if name in self.local:
             raise AssertionError(f"local buffer {name} read before it is written")
         dt = self.buffers[name].dtype

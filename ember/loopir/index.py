@@ -180,6 +180,8 @@ def _simplify(e, bounds):
         return e
     if isinstance(e, ModularIndexing) and e.args[1].is_Integer and e.args[2].is_Integer:
         a, b, m = e.args[0], int(e.args[1]), int(e.args[2])
+        if b * m == 0:      # a view of a dim of size 0: no element is ever read
+            return e
         terms = _terms(a)
         if terms is not None and any(c % (b * m) == 0 and c for c, _ in terms):
             rest = sympy.Add(*[c * t for c, t in terms if not (c and c % (b * m) == 0)])

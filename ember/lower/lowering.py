@@ -254,8 +254,9 @@ class GraphLowering:
                 if node.target is operator.getitem:
                     value = args[0][args[1]]
                 else:
-                    # complex values: kernels are written for real dtypes, so an op that
-                    # reads or makes one runs as an aten extern (view_as_real leaves the realm)
+                    # complex values: kernels are written for real dtypes; the backend has
+                    # rewritten complex math to real pairs (decomp/complex.py), so what still
+                    # reads or makes one (FFT, edge views) runs as an aten extern
                     rule = None if _touches_complex(node) else RULES.get(node.target)
                     self.realize_broadcast_inputs(node, args)
                     value = rule(self, node, *args, **kwargs) if rule is not None else None

@@ -176,7 +176,9 @@ def _fresh(tensors, grad):
 
 def _tols(dtype):
     # torch.testing defaults, a little looser: decompositions reassociate sums
+    # (complex as its real dtype: its math runs on real pairs, decomp/complex.py)
     return {torch.float32: (1e-5, 1e-5), torch.float64: (1e-7, 1e-7),
+            torch.complex64: (1e-5, 1e-5), torch.complex128: (1e-7, 1e-7),
             torch.float16: (1e-3, 1e-3), torch.bfloat16: (1.6e-2, 1e-2)}.get(dtype, (0, 0))
 
 

@@ -1,6 +1,7 @@
 """Complex values in a graph: kernels are written for real dtypes (C++ codegen raised
-KeyError torch.complex64 on any complex buffer), so ops that read or make a complex tensor run
-as aten externs and the real ops around them still become kernels."""
+KeyError torch.complex64 on any complex buffer). Complex math is rewritten to real pairs before
+lowering (decomp/complex.py, tests/unit/decomp/test_complex_pairs.py); what stays complex (FFT)
+runs as aten externs and the real ops around it still become kernels."""
 import torch
 
 from tests.unit.lower.helpers import check

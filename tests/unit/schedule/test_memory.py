@@ -119,8 +119,9 @@ def test_all_size_one_buffer_layout_check_is_valid_python():
 def test_an_extern_view_keeps_its_base_alive():
     """view_as_complex (an extern: kernels are real-only) returns a view of a kernel's output;
     the base was freed at the extern and its memory reused by the next kernel's output while
-    the view was still read (by _conj after it): a WRONG VALUE. The base now lives as long as
-    the view (schedule/memory.py), also when the view reaches the graph's outputs."""
+    the view was still read (by an extern after it): a WRONG VALUE. The base now lives as long
+    as the view (schedule/memory.py), also when the view reaches the graph's outputs. (Complex
+    arithmetic compiles to kernels on real pairs since #27: an FFT keeps the view an extern.)"""
     from ember.aot import trace_aten
     from ember.decomp import get_decompositions
     from ember.backends.ember import compile_aten_graph
@@ -128,15 +129,15 @@ def test_an_extern_view_keeps_its_base_alive():
     def f(a, z):
         c = torch.view_as_complex((a * 2).reshape(-1, 2))
         w = (a + 1).sin() * 3
-        y = torch.view_as_real(c * z).flatten() + w
-        return y, torch.view_as_real(c.conj() * z).flatten() * y
+        y = torch.view_as_real(torch.fft.fft(c) * z).flatten() + w
+        return y, torch.view_as_real(torch.fft.ifft(c) * z).flatten() * y
     a, z = torch.randn(1024), torch.randn(512, dtype=torch.complex64)
     run, _ = compile_fn(f, a, z)
     for got, want in zip(run(a, z), f(a, z)):
-        torch.testing.assert_close(got, want)
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
     gm = trace_aten(f, (a, z), decompositions=get_decompositions())
     text = compile_aten_graph(gm, [a, z]).ember_wrapper
     view, rest = text.split(" = aten_view_as_complex_default(as_strided(")
     view, base = view.split()[-1], rest.split(",")[0]
     reuse = text.find(f"= {base}  # reuse")
-    assert reuse == -1 or reuse > text.index(f"aten__conj_default({view})"), text
+    assert reuse == -1 or reuse > text.rindex(f"({view}, "), text
