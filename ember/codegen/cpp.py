@@ -752,6 +752,10 @@ class KernelCodegen:
                             else _acc_value(acc, widened[acc], dt),
                             torch.int64 if rt in ("argmax", "argmin") else dt)
             h.store(n.name, n.store_index(xv), result)
+            if h.simd is None:
+                # final here: a later stage's simd loop hoists what it computes from it (an SE
+                # block's sigmoid(mean) was recomputed for each of the row's elements)
+                h.invariant.add(acc)
 
 
 def kernel_args(kernel, deps) -> list:

@@ -42,15 +42,28 @@ MAX_INLINE_OPS = 120
 # elements, when its body has a transcendental or REALIZE_OPS ops: inlined, the body would be
 # recomputed for every element of the user (Swin v2's 16 * sigmoid(table[index]) position bias,
 # 3 x 64 x 64, added to each of the 98 windows' attention scores). Values under AMPLIFY_NUMEL
-# elements (per-channel scales such as BatchNorm's rsqrt(var + eps)) stay inlined: a kernel of
-# their own costs more than recomputing them from cache.
+# elements (per-channel scales such as BatchNorm's rsqrt(var + eps)) stay inlined where they do
+# not change along the user's innermost dim (NCHW: the simd loop hoists them); along it
+# (channels-last) they are realized too when the user has AMPLIFY_OUT elements or more.
 AMPLIFY = 8
 AMPLIFY_NUMEL = 4096
+AMPLIFY_OUT = 65536     # (a small user recomputes less than a kernel launch costs)
 # A body that gathers (an indirect index, or a div/mod index left after simplification) makes
 # its user's loop scalar wherever it is inlined: realized once it is read twice over (Swin's
 # relative position bias table[index] and shifted-window mask, inlined into each window's
 # softmax, ran at ~23 ns an element).
 IRREGULAR_AMPLIFY = 2
+
+
+def _varies_innermost(arg, out: torch.Tensor) -> bool:
+    """Whether `arg`, broadcast against the output `out`, changes along out's innermost (stride
+    1) dim: inlined there, its body is recomputed for each element instead of once per row
+    (an SE block's sigmoid(mean(x)) in channels-last: 0.3x eager)."""
+    dims = [d for d in range(out.dim()) if out.shape[d] != 1]
+    if not dims:
+        return False
+    k = min(dims, key=lambda d: out.stride()[d]) - (out.dim() - len(arg.size))
+    return k >= 0 and arg.size[k] != 1
 
 
 def meta_of(x):
@@ -155,7 +168,9 @@ class GraphLowering:
             n_in = 1
             for s in base.size:
                 n_in *= int(s)
-            if n_in < AMPLIFY_NUMEL or n_out < min(AMPLIFY, IRREGULAR_AMPLIFY) * n_in:
+            if n_in < AMPLIFY_NUMEL and not (n_out >= AMPLIFY_OUT and
+                                             _varies_innermost(a, outs[0])) or \
+                    n_out < min(AMPLIFY, IRREGULAR_AMPLIFY) * n_in:
                 continue
             index = [sympy.Symbol(f"i{d}", integer=True, nonnegative=True)
                      for d in range(len(base.size))]
