@@ -240,6 +240,23 @@ def constant_nodes(gm: fx.GraphModule, consts: set) -> set:
     return out
 
 
+def written_inputs(gm: fx.GraphModule) -> set:
+    """Placeholders an in-place op may write (those its target is computed from): state the
+    graph updates, a KV cache (HF's StaticCache is a module attribute), is not a constant."""
+    out = set()
+    for n in gm.graph.nodes:
+        if n.op in ("call_function", "call_method") and _mutates(n) and \
+                isinstance(n.args[0] if n.args else None, fx.Node):
+            todo, seen = [n.args[0]], set()
+            while todo:
+                a = todo.pop()
+                if a.op == "placeholder":
+                    out.add(a)
+                seen.add(a)
+                todo.extend(i for i in a.all_input_nodes if i not in seen)
+    return out
+
+
 def mutated_constant(gm: fx.GraphModule, const: set) -> bool:
     """Whether a non-constant node writes in place into a constant (then nothing is frozen)."""
     return any(n not in const and _mutates(n) and n.args and n.args[0] in const
@@ -361,10 +378,14 @@ def freeze(gm: fx.GraphModule, example_inputs, options: dict, compile_fn):
         start = time.perf_counter()
         work = copy_module(gm)
         phs = [n for n in work.graph.nodes if n.op == "placeholder"]
-        consts = {phs[i] for i in idx}
+        consts = {phs[i] for i in idx} - written_inputs(work)
+        if not consts:
+            why = "the graph writes into all its module state"
+    if why is None:
         n_bn = fold_batchnorm(work, consts)
         layout.plan(work, example_inputs, options, consts=consts)
-        budget = max(MIN_BUDGET, BUDGET_FRACTION * state_bytes(example_inputs[i] for i in idx))
+        budget = max(MIN_BUDGET, BUDGET_FRACTION * state_bytes(
+            x for x, n in zip(example_inputs, phs) if n in consts))
         n_pack = prepack_linears(work, example_inputs, consts, options,
                                  budget - sum(map(_bytes, consts - set(phs))))
         const = constant_nodes(work, consts)
@@ -386,6 +407,7 @@ def freeze(gm: fx.GraphModule, example_inputs, options: dict, compile_fn):
         perf_log.info("not frozen: the graph writes into a folded constant")
         return None
     counters.bump("frozen_graphs")
+    counters.bump("prepacked_linears", n_pack)
     perf_log.info("frozen: %d constant inputs, %d BatchNorms folded, %d linears prepacked, "
                   "%d folded tensors (+%d KiB), %.0f ms", len(rt.held), n_bn, n_pack,
                   len(rt.folded), extra >> 10,

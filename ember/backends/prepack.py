@@ -31,7 +31,6 @@ import torch
 import torch.fx as fx
 import torch.nn.functional as F
 
-from .. import counters
 from ..logging import get_logger
 
 perf_log = get_logger("perf")
@@ -125,7 +124,6 @@ def prepack_linears(gm: fx.GraphModule, example_inputs, consts: set, options: di
     if done:
         g.lint()
         gm.recompile()
-        counters.bump("prepacked_linears", done)
         perf_log.info("prepack: %d linears use MKL-packed weights", done)
     if skipped:
         perf_log.info("prepack: %d linears not packed: over the memory budget (options "
