@@ -70,7 +70,7 @@ def _linear(node: fx.Node, consts: set):
     x, w, *rest = node.args
     b = rest[0] if rest else node.kwargs.get("bias")
     xv = _val(x)
-    if w not in consts or not isinstance(xv, torch.Tensor) or not _f32(xv, xv.dim()) or \
+    if w not in consts or not isinstance(xv, torch.Tensor) or xv.dtype != torch.float32 or \
             not _f32(_val(w), 2) or b is not None and (b not in consts or not _f32(_val(b), 1)):
         return None
     return x, w, b
@@ -95,7 +95,7 @@ def prepack_linears(gm: fx.GraphModule, example_inputs, consts: set, options: di
     if choice is False or not torch.backends.mkl.is_available() or \
             any(isinstance(x, torch.Tensor) and x.device.type != "cpu" for x in example_inputs):
         return 0
-    g, done, skipped = gm.graph, 0, 0
+    g, done, skipped, packs = gm.graph, 0, 0, {}
     for node in list(g.nodes):
         found = _linear(node, consts)
         if found is None:
@@ -107,17 +107,19 @@ def prepack_linears(gm: fx.GraphModule, example_inputs, consts: set, options: di
         m = math.prod(xv.shape[:-1])
         if not pays(m, n, k):
             continue
-        if choice is not True:
-            budget -= packed_bytes(n, k, m)
-            if budget < 0:
+        packed = packs.get((w, m))              # a weight used twice is packed once
+        if packed is None:
+            if choice is not True and packed_bytes(n, k, m) > budget:
                 skipped += 1
                 continue
+            budget -= packed_bytes(n, k, m)
+            with g.inserting_before(node):      # before its first user
+                packed = packs[w, m] = g.call_function(MKL_PACK, (w, m))
+            packed.meta["example_value"] = torch.empty(0, device="meta")  # opaque, never traced
+            consts.add(packed)
         with g.inserting_before(node):
-            packed = g.call_function(MKL_PACK, (w, m))
             new = g.call_function(MKL_LINEAR, (x, packed, w, b, m))
-        packed.meta["example_value"] = torch.empty(0, device="meta")   # opaque: MKL_LINEAR reads it
         new.meta["example_value"] = _val(node)
-        consts.add(packed)
         node.replace_all_uses_with(new)
         g.erase_node(node)
         done += 1

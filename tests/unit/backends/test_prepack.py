@@ -137,3 +137,44 @@ def test_prepack_option_and_memory_budget(monkeypatch):
     m, ref = frozen_pair(prepack=True)            # True: packed whatever the budget
     check(m, ref, torch.randn(2, 128))
     assert count("frozen_graphs") == 3 and count("prepacked_linears") == 2
+
+
+class Tied(nn.Module):
+    """One weight in two linears (an LM head tied to the embedding): packed once."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(128, 384)
+
+    def forward(self, x):
+        return self.fc(x) + torch.nn.functional.linear(x * 2, self.fc.weight)
+
+
+def test_weight_used_twice_packed_once(monkeypatch):
+    torch.manual_seed(0)
+    m = Tied().eval()
+    ref = copy.deepcopy(m)
+    m.requires_grad_(False)
+    packed = []
+
+    def pack(w, rows):
+        packed.append(w is m.fc.weight)
+        return torch.ops.mkl._mkl_reorder_linear_weight(w, rows)
+    monkeypatch.setattr(prepack, "MKL_PACK", pack)
+    c = ember.compile(m, options={"freeze": True})
+    check(c, ref, torch.randn(1, 128))
+    assert count("prepacked_linears") == 2 and sum(packed) == 1
+
+
+def test_budget_skips_only_what_does_not_fit(monkeypatch):
+    """A linear whose pack does not fit is left unpacked; a smaller one after it is packed."""
+    monkeypatch.setattr(fz, "MIN_BUDGET", 1 << 30)
+    monkeypatch.setattr(prepack, "packed_bytes",
+                        lambda n, k, m: (700 if n == 1024 else 400) << 20)
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(128, 384), nn.Linear(384, 1024), nn.Linear(1024, 2048)).eval()
+    ref = copy.deepcopy(m)
+    m.requires_grad_(False)
+    c = ember.compile(m, options={"freeze": True})
+    check(c, ref, torch.randn(1, 128))
+    assert count("frozen_graphs") == 1 and count("prepacked_linears") == 2
