@@ -6,7 +6,8 @@ before aot (docs/design/024-layout-and-freezing.md):
   1. BatchNorm in eval mode after a conv/linear whose output only it reads is folded into that
      conv/linear's weight and bias (computed in float64, stored in the weight's dtype);
   2. the layout pass (layout.py) turns conv2d into oneDNN channels-last convolutions;
-  3. every node computed from constants only (the folded weights, transposes, casts,
+  3. small-batch linears use MKL-packed weights (prepack.py), packed in the constant graph;
+  4. every node computed from constants only (the folded weights, transposes, casts,
      concatenated weights) moves to a *constant graph*, run eagerly once; the rest, the *main
      graph*, takes the constant graph's outputs as extra inputs and is compiled as usual.
 
@@ -19,7 +20,8 @@ recompiles the main graph if the folded tensors' sizes, strides or dtypes change
 
 Memory: the user's tensors are never freed; the folded ones (a BN-folded weight is a copy) are
 extra. A graph whose folded constants would take more than FOLD_BUDGET of new memory (the
-larger of 256 MiB and a quarter of the module state's bytes) is not frozen.
+larger of 256 MiB and a quarter of the module state's bytes) is not frozen; weights are packed
+only while the packed copies fit in what is left of that budget.
 
 Not frozen (parameters require grad): `fold_batchnorm_per_call` folds eval-mode BatchNorm into
 the conv/linear inside the graph instead, recomputed on every call (nothing to go stale).
@@ -45,6 +47,7 @@ import torch.nn.functional as F
 from .. import counters
 from ..logging import get_logger
 from . import layout
+from .prepack import prepack_linears
 from .speed import is_random
 
 perf_log = get_logger("perf")
@@ -237,6 +240,23 @@ def constant_nodes(gm: fx.GraphModule, consts: set) -> set:
     return out
 
 
+def written_inputs(gm: fx.GraphModule) -> set:
+    """Placeholders an in-place op may write (those its target is computed from): state the
+    graph updates, a KV cache (HF's StaticCache is a module attribute), is not a constant."""
+    out = set()
+    for n in gm.graph.nodes:
+        if n.op in ("call_function", "call_method") and _mutates(n) and \
+                isinstance(n.args[0] if n.args else None, fx.Node):
+            todo, seen = [n.args[0]], set()
+            while todo:
+                a = todo.pop()
+                if a.op == "placeholder":
+                    out.add(a)
+                seen.add(a)
+                todo.extend(i for i in a.all_input_nodes if i not in seen)
+    return out
+
+
 def mutated_constant(gm: fx.GraphModule, const: set) -> bool:
     """Whether a non-constant node writes in place into a constant (then nothing is frozen)."""
     return any(n not in const and _mutates(n) and n.args and n.args[0] in const
@@ -323,16 +343,30 @@ class FrozenRuntime:
         return self.main(*self.main_args(args))
 
 
-def new_bytes(folded, held) -> int:
-    """Bytes of the folded constants that are not storage of the user's tensors."""
+def new_bytes(folded, held, packed=True) -> int:
+    """Bytes of the folded constants that are not storage of the user's tensors (`packed`:
+    counting MKL-packed weights, which `options={"prepack": True}` allows beyond the budget)."""
     own = {t.untyped_storage().data_ptr() for t in held}
     seen, total = set(), 0
     for f in folded:
+        if f.layout != torch.strided:          # an MKL-packed weight (prepack.py): no storage
+            total += f.numel() * f.element_size() if packed else 0
+            continue
         p = f.untyped_storage().data_ptr()
         if p not in own and p not in seen:
             seen.add(p)
             total += f.untyped_storage().nbytes()
     return total
+
+
+def state_bytes(tensors) -> int:
+    return sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+                for t in tensors}.values())
+
+
+def _bytes(node) -> int:
+    v = _val(node)
+    return v.numel() * v.element_size() if isinstance(v, torch.Tensor) else 0
 
 
 def freeze(gm: fx.GraphModule, example_inputs, options: dict, compile_fn):
@@ -344,9 +378,16 @@ def freeze(gm: fx.GraphModule, example_inputs, options: dict, compile_fn):
         start = time.perf_counter()
         work = copy_module(gm)
         phs = [n for n in work.graph.nodes if n.op == "placeholder"]
-        consts = {phs[i] for i in idx}
+        consts = {phs[i] for i in idx} - written_inputs(work)
+        if not consts:
+            why = "the graph writes into all its module state"
+    if why is None:
         n_bn = fold_batchnorm(work, consts)
         layout.plan(work, example_inputs, options, consts=consts)
+        budget = max(MIN_BUDGET, BUDGET_FRACTION * state_bytes(
+            x for x, n in zip(example_inputs, phs) if n in consts))
+        n_pack = prepack_linears(work, example_inputs, consts, options,
+                                 budget - sum(map(_bytes, consts - set(phs))))
         const = constant_nodes(work, consts)
         if mutated_constant(work, const):
             why = "the graph writes into a module's parameter or buffer"
@@ -356,8 +397,7 @@ def freeze(gm: fx.GraphModule, example_inputs, options: dict, compile_fn):
     const_gm, main_gm, live = split_constants(work, const)
     rt = FrozenRuntime(const_gm, [i for i, n in enumerate(phs) if n in const], live,
                        lambda ex: compile_fn(main_gm, ex), list(example_inputs))
-    extra = new_bytes(rt.folded, rt.held)
-    budget = max(MIN_BUDGET, BUDGET_FRACTION * sum(t.untyped_storage().nbytes() for t in rt.held))
+    extra = new_bytes(rt.folded, rt.held, packed=options.get("prepack") is not True)
     if extra > budget:
         perf_log.info("not frozen: folded constants would add %d MiB (budget %d MiB)",
                       extra >> 20, int(budget) >> 20)
@@ -367,8 +407,10 @@ def freeze(gm: fx.GraphModule, example_inputs, options: dict, compile_fn):
         perf_log.info("not frozen: the graph writes into a folded constant")
         return None
     counters.bump("frozen_graphs")
-    perf_log.info("frozen: %d constant inputs, %d BatchNorms folded, %d folded tensors "
-                  "(+%d KiB), %.0f ms", len(rt.held), n_bn, len(rt.folded), extra >> 10,
+    counters.bump("prepacked_linears", n_pack)
+    perf_log.info("frozen: %d constant inputs, %d BatchNorms folded, %d linears prepacked, "
+                  "%d folded tensors (+%d KiB), %.0f ms", len(rt.held), n_bn, n_pack,
+                  len(rt.folded), extra >> 10,
                   (time.perf_counter() - start) * 1e3)
     return rt
 

@@ -219,3 +219,29 @@ def test_batchnorm_not_folded_per_call_in_training_graphs():
     x = torch.randn(2, 3, 8, 8)
     torch.testing.assert_close(ember.compile(m)(x), ref(x), **TOL)   # eval BN, grad enabled
     assert count("batchnorm_folded_per_call") == 0
+
+
+class Cached(nn.Module):
+    """A buffer the graph writes each call (a KV cache): not a constant; the weights are."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.register_buffer("cache", torch.zeros(4))
+
+    def forward(self, x):
+        self.cache.add_(x.sum(0))
+        return self.fc(x) + self.cache
+
+
+def test_buffer_written_in_place_is_not_frozen():
+    torch.manual_seed(0)
+    m = Cached().eval()
+    ref = copy.deepcopy(m)
+    m.requires_grad_(False)
+    c = ember.compile(m, options={"freeze": True})
+    x = torch.randn(2, 4)
+    for _ in range(3):
+        check(c, ref, x)
+    torch.testing.assert_close(m.cache, ref.cache)
+    assert count("frozen_graphs") == 1 and count("refolds") == 0
