@@ -240,7 +240,7 @@ class ValueSpecialized:
         if runtime is None and len(self.variants) >= VALUE_VARIANTS:
             warn_once(f"value-variants:{id(self)}", f"ember: a graph reading input values "
                       f"(.item()) saw over {VALUE_VARIANTS} distinct ones; it runs eagerly now")
-            return self.gm(*args)
+            return self.gm.forward(*args)
         if runtime is None:
             runtime = self.build(specialize(self.gm, self.reads, key), list(args))
             self.variants[key] = runtime

@@ -182,7 +182,7 @@ class Desugared:
 
     def __call__(self, *flat):
         args = _unflatten_diff(flat, self.in_layouts, check_plain=True)
-        outs, self.treespec = tree_flatten(self.gm(*args))
+        outs, self.treespec = tree_flatten(self.gm.forward(*args))
         self.out_layouts = [Layout.of(o) for o in outs]
         return tuple(_flatten_diff(outs, self.out_layouts))
 

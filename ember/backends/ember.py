@@ -172,7 +172,7 @@ def _complex_as_real_pairs(gm, example_inputs):
         return gm       # dynamic shapes: re-traced on example sizes it would specialize them
 
     def program(*args):
-        return tuple(real_pairs.keep_layout(o, m) for o, m in zip(gm(*args), metas))
+        return tuple(real_pairs.keep_layout(o, m) for o, m in zip(gm.forward(*args), metas))
     try:
         with torch.no_grad():
             work = trace_aten(program, list(example_inputs), decompositions=real_pairs.table(),
@@ -227,7 +227,7 @@ class _Compiled:
         return globs["call"]
 
     def _eager(self, args):
-        out = self.gm(*args)
+        out = self.gm.forward(*args)
         return tuple(out) if isinstance(out, (list, tuple)) else (out,)
 
     def entry(self):

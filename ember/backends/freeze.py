@@ -319,7 +319,7 @@ class FrozenRuntime:
         self.held = tuple(args[i] for i in self.const_idx)
         self.stamp = [(t._version, t.data_ptr()) for t in self.held]
         with torch.no_grad():
-            self.folded = list(self.const_gm(*self.held))
+            self.folded = list(self.const_gm.forward(*self.held))
 
     def _specs(self):
         return [(f.shape, f.stride(), f.dtype, f.device) for f in self.folded]

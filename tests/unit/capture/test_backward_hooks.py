@@ -380,3 +380,30 @@ def test_peer_counts(global_hooks):
     global_hooks.append(_mm.register_module_forward_hook(lambda mod, a, o: None))
     torch.compile(Net(), backend=CompileCounter())(x)
     assert sum(breaks.values()) == 0
+
+
+def test_global_hooks_never_see_embers_own_graph_modules(global_hooks):
+    """ember runs its internal GraphModules through .forward: the complex re-trace, the frozen
+    constant graph on a refold and the eager paths called them through nn.Module.__call__, so a
+    global hook fired on (and could rewrite the output of) ember's own graph."""
+    seen = []
+    global_hooks.append(_mm.register_module_forward_hook(
+        lambda mod, a, o: seen.append(type(mod).__name__)))
+    z = torch.randn(4, 3, dtype=torch.complex64)
+    torch.testing.assert_close(ember.compile(lambda t: t * t + 1)(z), z * z + 1)
+    assert seen == []
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(8, 8), nn.ReLU()).eval().requires_grad_(False)
+    ref = copy.deepcopy(m)
+    ember.compile(m, options={"freeze": True})
+    x8 = torch.randn(2, 8)
+    for step in range(2):
+        with torch.no_grad():
+            if step:
+                m[0].weight.mul_(2)
+                ref[0].weight.mul_(2)
+            seen.clear()
+            want_out = ref(x8)
+            want, seen[:] = list(seen), []
+            torch.testing.assert_close(m(x8), want_out)
+        assert seen == want, (seen, want)
