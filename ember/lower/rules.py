@@ -522,7 +522,8 @@ def var_mean(ctx, node, x, dims=None, *, correction=None, keepdim=False):
     ksize = s.size
     shift_k = Pending(Pointwise(ksize, dtype,
                                 _scale(s.loader(), 1.0 / n if n else float("nan"), cd)))
-    mean_k = Pending(Pointwise(ksize, dtype, lambda i: ops.add(first(i), shift_k.loader()(i))))
+    lshift = shift_k.loader()
+    mean_k = Pending(Pointwise(ksize, dtype, lambda i: ops.add(first(i), lshift(i))))
     lsh = broadcast_loader(shift_k, x.size, cd)
 
     def sq(index):

@@ -87,6 +87,9 @@ def load(path: Path, signatures: dict) -> dict:
     return fns
 
 
+ZERO_DIV, INDEX_OOB = 1, 2      # the bits of cpp_prelude's kernel_error
+
+
 def raise_kernel_errors(lib, fn, name: str):
     """A kernel with integer division or gathered indices flags what eager raises instead of
     trapping or reading outside a buffer (cpp_prelude's kernel_error): `fn` raises it."""
@@ -95,9 +98,9 @@ def raise_kernel_errors(lib, fn, name: str):
 
     def check(result, func, args):
         err = take()
-        if err & 1:
+        if err & ZERO_DIV:
             raise RuntimeError("ZeroDivisionError")
-        if err & 2:
+        if err & INDEX_OOB:
             raise IndexError(f"index out of bounds: an index read or written by kernel {name} "
                              "is outside its dimension")
         return result
