@@ -50,10 +50,46 @@ STATS: list = []
 
 
 def ember_backend(gm, example_inputs, **kwargs):
+    neg = [i for i, x in enumerate(example_inputs) if isinstance(x, torch.Tensor) and x.is_neg()]
+    if neg:     # the kernels read storage as it is: a negative view's values are its negation
+        example_inputs = _resolve_neg(example_inputs, neg)
+        gm = copy_module(gm)
+        phs = list(gm.graph.find_nodes(op="placeholder"))
+        for i in neg:       # the traced strides: a resolved copy's (dense), not the view's
+            phs[i].meta = {k: v.resolve_neg() if isinstance(v, torch.Tensor) else v
+                           for k, v in phs[i].meta.items()}
+        return _on_resolved_negs(_ember_backend(gm, example_inputs, **kwargs), neg)
+    return _ember_backend(gm, example_inputs, **kwargs)
+
+
+def _resolve_neg(args, positions):
+    args = list(args)
+    for i in positions:
+        args[i] = args[i].resolve_neg()
+    return args
+
+
+def _on_resolved_negs(fn, positions):
+    """`fn` called with the negative views among its inputs (`torch._neg_view`, the imaginary
+    part of a conjugate) resolved into plain tensors, which the graph's guards (Dynamo's
+    dispatch keys, ember's TENSOR guard) hold to these positions; a resolved input the graph
+    mutated is copied back through its view (which negates it again), as eager's write would."""
+    def run(*args):
+        resolved = _resolve_neg(args, positions)
+        versions = [resolved[i]._version for i in positions]
+        out = fn(*resolved)
+        for i, v in zip(positions, versions):
+            if resolved[i]._version != v:
+                args[i].copy_(resolved[i])
+        return out
+    return run
+
+
+def _ember_backend(gm, example_inputs, **kwargs):
     options = kwargs.get("options") or {}
     _refuse_implicit_autocast(gm)
     if split.data_dependent(gm):    # Dynamo's unbacked sizes: compiled around the data reads
-        return split.split_at_data(gm, lambda g, ex: ember_backend(g, ex, **kwargs)).forward
+        return split.split_at_data(gm, lambda g, ex: _ember_backend(g, ex, **kwargs)).forward
     # inference graphs: frozen weights (freeze.py) and channels-last convs (layout.py)
     frozen = freeze(gm, example_inputs, options, lambda g, ex: _compile(g, ex, options))
     if frozen is not None:

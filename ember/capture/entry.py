@@ -395,7 +395,7 @@ def _mark_dynamic_dims(cache: FrameCache, fn, locals_, settings) -> str:
                     marks.add("value")
                     notes.append(f"{g.source.name()}: {g.expected} → {v}, now dynamic")
                 continue
-            _, dtype, _, shape, _, _ = g.expected
+            _, dtype, _, shape = g.expected[:4]
             if not isinstance(v, torch.Tensor) or v.dtype != dtype or v.dim() != len(shape):
                 continue
             static = getattr(v, "_ember_static_dims", ())      # ember.mark_static

@@ -60,7 +60,7 @@ class Guard:
         if k == "ALIAS":
             return f"{e} is {self.expected.expr()}"
         if k == "TENSOR":
-            cls, dtype, device, shape, stride, rg = self.expected
+            cls, dtype, device, shape, stride, rg, neg = self.expected
             if device.type == "cpu":
                 dev = f"{e}.is_cpu"
             elif device.type == "cuda":
@@ -72,7 +72,7 @@ class Guard:
             else:
                 geom = f"{e}.shape == {bind(torch.Size(shape))} and {e}.stride() == {stride!r}"
             return (f"type({e}) is {bind(cls)} and {e}.dtype is {bind(dtype)} and {geom} and "
-                    f"{e}.requires_grad is {rg} and {dev}")
+                    f"{e}.requires_grad is {rg} and {dev} and {e}.is_neg() is {neg}")
         if k == "SHAPE":
             return self.expected[0]
         if k == "FLATTEN":          # a tensor subclass's inner attributes and context
@@ -99,14 +99,14 @@ class Guard:
             "sizes" if self.kind == "SHAPE" else "global state")
         exp = self.expected
         if self.kind == "TENSOR":
-            cls, dtype, device, shape, stride, rg = exp
+            cls, dtype, device, shape, stride, rg, neg = exp
             if None in shape:
                 shape = ["?" if n is None else n for n in shape]
                 stride = f"dense in dim order {list(stride)}"
             else:
                 shape, stride = list(shape), list(stride)
             exp = f"{cls.__name__}(dtype={dtype}, device={device}, shape={shape}, " \
-                  f"stride={stride}, requires_grad={rg})"
+                  f"stride={stride}, requires_grad={rg}{', negative view' if neg else ''})"
         elif self.kind == "SHAPE":
             exp = self.expected[1]
         elif self.kind in ("TYPE",):

@@ -190,7 +190,7 @@ class Inputs:
         if sub:
             guard_inner(self, value, source)
         self.guard("TENSOR", source, (type(value), value.dtype, value.device, shape, stride,
-                                      value.requires_grad))
+                                      value.requires_grad, value.is_neg()))
         node = self.graph.placeholder(_placeholder_name(source, len(self.inputs)))
         node.meta["example_value"] = meta
         node.meta["ember_source"] = source.name()

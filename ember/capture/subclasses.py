@@ -46,6 +46,6 @@ def guard_inner(tr, value: torch.Tensor, source) -> None:
     for a in flatten_meta(value)[0]:
         t, src = getattr(value, a), AttrSource(source, a)
         tr.guard("TENSOR", src, (type(t), t.dtype, t.device, tuple(t.shape), t.stride(),
-                                 t.requires_grad))
+                                 t.requires_grad, t.is_neg()))
         if is_traceable_subclass(t):
             guard_inner(tr, t, src)

@@ -40,7 +40,7 @@ def test_capture_imports_no_forbidden_torch_internals():
 
 def test_guard_expressions_are_printable_data():
     g = Guard("TENSOR", LocalSource("x", 0), (torch.Tensor, torch.float32, torch.device("cpu"),
-                                              (3,), (1,), False))
+                                              (3,), (1,), False, False))
     ns = {}
 
     def bind(o):
