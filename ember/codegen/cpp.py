@@ -389,7 +389,7 @@ class KernelCodegen:
     COLUMN_BLOCK = 64
 
     def _column_reduction_ok(self, xv) -> bool:
-        """Reduction stages (and pointwise stages after them) whose loads run contiguously along
+        """Reduction stages (and pointwise stages before and after them) whose loads run contiguously along
         the last *outer* dim and not along the reduced dims (but for loads the outer dim does not
         move): sum over the batch of [B, F], BatchNorm's statistics (sum, then centered sum of
         squares), softmax over dim 0 or over C of NCHW (max, sum of exp, output). Vectorize across
@@ -398,8 +398,6 @@ class KernelCodegen:
         k = self.kernel
         if not k.outer or k.row_local or not any(st.kind == "reduction" for st in k.stages):
             return False
-        if any(n.name in k.local for st in k.stages if st.kind == "pointwise" for n in st.nodes):
-            return False    # a pointwise value kept in registers for a later stage: not per lane
         if hint(k.outer[-1]) < 16:
             return False
         exprs = []
