@@ -12,7 +12,8 @@ Worker (`measure`): builds the model once (seeded), then per compiler a fresh de
      parameter gradient of the first step with an fp64 eager step (the loss: reduce_loss). A
      compiler passes when each tensor's error is within 10x eager-fp32's error on it (plus a
      small floor, plus in training the kink allowance of kinks.py: how far the fp64 gradients
-     move when the inputs of ReLU-like activations move by 10x eager's error there);
+     move when the inputs of ReLU-like activations move by 10x eager's error there); with 4-D
+     inputs eager's error is the larger of its NCHW and channels-last runs';
   3. warm-up, then `reps` rounds that time every compiler once, order reversed every round
      (ABBA...), and report the median of the per-round ratios eager/compiler;
   4. peak memory of one step from the profiler's allocation events (eager peak / compiler peak).
@@ -192,6 +193,33 @@ def peak_bytes(step) -> int | None:
     return peak
 
 
+def channels_last_errors(fresh, mode: str, args: tuple, kwargs: dict, ref: list) -> list | None:
+    """Per-tensor errors vs `ref` of eager fp32 run channels-last (model and 4-D inputs), or
+    None when no input is a 4-D float tensor.
+
+    Both layouts are eager PyTorch, so a compiler's tolerance counts the larger of the two
+    errors: on CPU, NCHW BatchNorm accumulates its statistics and its backward sums in double
+    where channels-last accumulates in float, so eager NCHW can be ~100x closer to fp64 on a
+    BN gradient than any float-accumulating run (ghostnet's BN bias gradients: NCHW 1e-5,
+    channels-last 3.2e-4, ember 3.4e-4, Inductor 2.5e-4).
+    """
+    import torch
+    cl = torch.channels_last
+
+    def conv(x):
+        return x.contiguous(memory_format=cl) if isinstance(x, torch.Tensor) and \
+            x.dim() == 4 and x.is_floating_point() else x
+    if not any(isinstance(x, torch.Tensor) and x.dim() == 4 and x.is_floating_point()
+               for x in (*args, *kwargs.values())):
+        return None
+    try:
+        m = fresh().to(memory_format=cl)
+        r = Runner(m, m, mode, tuple(map(conv, args)), {k: conv(v) for k, v in kwargs.items()})
+        return compare(r.observed(r.step()), ref)[2]
+    except Exception:  # noqa: BLE001 - without it the check is stricter, not looser
+        return None
+
+
 def _describe_tensor(mode: str, i: int, runner: Runner) -> str:
     if mode == "infer" or i < runner.n_outputs:
         return f"output {i}"
@@ -295,12 +323,18 @@ def measure(spec, mode: str, compiler_names: list[str], reps: int, warmup: int, 
 
     eager_err = records["eager"].get("rel_err") or 0.0
     eager_per = records["eager"].get("_per") or []
+    if eager_per and ref is not None and base["reference"] == "fp64 eager":
+        cl_per = channels_last_errors(fresh, mode, args, kwargs, ref)
+        if cl_per is not None and len(cl_per) == len(eager_per):
+            records["eager"]["eager_cl_rel_err"] = max(cl_per, default=0.0)
+            eager_per = [max(a, b) for a, b in zip(eager_per, cl_per)]
     floor = 1e-4 if mode == "train" else 1e-5
     for c, rec in records.items():
         per = rec.pop("_per", None)
         if "status" in rec:
             continue
-        rec["eager_rel_err"], rec["tol"] = eager_err, f"per tensor: 10 x eager-fp32 error + {floor:g}" + (" + kink allowance" if allowed else "")
+        rec["eager_rel_err"], rec["tol"] = eager_err, f"per tensor: 10 x eager-fp32 error + {floor:g}" + (" + kink allowance" if allowed else "") + \
+            (" (eager: the larger of NCHW, channels-last)" if "eager_cl_rel_err" in records["eager"] else "")
         path = rec["_path"]
         bad = worst_excess(per or [], eager_per, floor, allowed)
         if not path.compiled:

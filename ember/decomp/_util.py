@@ -142,6 +142,23 @@ def scalar_result_dtype(tensor_dtype, value):
     return torch.complex128 if torch.get_default_dtype() == torch.float64 else torch.complex64
 
 
+def channels_last(t) -> bool:
+    """Whether `t` is a 4-D tensor laid out channels-last and not also NCHW (eager's
+    `suggest_memory_format() == channels_last`)."""
+    return isinstance(t, torch.Tensor) and t.dim() == 4 and not t.is_contiguous() and \
+        t.is_contiguous(memory_format=torch.channels_last)
+
+
+def in_format_of(out, ref):
+    """`out` in `ref`'s layout where `ref` is channels-last: eager's CPU pooling and upsampling
+    kernels (forward and backward) allocate their result in the input's suggested memory format.
+    A decomposition that builds its result through a contiguous reshape would otherwise hand
+    an NCHW gradient into a channels-last region: a transposing kernel plus oneDNN reorders."""
+    if channels_last(ref) and out.dim() == 4 and not out.is_contiguous(memory_format=torch.channels_last):
+        return aten.clone.default(out, memory_format=torch.channels_last)
+    return out
+
+
 def on_cpu(t) -> bool:
     """Whether t's real device is the CPU. Under the aot tracer tensors are `meta` and the real
     device is the graph's; we treat meta as CPU (the device whose eager output conventions we

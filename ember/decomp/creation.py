@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ._util import to
+from ._util import channels_last, to
 from .registry import register
 
 aten = torch.ops.aten
@@ -41,8 +41,7 @@ def _like(value):
 
 def _strided_like(self, out, memory_format):
     """Eager *_like with preserve_format keeps a channels_last input's layout."""
-    if memory_format in (None, torch.preserve_format) and self.dim() == 4 and not self.is_contiguous() \
-            and self.is_contiguous(memory_format=torch.channels_last):
+    if memory_format in (None, torch.preserve_format) and channels_last(self):
         return aten.clone.default(out, memory_format=torch.channels_last)
     if memory_format not in (None, torch.preserve_format, torch.contiguous_format):
         return aten.clone.default(out, memory_format=memory_format)
@@ -63,8 +62,7 @@ def full_like(self, fill_value, *, dtype=None, layout=None, device=None, pin_mem
 @register(aten.empty_like.default)
 def empty_like(self, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
     dt, dev = _dt(dtype, self), _dev(device, self)
-    if memory_format in (None, torch.preserve_format) and self.dim() == 4 and not self.is_contiguous() \
-            and self.is_contiguous(memory_format=torch.channels_last):
+    if memory_format in (None, torch.preserve_format) and channels_last(self):
         memory_format = torch.channels_last
     if memory_format in (None, torch.preserve_format):
         memory_format = torch.contiguous_format

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from ._util import in_format_of
 from .registry import register
 
 aten = torch.ops.aten
@@ -55,7 +56,7 @@ def avg_pool2d_backward(grad_output, self, kernel_size, stride, padding, ceil_mo
     g = aten.div.Tensor(grad_output, divisor_override if divisor_override else kh * kw)
     g = aten.expand.default(aten.view.default(g, lead + [oh, 1, ow, 1]), lead + [oh, kh, ow, kw])
     g = aten.view.default(aten.clone.default(g, memory_format=torch.contiguous_format), lead + [oh * kh, ow * kw])
-    return aten.constant_pad_nd.default(g, [0, W - ow * kw, 0, H - oh * kh], 0)
+    return in_format_of(aten.constant_pad_nd.default(g, [0, W - ow * kw, 0, H - oh * kh], 0), self)
 
 
 @register(aten._adaptive_avg_pool2d.default)
@@ -67,7 +68,7 @@ def adaptive_avg_pool2d(self, output_size):
     lead = list(self.shape[:-2])
     x = aten.reshape.default(self, lead + [oh, H // oh, ow, W // ow])
     n = x.dim()
-    return aten.mean.dim(x, [n - 3, n - 1])
+    return in_format_of(aten.mean.dim(x, [n - 3, n - 1]), self)
 
 
 @register(aten._adaptive_avg_pool2d_backward.default)
@@ -81,4 +82,4 @@ def adaptive_avg_pool2d_backward(grad_output, self):
     g = aten.div.Tensor(grad_output, kh * kw)
     g = aten.expand.default(aten.view.default(g, lead + [oh, 1, ow, 1]), lead + [oh, kh, ow, kw])
     g = aten.clone.default(g, memory_format=torch.contiguous_format)
-    return aten.view.default(g, list(self.shape))
+    return in_format_of(aten.view.default(g, list(self.shape)), self)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ._util import opmath_dtype, to
+from ._util import in_format_of, opmath_dtype, to
 from .registry import register
 
 aten = torch.ops.aten
@@ -32,7 +32,7 @@ def upsample_nearest2d(input, output_size, scales_h=None, scales_w=None):
     oh, ow = output_size
     hi = aten.unsqueeze.default(_nearest_index(H, oh, scales_h, input.device), -1)
     wi = _nearest_index(W, ow, scales_w, input.device)
-    return aten._unsafe_index.Tensor(input, [None] * (input.dim() - 2) + [hi, wi])
+    return in_format_of(aten._unsafe_index.Tensor(input, [None] * (input.dim() - 2) + [hi, wi]), input)
 
 
 @register(aten.upsample_nearest2d.vec)
@@ -49,7 +49,8 @@ def upsample_nearest2d_backward(grad_output, output_size, input_size, scales_h=N
     hi = aten.unsqueeze.default(_nearest_index(H, oh, scales_h, grad_output.device), -1)
     wi = _nearest_index(W, ow, scales_w, grad_output.device)
     acc = opmath_dtype(grad_output.dtype)
-    zeros = aten.full.default(list(input_size), 0, dtype=acc, device=grad_output.device)
+    zeros = in_format_of(aten.full.default(list(input_size), 0, dtype=acc, device=grad_output.device),
+                         grad_output)      # index_put's result keeps this layout
     out = aten.index_put.default(zeros, [None] * (len(input_size) - 2) + [hi, wi],
                                  to(grad_output, acc), True)
     return to(out, grad_output.dtype)
@@ -94,7 +95,7 @@ def upsample_bilinear2d(input, output_size, align_corners, scales_h=None, scales
     top = aten.add.Tensor(at(h0, w0), aten.mul.Tensor(aten.sub.Tensor(at(h0, w1), at(h0, w0)), lw))
     bot = aten.add.Tensor(at(h1, w0), aten.mul.Tensor(aten.sub.Tensor(at(h1, w1), at(h1, w0)), lw))
     out = aten.add.Tensor(top, aten.mul.Tensor(aten.sub.Tensor(bot, top), lh))
-    return to(out, input.dtype)
+    return in_format_of(to(out, input.dtype), input)
 
 
 @register(aten.upsample_bilinear2d.vec)

@@ -68,3 +68,24 @@ def test_loss_is_a_fixed_weighted_mean():
     x = torch.ones(3, 4, requires_grad=True)
     reduce_loss(x).backward()
     assert x.grad.std() > 0.1 / 12
+
+
+def test_channels_last_eager_error_counts_for_bn_gradients():
+    """Eager NCHW BatchNorm accumulates in double on CPU, channels-last in float: the tolerance
+    takes the larger eager error, and a 5% gradient error still fails."""
+    from ember.bench.harness import channels_last_errors
+    gen = torch.Generator().manual_seed(0)
+    m = nn.Sequential(nn.Conv2d(3, 16, 3), nn.BatchNorm2d(16), nn.Conv2d(16, 8, 1),
+                      nn.BatchNorm2d(8))
+    x = torch.randn(4, 3, 32, 32, generator=gen) + 3
+    ref = _observed(copy.deepcopy(m).double(), x.double())
+    _, _, eager_per = compare(_observed(copy.deepcopy(m), x), ref)
+    cl_per = channels_last_errors(lambda: copy.deepcopy(m), "train", (x,), {}, ref)
+    assert len(cl_per) == len(eager_per) and max(cl_per) > 0
+    assert max(c / max(e, 1e-12) for c, e in zip(cl_per, eager_per)) > 2   # NCHW is luckier
+    tol_per = [max(a, b) for a, b in zip(eager_per, cl_per)]
+    bad = list(ref)
+    bad[-1] = ref[-1] * 1.05
+    assert worst_excess(compare(bad, ref)[2], tol_per, 1e-4) is not None
+    assert channels_last_errors(lambda: nn.Linear(4, 2), "train", (torch.randn(2, 4),), {},
+                                ref) is None

@@ -446,3 +446,29 @@ def test_fused_rms_norm_backward_matches_autograd():
     torch.testing.assert_close(dx, gx, rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(dw, gw, rtol=1e-10, atol=1e-12)
     assert not mode.non_prims()
+
+
+def _cl(t):
+    return t.contiguous(memory_format=torch.channels_last)
+
+
+@pytest.mark.parametrize("op,args", [
+    (aten.avg_pool2d_backward.default, (_cl(r(2, 4, 3, 3)), _cl(img), [2, 2], [2, 2], [0, 0],
+                                        False, True, None)),
+    (aten._adaptive_avg_pool2d.default, (_cl(img), [3, 2])),
+    (aten._adaptive_avg_pool2d_backward.default, (_cl(r(2, 4, 3, 2)), _cl(img))),
+    (aten.upsample_nearest2d.default, (_cl(img), [12, 9])),
+    (aten.upsample_nearest2d_backward.default, (_cl(r(2, 4, 12, 9)), [12, 9], [2, 4, 6, 6])),
+    (aten.upsample_bilinear2d.default, (_cl(img), [12, 9], False)),
+], ids=lambda v: str(v) if isinstance(v, torch._ops.OpOverload) else "")
+def test_channels_last_input_gives_eager_layout(op, args):
+    """Eager's CPU pooling/upsampling kernels return the input's memory format; a decomposition
+    that returned NCHW made a transposing kernel and oneDNN reorders in channels-last training
+    graphs (densenet121's transition avg-pool backward)."""
+    ref = op(*_clone(list(args)))
+    with DecompMode() as mode:
+        got = DECOMPS[op](*_clone(list(args)))
+    assert ref.is_contiguous(memory_format=torch.channels_last) and not ref.is_contiguous()
+    assert got.stride() == ref.stride(), (got.stride(), ref.stride())
+    torch.testing.assert_close(got, ref, rtol=1e-10, atol=1e-12)
+    assert not mode.non_prims(), sorted(map(str, mode.non_prims()))
