@@ -435,9 +435,11 @@ def freeze(gm: fx.GraphModule, example_inputs, options: dict, compile_fn):
         return None
     counters.bump("frozen_graphs")
     counters.bump("prepacked_linears", n_pack)
-    perf_log.info("frozen: %d constant inputs, %d BatchNorms folded, %d linears prepacked, "
-                  "%d folded tensors (+%d KiB), %.0f ms", len(rt.held), n_bn, n_pack,
-                  len(rt.folded), extra >> 10,
+    n_conv = sum(n.target is layout.REORDER for n in const_gm.graph.nodes)
+    counters.bump("prepacked_convs", n_conv)
+    perf_log.info("frozen: %d constant inputs, %d BatchNorms folded, %d linears and %d convs "
+                  "prepacked, %d folded tensors (+%d KiB), %.0f ms", len(rt.held), n_bn, n_pack,
+                  n_conv, len(rt.folded), extra >> 10,
                   (time.perf_counter() - start) * 1e3)
     return rt
 

@@ -46,6 +46,9 @@ perf_log = get_logger("perf")
 CONV_POINTWISE = torch.ops.mkldnn._convolution_pointwise.default
 CL = torch.channels_last
 BINARY = torch.ops.mkldnn._convolution_pointwise.binary
+REORDER = torch.ops.mkldnn._reorder_convolution_weight.default
+#: frozen graphs: conv weights reordered once into oneDNN's blocked layout (docs/design/024)
+PACK_CONV_WEIGHTS = True
 
 
 @torch.library.custom_op("ember::conv2d_add", mutates_args=())
@@ -224,7 +227,13 @@ def plan(gm: fx.GraphModule, example_inputs, options: dict, consts=None) -> bool
         with g.inserting_before(conv):
             xcl = g.call_method("contiguous", (x,), {"memory_format": CL})
             xcl.meta["example_value"] = _val(x)       # example values stay the captured ones
-            if consts is not None and w in consts or _computed(w):
+            if consts is not None and w in consts and PACK_CONV_WEIGHTS and \
+                    options.get("prepack", "auto") is not False:
+                w = g.call_function(REORDER, (w, padding, stride, dilation, groups,
+                                              list(_val(x).shape)))
+                w.meta["example_value"] = _val(w.args[0])     # sizes only: opaque
+                consts.add(w)
+            elif consts is not None and w in consts or _computed(w):
                 w = g.call_method("contiguous", (w,), {"memory_format": CL})
                 w.meta["example_value"] = _val(w.args[0]).contiguous(memory_format=CL)
                 if consts is not None and w.args[0] in consts:

@@ -312,3 +312,43 @@ def test_write_through_a_view_of_a_buffer_is_seen():
     gm = _captured(m, torch.randn(2, 2))
     written = fz.written_inputs(gm)
     assert len(written) == 1 and "buf" in next(iter(written)).name
+
+
+@pytest.mark.parametrize("route", ["add_", "load_state_dict", "data_assign"])
+def test_prepacked_conv_weights_are_repacked(route):
+    """Frozen conv weights are reordered once into oneDNN's blocked layout (the weight as the
+    user holds it, and one folded with its BatchNorm): a weight changed afterwards is
+    repacked at the next call, never used stale; values within 1e-4 of eager."""
+    torch.manual_seed(0)
+    ref = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 1),
+                        nn.BatchNorm2d(8), nn.Conv2d(8, 4, 3, stride=2)).eval()
+    m = copy.deepcopy(ref).requires_grad_(False)
+    c = ember.compile(m)
+    x = torch.randn(2, 3, 12, 12)
+    check(c, ref, x)
+    assert count("frozen_graphs") == 1 and count("prepacked_convs") == 3
+    other = copy.deepcopy(ref)
+    with torch.no_grad():
+        other[0].weight.mul_(-2)
+        other[3].running_var.mul_(4)
+        other[4].weight.add_(1)
+        for mod in (m, ref):
+            if route == "add_":
+                mod[0].weight.mul_(-2)
+                mod[3].running_var.mul_(4)
+                mod[4].weight.add_(1)
+            elif route == "load_state_dict":
+                mod.load_state_dict(other.state_dict())
+            else:
+                mod[4].weight.data = other[4].weight.data.clone()
+    check(c, ref, x)
+    check(c, ref, x)
+    assert count("refolds") == 1 and count("graphs") == 1
+
+
+def test_prepack_false_packs_no_conv():
+    torch.manual_seed(0)
+    ref = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU()).eval()
+    c = ember.compile(copy.deepcopy(ref).requires_grad_(False), options={"prepack": False})
+    check(c, ref, torch.randn(2, 3, 6, 6))
+    assert count("frozen_graphs") == 1 and count("prepacked_convs") == 0
