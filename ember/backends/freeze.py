@@ -5,7 +5,8 @@ under `options={"freeze": True}`, never for a training graph), the torch-level g
 before aot (docs/design/024-layout-and-freezing.md):
   1. BatchNorm in eval mode after a conv/linear whose output only it reads is folded into that
      conv/linear's weight and bias (computed in float64, stored in the weight's dtype);
-  2. the layout pass (layout.py) turns conv2d into oneDNN channels-last convolutions;
+  2. the layout pass (layout.py) turns conv2d into oneDNN channels-last convolutions, their
+     weights reordered into oneDNN's blocked layout in the constant graph;
   3. small-batch linears use MKL-packed weights (prepack.py), packed in the constant graph;
   4. every node computed from constants only (the folded weights, transposes, casts,
      concatenated weights) moves to a *constant graph*, run eagerly once; the rest, the *main
@@ -213,8 +214,8 @@ def fold_batchnorm_per_call(gm: fx.GraphModule) -> int:
     `model.eval()` under `torch.no_grad()`): fold eval-mode BatchNorm into the conv/linear
     before it inside the graph, so each call scales the weights (a pass over the weights, in
     float32) instead of normalizing the conv's output (a pass over the activations), and the
-    activation after it fuses into the oneDNN conv (layout.py). Only where the conv's output is
-    at least as large as its weight. How many were folded."""
+    activation after it fuses into the oneDNN conv (layout.py). Only where `fold_pays`. How
+    many were folded."""
     folded = 0
     for bn, conv, a, c in _bn_after_conv(gm):
         if fold_pays(conv, _val(conv), _val(c["weight"])):

@@ -8,13 +8,18 @@ while grad is enabled; the op has no derivative) this pass rewrites, in the torc
     y = act(conv2d(x, w, b, stride, padding, dilation, groups))
  →  y = mkldnn._convolution_pointwise(x.contiguous(channels_last), w, b, ..., "act")
 
-so conv outputs are channels-last and the pointwise work, BatchNorm, pooling, interpolation and
+and a residual add after a conv (with a relu after it) joins the conv as oneDNN's binary
+post-op, `conv2d_add(x, other, w, b, ..., "relu")` (FUSE_ADD_MAX_REDUCTION). Conv outputs are
+channels-last and the pointwise work, BatchNorm, pooling, interpolation and
 cat after them keep that layout (their traced strides follow their inputs'). A conversion is
 inserted only where a conv's input is not channels-last already: the graph input once, and
 again after an op that returns a contiguous tensor (a channel shuffle's `.contiguous()`).
 Every 4-D graph output comes back in the layout the captured graph had (NCHW in → NCHW out,
-channels_last in → channels_last out). With frozen weights (freeze.py) the weights are also
-converted to channels-last once, in the constant graph.
+channels_last in → channels_last out). With frozen weights (freeze.py) the weights are
+reordered once, in the constant graph, into oneDNN's blocked layout
+(`mkldnn._reorder_convolution_weight`; `options={"prepack": False}`: channels-last instead); a
+weight the graph computes (a BatchNorm folded on each call) is written channels-last where it
+is computed (oneDNN would copy it into that layout on every call).
 
 A training graph keeps each conv2d (the fused op has no derivative) and only converts its input:
 `conv2d(x.contiguous(channels_last), w, b, ...)`; aot then traces the convs, BatchNorm, pooling
