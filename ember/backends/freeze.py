@@ -254,7 +254,7 @@ _FRESH = {"conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
           "hardsigmoid", "hardtanh", "leaky_relu", "elu", "softmax", "log_softmax", "add",
           "sub", "mul", "truediv", "div", "neg", "exp", "log", "sqrt", "rsqrt", "pow",
           "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "adaptive_max_pool2d",
-          "interpolate", "cat", "stack", "mean", "sum", "amax", "clone", "pad",
+          "interpolate", "cat", "stack", "mean", "sum", "amax", "clone",
           "_convolution_pointwise", "conv2d_add"}
 
 

@@ -327,6 +327,7 @@ def _fuse_residual_adds(g: fx.Graph, eager: dict) -> int:
     fused = 0
     for y in list(g.nodes):
         if y.target is not CONV_POINTWISE or y.args[7] != "none" or y.args[6] != 1 or \
+                not isinstance(_val(y.args[1]), torch.Tensor) or \
                 _val(y.args[1]).shape[1:].numel() > FUSE_ADD_MAX_REDUCTION:
             continue
         found = _residual_add(y, order)
@@ -338,6 +339,7 @@ def _fuse_residual_adds(g: fx.Graph, eager: dict) -> int:
             s = g.call_function(CONV_ADD, (x, other, w, b, padding, stride, dilation, groups,
                                            "none", []))
         s.meta["example_value"] = _val(y)
+        order[s] = order[add]                 # where it reads `other` (a later conv's y)
         eager[s] = eager.get(add, eager.get(y))
         add.replace_all_uses_with(s)
         y.replace_all_uses_with(s)            # in place: y's later readers read the sum

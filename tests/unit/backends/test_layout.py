@@ -383,3 +383,25 @@ def test_folded_spatial_weight_written_channels_last():
         m(x)
     copies = [e.name for e in prof.events() if e.name in ("aten::copy_", "aten::clone")]
     assert copies == []
+
+
+def test_residual_add_into_a_conv_output_read_by_an_earlier_fusion():
+    """y is `other` of a fused add, then written in place (`y += t`): the fused op must read y
+    before that write, so y's own add stays unfused (the fused node takes the add's place in
+    the order: it was taken for the last reader, and y's `+=` fused ahead of it)."""
+    torch.manual_seed(0)
+    c1, c2 = nn.Conv2d(8, 8, 1), nn.Conv2d(8, 8, 1)
+
+    def f(x, t):
+        y0 = c2(x)
+        y = c1(x)
+        z = y0 + y
+        y += t
+        return z, y
+
+    x, t = torch.randn(2, 8, 5, 5), torch.randn(2, 8, 5, 5)
+    with torch.no_grad():
+        got, want = ember.compile(f)(x, t), f(x, t)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, **TOL)
+    assert count("residual_adds_fused") == 1 and count("fallbacks") == 0
