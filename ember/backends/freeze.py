@@ -5,7 +5,8 @@ under `options={"freeze": True}`, never for a training graph), the torch-level g
 before aot (docs/design/024-layout-and-freezing.md):
   1. BatchNorm in eval mode after a conv/linear whose output only it reads is folded into that
      conv/linear's weight and bias (computed in float64, stored in the weight's dtype);
-  2. the layout pass (layout.py) turns conv2d into oneDNN channels-last convolutions;
+  2. the layout pass (layout.py) turns conv2d into oneDNN channels-last convolutions, their
+     weights reordered into oneDNN's blocked layout in the constant graph;
   3. small-batch linears use MKL-packed weights (prepack.py), packed in the constant graph;
   4. every node computed from constants only (the folded weights, transposes, casts,
      concatenated weights) moves to a *constant graph*, run eagerly once; the rest, the *main
@@ -197,18 +198,27 @@ def _bn_bias_per_call(w, b, mean, var, bn_w, bn_b, eps):
     return out if bn_b is None else out + bn_b
 
 
+def fold_pays(conv: fx.Node, out, w) -> bool:
+    """Whether folding a BatchNorm into this conv/linear on each call is cheaper than
+    normalizing its output: a pass over the weight against a pass over the output. A conv2d
+    with a spatial kernel gets its weight copied into the channels-last layout by oneDNN on
+    every call anyway; the fold writes it in that layout instead (layout.py), so it is free."""
+    if not isinstance(out, torch.Tensor) or not isinstance(w, torch.Tensor) or \
+            w.dtype != torch.float32:
+        return False
+    return out.numel() >= w.numel() or conv.target is F.conv2d and w.shape[2:].numel() > 1
+
+
 def fold_batchnorm_per_call(gm: fx.GraphModule) -> int:
     """An inference graph that is not frozen (its parameters require grad, the usual
     `model.eval()` under `torch.no_grad()`): fold eval-mode BatchNorm into the conv/linear
     before it inside the graph, so each call scales the weights (a pass over the weights, in
     float32) instead of normalizing the conv's output (a pass over the activations), and the
-    activation after it fuses into the oneDNN conv (layout.py). Only where the conv's output is
-    at least as large as its weight. How many were folded."""
+    activation after it fuses into the oneDNN conv (layout.py). Only where `fold_pays`. How
+    many were folded."""
     folded = 0
     for bn, conv, a, c in _bn_after_conv(gm):
-        out, w = _val(conv), _val(c["weight"])
-        if isinstance(out, torch.Tensor) and isinstance(w, torch.Tensor) and \
-                out.numel() >= w.numel() and w.dtype == torch.float32:
+        if fold_pays(conv, _val(conv), _val(c["weight"])):
             _fold(gm, bn, conv, a, c, _bn_weight_per_call, _bn_bias_per_call)
             folded += 1
     if folded:
@@ -223,29 +233,46 @@ def _val(node):
 
 
 # ---- the constant graph --------------------------------------------------------------------------
-def _mutates(node: fx.Node) -> bool:
-    name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
-    return (name.endswith("_") and not name.endswith("__")) or node.kwargs.get("inplace") is True
-
-
 def constant_nodes(gm: fx.GraphModule, consts: set) -> set:
     """`consts` (placeholders and folded nodes) plus every node computed from them only."""
     out = set(consts)
     for n in gm.graph.nodes:
         if n in out or n.op not in ("call_function", "call_method") or not n.all_input_nodes:
             continue
-        if all(i in out for i in n.all_input_nodes) and not _mutates(n) and \
+        if all(i in out for i in n.all_input_nodes) and not layout.writes_in_place(n) and \
                 not is_random(n) and isinstance(_val(n), torch.Tensor):
             out.add(n)
     return out
 
 
+#: ops whose result is a new tensor, never a view of an input (a write into the result
+#: writes no placeholder); the rest may return an alias (views, `.to()`, `.contiguous()`,
+#: eval-mode dropout, in-place ops) and are walked through
+_FRESH = {"conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
+          "conv_transpose3d", "batch_norm", "layer_norm", "group_norm", "linear", "matmul",
+          "mm", "bmm", "addmm", "relu", "relu6", "gelu", "silu", "sigmoid", "tanh", "hardswish",
+          "hardsigmoid", "hardtanh", "leaky_relu", "elu", "softmax", "log_softmax", "add",
+          "sub", "mul", "truediv", "div", "neg", "exp", "log", "sqrt", "rsqrt", "pow",
+          "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "adaptive_max_pool2d",
+          "interpolate", "cat", "stack", "mean", "sum", "amax", "clone",
+          "_convolution_pointwise", "conv2d_add"}
+
+
+def _fresh(n: fx.Node) -> bool:
+    if n.op not in ("call_function", "call_method") or layout.writes_in_place(n):
+        return False
+    name = n.target if isinstance(n.target, str) else getattr(n.target, "__name__", "")
+    return name.split(".")[0] in _FRESH
+
+
 def written_inputs(gm: fx.GraphModule) -> set:
-    """Placeholders an in-place op may write (those its target is computed from): state the
-    graph updates, a KV cache (HF's StaticCache is a module attribute), is not a constant."""
+    """Placeholders an in-place op may write (the written tensor, and what it may be a view
+    of, back to a freshly computed tensor): state the graph updates, a KV cache (HF's
+    StaticCache is a module attribute), is not a constant. A write into a conv's output
+    (ResNet's in-place relu, `out += identity`) writes no weight."""
     out = set()
     for n in gm.graph.nodes:
-        if n.op in ("call_function", "call_method") and _mutates(n) and \
+        if n.op in ("call_function", "call_method") and layout.writes_in_place(n) and \
                 isinstance(n.args[0] if n.args else None, fx.Node):
             todo, seen = [n.args[0]], set()
             while todo:
@@ -253,14 +280,15 @@ def written_inputs(gm: fx.GraphModule) -> set:
                 if a.op == "placeholder":
                     out.add(a)
                 seen.add(a)
-                todo.extend(i for i in a.all_input_nodes if i not in seen)
+                if not _fresh(a):
+                    todo.extend(i for i in a.all_input_nodes if i not in seen)
     return out
 
 
 def mutated_constant(gm: fx.GraphModule, const: set) -> bool:
     """Whether a non-constant node writes in place into a constant (then nothing is frozen)."""
-    return any(n not in const and _mutates(n) and n.args and n.args[0] in const
-               for n in gm.graph.nodes)
+    return any(n not in const and layout.writes_in_place(n) and n.args and
+               n.args[0] in const for n in gm.graph.nodes)
 
 
 def split_constants(gm: fx.GraphModule, const: set):
@@ -408,9 +436,11 @@ def freeze(gm: fx.GraphModule, example_inputs, options: dict, compile_fn):
         return None
     counters.bump("frozen_graphs")
     counters.bump("prepacked_linears", n_pack)
-    perf_log.info("frozen: %d constant inputs, %d BatchNorms folded, %d linears prepacked, "
-                  "%d folded tensors (+%d KiB), %.0f ms", len(rt.held), n_bn, n_pack,
-                  len(rt.folded), extra >> 10,
+    n_conv = sum(n.target is layout.REORDER for n in const_gm.graph.nodes)
+    counters.bump("prepacked_convs", n_conv)
+    perf_log.info("frozen: %d constant inputs, %d BatchNorms folded, %d linears and %d convs "
+                  "prepacked, %d folded tensors (+%d KiB), %.0f ms", len(rt.held), n_bn, n_pack,
+                  n_conv, len(rt.folded), extra >> 10,
                   (time.perf_counter() - start) * 1e3)
     return rt
 

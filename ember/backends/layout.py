@@ -8,13 +8,18 @@ while grad is enabled; the op has no derivative) this pass rewrites, in the torc
     y = act(conv2d(x, w, b, stride, padding, dilation, groups))
  →  y = mkldnn._convolution_pointwise(x.contiguous(channels_last), w, b, ..., "act")
 
-so conv outputs are channels-last and the pointwise work, BatchNorm, pooling, interpolation and
+and a residual add after a conv (with a relu after it) joins the conv as oneDNN's binary
+post-op, `conv2d_add(x, other, w, b, ..., "relu")` (FUSE_ADD_MAX_REDUCTION). Conv outputs are
+channels-last and the pointwise work, BatchNorm, pooling, interpolation and
 cat after them keep that layout (their traced strides follow their inputs'). A conversion is
 inserted only where a conv's input is not channels-last already: the graph input once, and
 again after an op that returns a contiguous tensor (a channel shuffle's `.contiguous()`).
 Every 4-D graph output comes back in the layout the captured graph had (NCHW in → NCHW out,
-channels_last in → channels_last out). With frozen weights (freeze.py) the weights are also
-converted to channels-last once, in the constant graph.
+channels_last in → channels_last out). With frozen weights (freeze.py) the weights are
+reordered once, in the constant graph, into oneDNN's blocked layout
+(`mkldnn._reorder_convolution_weight`; `options={"prepack": False}`: channels-last instead); a
+weight the graph computes (a BatchNorm folded on each call) is written channels-last where it
+is computed (oneDNN would copy it into that layout on every call).
 
 A training graph keeps each conv2d (the fused op has no derivative) and only converts its input:
 `conv2d(x.contiguous(channels_last), w, b, ...)`; aot then traces the convs, BatchNorm, pooling
@@ -31,6 +36,9 @@ Consumes and produces: a torch-level fx.GraphModule (rewritten in place).
 """
 from __future__ import annotations
 
+import operator
+from typing import Optional
+
 import torch
 import torch.fx as fx
 import torch.nn.functional as F
@@ -42,6 +50,30 @@ perf_log = get_logger("perf")
 
 CONV_POINTWISE = torch.ops.mkldnn._convolution_pointwise.default
 CL = torch.channels_last
+BINARY = torch.ops.mkldnn._convolution_pointwise.binary
+REORDER = torch.ops.mkldnn._reorder_convolution_weight.default
+#: frozen graphs: conv weights reordered once into oneDNN's blocked layout (docs/design/024)
+PACK_CONV_WEIGHTS = True
+
+
+@torch.library.custom_op("ember::conv2d_add", mutates_args=())
+def conv2d_add(x: torch.Tensor, other: torch.Tensor, weight: torch.Tensor,
+               bias: Optional[torch.Tensor], padding: list[int], stride: list[int],
+               dilation: list[int], groups: int, unary: str,
+               scalars: list[float]) -> torch.Tensor:
+    """unary(conv2d(x, weight, bias) + other) in one oneDNN pass (a binary post-op): the
+    residual add of an inference graph. `mkldnn::_convolution_pointwise.binary` has no meta
+    kernel, so aot could not trace it; this op is it with one."""
+    return BINARY(x, other, weight, bias, padding, stride, dilation, groups, "add", 1.0,
+                  None if unary == "none" else unary, scalars, None)
+
+
+@conv2d_add.register_fake
+def _(x, other, weight, bias, padding, stride, dilation, groups, unary, scalars):
+    return torch.empty_like(other, memory_format=CL)     # the op's output: like other, NHWC
+
+
+CONV_ADD = torch.ops.ember.conv2d_add.default
 
 #: activations oneDNN applies inside the conv: target → (attr, scalars from the call)
 _UNARY = {
@@ -200,10 +232,17 @@ def plan(gm: fx.GraphModule, example_inputs, options: dict, consts=None) -> bool
         with g.inserting_before(conv):
             xcl = g.call_method("contiguous", (x,), {"memory_format": CL})
             xcl.meta["example_value"] = _val(x)       # example values stay the captured ones
-            if consts is not None and w in consts:
+            if consts is not None and w in consts and PACK_CONV_WEIGHTS and \
+                    options.get("prepack", "auto") is not False:
+                w = g.call_function(REORDER, (w, padding, stride, dilation, groups,
+                                              list(_val(x).shape)))
+                w.meta["example_value"] = _val(w.args[0])     # sizes only: opaque
+                consts.add(w)
+            elif consts is not None and w in consts or _computed(w):
                 w = g.call_method("contiguous", (w,), {"memory_format": CL})
                 w.meta["example_value"] = _val(w.args[0]).contiguous(memory_format=CL)
-                consts.add(w)
+                if consts is not None and w.args[0] in consts:
+                    consts.add(w)
             new = g.call_function(CONV_POINTWISE, (xcl, w, b, padding, stride, dilation,
                                                    groups, attr, scalars, ""))
         last = act if act is not None else conv
@@ -216,12 +255,113 @@ def plan(gm: fx.GraphModule, example_inputs, options: dict, consts=None) -> bool
         conv.replace_all_uses_with(new)
         g.erase_node(conv)
         n_conv += 1
+    n_add = 0 if training else _fuse_residual_adds(g, eager)
     _restore_outputs(g, eager)
     g.lint()
     gm.recompile()
     counters.bump("channels_last_graphs")
-    perf_log.info("layout: %d conv2d run channels-last on oneDNN", n_conv)
+    counters.bump("residual_adds_fused", n_add)
+    perf_log.info("layout: %d conv2d run channels-last on oneDNN, %d with the residual add",
+                  n_conv, n_add)
     return True
+
+
+_IN_PLACE_OPERATORS = {operator.iadd, operator.isub, operator.imul, operator.itruediv,
+                       operator.ifloordiv, operator.imod, operator.ipow, operator.iand,
+                       operator.ior, operator.ixor, operator.ilshift, operator.irshift}
+
+
+def writes_in_place(node: fx.Node) -> bool:
+    """Whether a torch-level node writes into its first argument (`relu_`, `inplace=True`,
+    `x += y`)."""
+    name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
+    return (name.endswith("_") and not name.endswith("__")) or \
+        node.kwargs.get("inplace") is True or node.target in _IN_PLACE_OPERATORS
+
+
+#: a residual add is fused into the conv when each output element sums at most this many
+#: products (in_channels/groups x kh x kw). oneDNN's binary post-op saves a pass over the
+#: output, but slows the conv's own loop a little: measured (1 thread, resnet50's 1x1 convs,
+#: batch 2-16, docs/design/024) the fused op won 20-25% at 64, 0-7% at 128, lost 2-5% at
+#: 256 and 512.
+FUSE_ADD_MAX_REDUCTION = 128
+_ADDS = {operator.add, operator.iadd, torch.add, "add", "add_"}
+_IN_PLACE_ADDS = {operator.iadd, "add_"}
+
+
+def _residual_add(y: fx.Node, order: dict):
+    """(add, other) when the first reader of the conv output `y` adds another tensor of its
+    shape and dtype to it: `y + other` (y read by nothing else), or `y += other` in place
+    (y's later readers read the sum)."""
+    if not y.users:
+        return None
+    add = min(y.users, key=lambda n: order.get(n, len(order)))
+    key = add.target if add.op in ("call_function", "call_method") else None
+    if key not in _ADDS or add.kwargs or len(add.args) != 2:
+        return None
+    a, other = add.args
+    if key not in _IN_PLACE_ADDS and a is not y:
+        a, other = other, a                   # y + other == other + y (out of place only)
+    if a is not y or other is y or not isinstance(other, fx.Node) or \
+            key not in _IN_PLACE_ADDS and len(y.users) != 1:
+        return None
+    yv, ov = _val(y), _val(other)
+    if not isinstance(ov, torch.Tensor) or ov.shape != yv.shape or ov.dtype != yv.dtype:
+        return None
+    # the fused op runs where the add was: nothing in between may write into what it reads
+    n = y.next
+    while n is not add:
+        if writes_in_place(n):
+            return None
+        n = n.next
+    return add, other
+
+
+def _fuse_residual_adds(g: fx.Graph, eager: dict) -> int:
+    """`act(conv(x) + other)` → conv2d_add(x, other, ..., act): oneDNN adds the residual (and
+    applies the activation) as the conv writes its output, instead of a kernel reading the
+    conv's output and `other` again. Out of place: `other` is read, never written (the in-place
+    form, oneDNN's "sum", would write into it; aot would clone it first, which costs the pass
+    it saves). groups == 1 only: oneDNN fuses nothing else (the op computes it unfused)."""
+    order = {n: i for i, n in enumerate(g.nodes)}
+    fused = 0
+    for y in list(g.nodes):
+        if y.target is not CONV_POINTWISE or y.args[7] != "none" or y.args[6] != 1 or \
+                not isinstance(_val(y.args[1]), torch.Tensor) or \
+                _val(y.args[1]).shape[1:].numel() > FUSE_ADD_MAX_REDUCTION:
+            continue
+        found = _residual_add(y, order)
+        if found is None:
+            continue
+        add, other = found
+        x, w, b, padding, stride, dilation, groups = y.args[:7]
+        with g.inserting_before(add):
+            s = g.call_function(CONV_ADD, (x, other, w, b, padding, stride, dilation, groups,
+                                           "none", []))
+        s.meta["example_value"] = _val(y)
+        order[s] = order[add]                 # where it reads `other` (a later conv's y)
+        eager[s] = eager.get(add, eager.get(y))
+        add.replace_all_uses_with(s)
+        y.replace_all_uses_with(s)            # in place: y's later readers read the sum
+        g.erase_node(add)
+        g.erase_node(y)
+        act = _fused_activation(s, order)
+        if act is not None and act[1] == "relu":      # the only one oneDNN applies after a sum
+            act, attr, scalars = act
+            s.args = (*s.args[:8], attr, scalars)
+            if act in eager:
+                eager[s] = eager[act]
+            act.replace_all_uses_with(s)
+            g.erase_node(act)
+        fused += 1
+    return fused
+
+
+def _computed(w) -> bool:
+    """A weight the graph computes (a BatchNorm folded on each call, a standardized weight):
+    written channels-last where it is computed, so oneDNN does not copy it into that layout
+    on every call (it converts a plain weight to its input's layout first)."""
+    return isinstance(w, fx.Node) and w.op != "placeholder" and isinstance(_val(w), torch.Tensor)
 
 
 def _cpu_follows_input(n: fx.Node) -> bool:

@@ -245,3 +245,110 @@ def test_buffer_written_in_place_is_not_frozen():
         check(c, ref, x)
     torch.testing.assert_close(m.cache, ref.cache)
     assert count("frozen_graphs") == 1 and count("refolds") == 0
+
+
+class InPlaceBlock(nn.Module):
+    """ResNet's writes into activations: relu(inplace=True) on a BN output, `out += identity`."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1, self.bn1 = nn.Conv2d(8, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8)
+        self.conv2, self.bn2 = nn.Conv2d(8, 8, 1, bias=False), nn.BatchNorm2d(8)
+
+    def forward(self, x):
+        out = torch.nn.functional.relu(self.bn1(self.conv1(x)), inplace=True)
+        out = self.bn2(self.conv2(out))
+        out += x
+        return torch.nn.functional.relu(out, inplace=True)
+
+
+def test_writes_into_activations_keep_the_weights_constant():
+    """A write into a tensor computed from the weights (not a view of them) writes no weight:
+    both BatchNorms are folded (before, every input behind an in-place relu counted as
+    written, and a frozen ResNet folded 3 of its 20 BatchNorms)."""
+    torch.manual_seed(0)
+    m = InPlaceBlock()
+    for mod in m.modules():
+        if isinstance(mod, nn.BatchNorm2d):
+            mod.running_var.uniform_(0.5, 2)
+    m.eval()
+    ref = copy.deepcopy(m)
+    c = ember.compile(m.requires_grad_(False))
+    x = torch.randn(2, 8, 6, 6)
+    check(c, ref, x)
+    with torch.no_grad():
+        for mod in (m, ref):
+            mod.bn2.running_mean.add_(0.5)
+    check(c, ref, x)
+    assert count("frozen_graphs") == 1 and count("refolds") == 1
+    assert fz.written_inputs(_captured(ref, x)) == set()
+
+
+def _captured(m, x):
+    got = {}
+
+    def backend(gm, example_inputs):
+        got["gm"] = gm
+        return gm.forward
+    with torch.no_grad():
+        ember.compile(copy.deepcopy(m), backend=backend)(x)
+    return got["gm"]
+
+
+def test_write_through_a_view_of_a_buffer_is_seen():
+    """A write into a view of a buffer writes the buffer: not a constant."""
+    def f(buf, x):
+        buf.view(-1)[:2].add_(x.sum())
+        return x * buf
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("buf", torch.ones(2, 2))
+
+        def forward(self, x):
+            return f(self.buf, x)
+    m = M()
+    gm = _captured(m, torch.randn(2, 2))
+    written = fz.written_inputs(gm)
+    assert len(written) == 1 and "buf" in next(iter(written)).name
+
+
+@pytest.mark.parametrize("route", ["add_", "load_state_dict", "data_assign"])
+def test_prepacked_conv_weights_are_repacked(route):
+    """Frozen conv weights are reordered once into oneDNN's blocked layout (the weight as the
+    user holds it, and one folded with its BatchNorm): a weight changed afterwards is
+    repacked at the next call, never used stale; values within 1e-4 of eager."""
+    torch.manual_seed(0)
+    ref = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 1),
+                        nn.BatchNorm2d(8), nn.Conv2d(8, 4, 3, stride=2)).eval()
+    m = copy.deepcopy(ref).requires_grad_(False)
+    c = ember.compile(m)
+    x = torch.randn(2, 3, 12, 12)
+    check(c, ref, x)
+    assert count("frozen_graphs") == 1 and count("prepacked_convs") == 3
+    other = copy.deepcopy(ref)
+    with torch.no_grad():
+        other[0].weight.mul_(-2)
+        other[3].running_var.mul_(4)
+        other[4].weight.add_(1)
+        for mod in (m, ref):
+            if route == "add_":
+                mod[0].weight.mul_(-2)
+                mod[3].running_var.mul_(4)
+                mod[4].weight.add_(1)
+            elif route == "load_state_dict":
+                mod.load_state_dict(other.state_dict())
+            else:
+                mod[4].weight.data = other[4].weight.data.clone()
+    check(c, ref, x)
+    check(c, ref, x)
+    assert count("refolds") == 1 and count("graphs") == 1
+
+
+def test_prepack_false_packs_no_conv():
+    torch.manual_seed(0)
+    ref = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU()).eval()
+    c = ember.compile(copy.deepcopy(ref).requires_grad_(False), options={"prepack": False})
+    check(c, ref, torch.randn(2, 3, 6, 6))
+    assert count("frozen_graphs") == 1 and count("prepacked_convs") == 0

@@ -265,3 +265,143 @@ def test_ops_whose_cpu_kernel_follows_a_channels_last_input(name, fmt):
     got.backward(g)
     want.backward(g)
     torch.testing.assert_close(xr.grad, xe.grad, **TOL)
+
+
+# ---- residual adds fused into the conv (layout._fuse_residual_adds) ------------------------
+class Residual(nn.Module):
+    """conv -> BN -> + residual -> relu in the written forms: `out += identity` (torchvision),
+    `out + identity`, `identity + out`, torch.add; and an in-place relu after it."""
+
+    def __init__(self, form, c=16):
+        super().__init__()
+        self.form = form
+        self.conv = nn.Conv2d(c, c, 1, bias=False)
+        self.bn = nn.BatchNorm2d(c)
+
+    def forward(self, x):
+        identity = x * 0.5
+        out = self.bn(self.conv(x))
+        if self.form == "iadd":
+            out += identity
+            return F.relu(out, inplace=True)
+        if self.form == "radd":
+            return torch.relu(identity + out)
+        if self.form == "torch_add":
+            return F.relu6(torch.add(out, identity))
+        return F.relu(out + identity)
+
+
+def bn_stats(m):
+    for mod in m.modules():                # non-trivial statistics: a wrong fold shows
+        if isinstance(mod, nn.BatchNorm2d):
+            mod.running_mean.uniform_(-1, 1)
+            mod.running_var.uniform_(0.5, 2)
+            mod.weight.data.uniform_(0.5, 1.5)
+    return m.eval()
+
+
+@pytest.mark.parametrize("fmt", FORMATS, ids=["nchw", "channels_last"])
+@pytest.mark.parametrize("form", ["iadd", "add", "radd", "torch_add"])
+def test_residual_add_fused_into_the_conv(form, fmt):
+    """One oneDNN op computes act(conv(x) + other): values within 1e-4 of eager (the BN fold
+    changes rounding), eager's output layout for NCHW and channels_last inputs, not frozen
+    and frozen."""
+    torch.manual_seed(0)
+    ref = bn_stats(Residual(form))
+    x = torch.randn(2, 16, 6, 5).contiguous(memory_format=fmt)
+    compare(ember.compile(copy.deepcopy(ref)), ref, x, False)
+    assert count("residual_adds_fused") == 1 and count("batchnorm_folded_per_call") == 1
+    compare(ember.compile(copy.deepcopy(ref).requires_grad_(False)), ref, x, False)
+    assert count("residual_adds_fused") == 2 and count("frozen_graphs") == 1
+    assert count("fallbacks") == 0
+
+
+def test_residual_add_other_used_again():
+    """The fused op reads `other` and never writes it: `other` read after the add (also after
+    an in-place `out += other`), and a graph input as `other`, keep their values."""
+    torch.manual_seed(0)
+    conv = nn.Conv2d(8, 8, 1)
+
+    def f(x, o):
+        h = o * 2
+        a = conv(x)
+        a += h
+        b = conv(x) + o
+        return F.relu(a), b, h.sum((2, 3)), o * 3
+
+    x, o = torch.randn(2, 8, 5, 5), torch.randn(2, 8, 5, 5)
+    o0 = o.clone()
+    with torch.no_grad():
+        got, want = ember.compile(f)(x, o), f(x, o)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, **TOL)
+        assert layout(g) == layout(w)
+    assert torch.equal(o, o0)
+    assert count("residual_adds_fused") == 2
+
+
+def test_residual_add_not_fused_across_a_write():
+    """The fused op runs where the add was: a tensor the conv read, written in place between
+    the conv and the add, keeps the conv unfused (it read the old values)."""
+    torch.manual_seed(0)
+    conv = nn.Conv2d(8, 8, 1)
+
+    def f(x):
+        h = x * 2
+        y = conv(h)
+        h.relu_()
+        return y + h
+
+    x = torch.randn(2, 8, 5, 5)
+    with torch.no_grad():
+        torch.testing.assert_close(ember.compile(f)(x), f(x), **TOL)
+    assert count("residual_adds_fused") == 0 and count("channels_last_graphs") == 1
+
+
+def test_residual_add_cost_rule():
+    """A conv summing more than FUSE_ADD_MAX_REDUCTION products per output keeps its add in a
+    kernel (the binary post-op slows such convs: docs/design/024)."""
+    torch.manual_seed(0)
+    ref = bn_stats(Residual("add", c=160))
+    compare(ember.compile(copy.deepcopy(ref)), ref, torch.randn(1, 160, 16, 16), False)
+    assert count("residual_adds_fused") == 0 and count("batchnorm_folded_per_call") == 1
+
+
+def test_folded_spatial_weight_written_channels_last():
+    """BatchNorm folded on each call into a 3x3 conv whose weight outweighs its output (deep
+    ResNet layers): folded anyway, since the fold writes the weight in the channels-last
+    layout oneDNN would otherwise copy it into on every call: the compiled call copies
+    nothing."""
+    torch.manual_seed(0)
+    ref = bn_stats(nn.Sequential(nn.Conv2d(64, 64, 3, padding=1, bias=False),
+                                 nn.BatchNorm2d(64), nn.ReLU()))
+    m = ember.compile(copy.deepcopy(ref))
+    x = torch.randn(1, 64, 4, 4)                 # 1024 outputs, 36864 weights
+    compare(m, ref, x, False)
+    assert count("batchnorm_folded_per_call") == 1
+    with torch.no_grad(), torch.profiler.profile() as prof:
+        m(x)
+    copies = [e.name for e in prof.events() if e.name in ("aten::copy_", "aten::clone")]
+    assert copies == []
+
+
+def test_residual_add_into_a_conv_output_read_by_an_earlier_fusion():
+    """y is `other` of a fused add, then written in place (`y += t`): the fused op must read y
+    before that write, so y's own add stays unfused (the fused node takes the add's place in
+    the order: it was taken for the last reader, and y's `+=` fused ahead of it)."""
+    torch.manual_seed(0)
+    c1, c2 = nn.Conv2d(8, 8, 1), nn.Conv2d(8, 8, 1)
+
+    def f(x, t):
+        y0 = c2(x)
+        y = c1(x)
+        z = y0 + y
+        y += t
+        return z, y
+
+    x, t = torch.randn(2, 8, 5, 5), torch.randn(2, 8, 5, 5)
+    with torch.no_grad():
+        got, want = ember.compile(f)(x, t), f(x, t)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, **TOL)
+    assert count("residual_adds_fused") == 1 and count("fallbacks") == 0
