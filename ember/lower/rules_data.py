@@ -14,6 +14,7 @@ import torch
 from ..loopir.index import contiguous_strides, is_symbolic
 from ..loopir.ops import compute_dtype, ops
 from ..loopir.nodes import InputBuffer, Pointwise
+from .index_prop import static_index
 from .ir import (Pending, Reindex, SHAPE_ENV, TensorValue, View, as_size, as_sizes, meta_view,
                  view_impl)
 from .rules import RULES, broadcast_loader, out_meta, rule
@@ -382,13 +383,17 @@ def index(ctx, node, x, indices, check=True):
     start = pos[0] if pos == list(range(pos[0], pos[-1] + 1)) else 0
     lx = x.loader()
     loaders = {i: broadcast_loader(indices[i], bshape) for i in pos}
+    direct = {i: static_index(loaders[i], bshape, x.size[i]) for i in pos}
 
     def inner(idx):
         bidx = list(idx[start:start + nb])
         rest = iter(list(idx[:start]) + list(idx[start + nb:]))
         full = []
         for d in range(len(x.size)):
-            if d in loaders:
+            if direct.get(d) is not None:       # computed from the index alone (upsampling)
+                expr, syms = direct[d]
+                full.append(expr.xreplace(dict(zip(syms, bidx))))
+            elif d in loaders:
                 full.append(ops.indirect_indexing(loaders[d](bidx), x.size[d], check))
             else:
                 full.append(next(rest))
