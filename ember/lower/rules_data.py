@@ -407,6 +407,43 @@ def unsafe_index(ctx, node, x, indices):
     return index(ctx, node, x, indices, check=False)
 
 
+@rule(aten.scatter.value, aten.scatter.src, aten.scatter_add.default)
+def scatter_one_per_row(ctx, node, x, dim, index, src):
+    """A scatter whose index holds one position per row along `dim` (index.size[dim] == 1, the
+    other dims equal to x's: one-hot targets, nll_loss's backward) is pointwise: out[.., j, ..]
+    = j == index[.., 0, ..] ? src : x (scatter_add: x + that or 0). No row writes twice, so this
+    is eager's result; as an extern it cloned x (a zero fill) and scattered serially. An index
+    outside [0, n), negative ones included, raises like eager (the bounds check). Other scatters
+    stay aten externs."""
+    dim = dim % max(len(x.size), 1)
+    n = x.size[dim]
+    if (len(index.size) != len(x.size) or index.size[dim] != 1 or is_symbolic(n)
+            or any(index.size[d] != x.size[d] for d in range(len(x.size)) if d != dim)
+            or (isinstance(src, TensorValue) and any(src.size[d] < index.size[d]
+                                                     for d in range(len(index.size))))):
+        return extern_functional(ctx, node, x, dim, index, src)
+    out = out_meta(node)
+    lx, li = x.loader(), index.loader()
+    ls = src.loader() if isinstance(src, TensorValue) else None
+    cd = compute_dtype(out.dtype)
+    add = node.target is aten.scatter_add.default
+
+    def inner(idx):
+        row = list(idx)
+        row[dim] = sympy.Integer(0)
+        raw = li(row)
+        zero = ops.constant(0, index.dtype)
+        j = ops.indirect_indexing(ops.where(ops.lt(raw, zero), ops.constant(n, index.dtype), raw), n)
+        hit = ops.eq(ops.index_expr(idx[dim], torch.int64), ops.index_expr(j, torch.int64))
+        value = (ops.to_dtype(ls(row), cd) if ls is not None
+                 else ops.constant(torch.tensor(src).to(cd).item(), cd))
+        old = ops.to_dtype(lx(idx), cd)
+        if add:
+            return ops.add(old, ops.where(hit, value, ops.constant(0, cd)))
+        return ops.where(hit, value, old)
+    return Pending(Pointwise(as_sizes(out.shape), out.dtype, inner))
+
+
 @rule(aten.max_pool2d_with_indices.default)
 def max_pool2d_with_indices(ctx, node, x, kernel_size, stride=(), padding=0, dilation=1,
                             ceil_mode=False):
@@ -502,8 +539,7 @@ EXTERNS = (
     "scaled_dot_product_attention.default",
     "max_pool2d_with_indices_backward.default",
     "sort.default", "sort.stable", "cumsum.default", "rand.default", "randn.default",
-    "empty_strided.default", "index_put.default", "scatter.src", "scatter.value",
-    "scatter_add.default",
+    "empty_strided.default", "index_put.default",
 )
 
 
