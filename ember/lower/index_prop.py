@@ -18,6 +18,10 @@ only where the value is >= 0 (truncation = floor). The result must lie in [0, si
 index in range, which makes the bounds check / negative wrap of the gather unnecessary. Anything
 else (a load, a where, an unproven min) leaves the gather as it is.
 
+`window_preimage` inverts such an index along one dim when each target position receives a
+window of consecutive sources starting at a*x + c (nearest upsampling by an integer factor): an
+accumulating index_put through it (nearest's backward) is then a gather-sum per output element.
+
 Consumes: an index loader (a loop-IR body), its sizes. Produces: a sympy index or None.
 """
 from __future__ import annotations
@@ -195,3 +199,28 @@ def static_index(loader, size, bound):
     if lo < 0 or hi >= int(bound):
         return None
     return v.expr, syms
+
+
+def window_preimage(expr, sym, n_src, n_dst, max_window=8):
+    """For f = expr(sym) on sym in [0, n_src) into [0, n_dst): (a, c, k) such that for every x the
+    sources mapping to x are exactly [a*x + c, a*x + c + k) clipped to [0, n_src); else None.
+    Checked numerically on every position (sizes are static and small)."""
+    if n_src > 4096 or expr.free_symbols - {sym}:
+        return None
+    f = sympy.lambdify(sym, expr, modules=[{"FloorDiv": lambda a, b: a // b,
+                                            "ModularIndexing": lambda a, b, m: (a // b) % m}])
+    pre: dict[int, list[int]] = {}
+    for q in range(n_src):
+        pre.setdefault(int(f(q)), []).append(q)
+    if 0 not in pre or 1 not in pre and n_dst > 1:
+        return None
+    c = pre[0][0]
+    a = pre[1][0] - c if n_dst > 1 else 1
+    k = max(len(v) for v in pre.values())
+    if a < 1 or k > max_window:
+        return None
+    for x in range(n_dst):
+        want = [q for q in range(a * x + c, a * x + c + k) if 0 <= q < n_src]
+        if pre.get(x, []) != want:
+            return None
+    return a, c, k

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from ember.loopir.index import FloorDiv
 from ember.loopir.ops import ops
-from ember.lower.index_prop import static_index
+from ember.lower.index_prop import static_index, window_preimage
 
 from .helpers import check
 
@@ -56,3 +56,24 @@ def test_nearest_interpolate_matches_eager_exactly(kw):
 def test_index_by_arange_expression_is_direct_and_exact():
     x = torch.randn(64, 50)
     check(lambda t: t[torch.arange(0, 64, 2) // 2 + 1], x, atol=0, rtol=0)
+
+
+def test_window_preimage():
+    q = sympy.Symbol("q", integer=True, nonnegative=True)
+    assert window_preimage(FloorDiv(q, 2), q, 112, 56) == (2, 0, 2)
+    assert window_preimage(FloorDiv(q, 3), q, 10, 4) == (3, 0, 3)      # last window clipped
+    assert window_preimage(2 * q, q, 28, 56) is None                    # odd targets get nothing
+    assert window_preimage(FloorDiv(q, 16), q, 160, 10, max_window=8) is None
+
+
+@pytest.mark.parametrize("osize,isize,scale", [((16, 20), (8, 10), 2.0), ((24, 21), (8, 7), 3.0),
+                                                ((17, 20), (8, 10), None)])
+def test_nearest_backward_is_a_gather_sum(osize, isize, scale):
+    """upsample_nearest2d_backward decomposes to an accumulating index_put: with an integer factor
+    given as an exact scale (2.0) it is one kernel; otherwise the aten extern stays."""
+    g = torch.randn(2, 3, *osize)
+    g[0, 0, 0, 0] = float("inf")
+    fn = lambda t: torch.ops.aten.upsample_nearest2d_backward(  # noqa: E731
+        t, list(osize), [2, 3, *isize], scale, scale)
+    stats = check(fn, g, atol=1e-6, rtol=1e-6)
+    assert (stats["externs"], stats["kernels"]) == ((0, 1) if scale == 2.0 else (1, 3)), stats
