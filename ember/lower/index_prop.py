@@ -194,8 +194,8 @@ def static_index(loader, size, bound):
         if not isinstance(v, _Val) or v.dtype.is_floating_point:
             return None
         lo, hi = _bounds(v.expr, ranges)
-    except (_Give, TypeError, ValueError):
-        return None
+    except Exception:   # noqa: BLE001 - a speculative analysis: a body it cannot follow
+        return None     # (_Give, or a Python-level use of values it does not model) stays a gather
     if lo < 0 or hi >= int(bound):
         return None
     return v.expr, syms
