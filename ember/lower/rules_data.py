@@ -421,7 +421,8 @@ def scatter_one_per_row(ctx, node, x, dim, index, src):
     stay aten externs."""
     dim = dim % max(len(x.size), 1)
     n = x.size[dim]
-    if (len(index.size) != len(x.size) or index.size[dim] != 1 or is_symbolic(n)
+    if (len(index.size) != len(x.size) or index.size[dim] != 1
+            or any(map(is_symbolic, (*x.size, *index.size)))
             or any(index.size[d] != x.size[d] for d in range(len(x.size)) if d != dim)
             or (isinstance(src, TensorValue) and any(src.size[d] < index.size[d]
                                                      for d in range(len(index.size))))):

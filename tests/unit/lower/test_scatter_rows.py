@@ -63,3 +63,10 @@ def test_cross_entropy_training_matches_eager():
     (gx2,) = torch.autograd.grad(got, x2)
     torch.testing.assert_close(got, ref, atol=1e-6, rtol=1e-6)
     torch.testing.assert_close(gx2, gx, atol=1e-7, rtol=1e-5)
+
+
+def test_dynamic_sizes_keep_the_extern():
+    f = ember.compile(lambda a, i: torch.zeros_like(a).scatter(1, i, -1.0), dynamic=True)
+    for n in (8, 12):
+        x, i = torch.randn(n, 30), torch.randint(0, 30, (n, 1))
+        torch.testing.assert_close(f(x, i), torch.zeros_like(x).scatter(1, i, -1.0), atol=0, rtol=0)
