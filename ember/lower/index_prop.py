@@ -224,3 +224,16 @@ def window_preimage(expr, sym, n_src, n_dst, max_window=8):
         if pre.get(x, []) != want:
             return None
     return a, c, k
+
+
+def constant_value(loader, size):
+    """The value of a body that is one constant (a zero fill), as a sympy number, else None."""
+    if any(map(is_symbolic, size)):
+        return None
+    syms = [sympy.Symbol(f"q{d}", integer=True, nonnegative=True) for d in range(len(size))]
+    try:
+        with set_handler(_Symbolic({s: int(n) for s, n in zip(syms, size)})):
+            v = loader(syms)
+    except Exception:   # noqa: BLE001 - as in static_index
+        return None
+    return v.expr if isinstance(v, _Val) and v.expr.is_number else None

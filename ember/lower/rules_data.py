@@ -18,7 +18,7 @@ import torch
 from ..loopir.index import contiguous_strides, is_symbolic
 from ..loopir.ops import compute_dtype, ops
 from ..loopir.nodes import InputBuffer, Pointwise
-from .index_prop import static_index, window_preimage
+from .index_prop import constant_value, static_index, window_preimage
 from .ir import (Pending, Reindex, SHAPE_ENV, TensorValue, View, as_size, as_sizes, meta_view,
                  view_impl)
 from .rules import RULES, broadcast_loader, out_meta, rule
@@ -458,6 +458,8 @@ def index_put(ctx, node, x, indices, values, accumulate=False):
     Everything else stays an aten extern."""
     plan = _window_plan(x, indices, values) if accumulate else None
     if plan is None:
+        if accumulate and _rows_into_zeros(x, indices, values):
+            return _embedding_backward(ctx, node, x, indices[0], values)
         return extern_functional(ctx, node, x, indices, values, accumulate)
     p0, wins, vshape, qsize = plan
     lx, lv = x.loader(), broadcast_loader(values, vshape)
@@ -484,6 +486,32 @@ def index_put(ctx, node, x, indices, values, accumulate=False):
                 acc = ops.add(acc, load())
         return acc
     return Pending(Pointwise(x.size, x.dtype, inner))
+
+
+def _rows_into_zeros(x, indices, values) -> bool:
+    """index_put(zeros(n, d), [idx], values, accumulate=True) with values of idx.shape + (d,):
+    embedding's backward (and any row segment-sum into a fresh zero buffer)."""
+    idx = indices[0] if len(indices) == 1 else None
+    return (isinstance(idx, TensorValue) and idx.dtype in (torch.int64, torch.int32)
+            and len(x.size) == 2 and x.dtype.is_floating_point and values.dtype == x.dtype
+            and tuple(values.size) == (*idx.size, x.size[1])
+            and constant_value(x.loader(), x.size) == 0)
+
+
+def _embedding_backward(ctx, node, x, idx, values):
+    """As aten.embedding_dense_backward, which zero-fills its result and adds the rows in place:
+    the index_put extern cloned the zero buffer first (a 94 MB copy for BERT's embedding). Negative
+    indices are wrapped first (index_put's meaning; embedding's backward would reject them)."""
+    n = x.size[0]
+    li = idx.loader()
+
+    def wrap(i):
+        v = li(i)
+        return ops.where(ops.lt(v, ops.constant(0, idx.dtype)), ops.add(v, ops.constant(n, idx.dtype)), v)
+    wrapped = ctx.realize(Pending(Pointwise(idx.size, idx.dtype, wrap)),
+                          stride=contiguous_strides(idx.size))
+    return ctx.extern(aten.embedding_dense_backward.default, (values, wrapped, n, -1, False), {},
+                      out_meta(node))
 
 
 def _window_plan(x, indices, values):

@@ -70,3 +70,29 @@ def test_dynamic_sizes_keep_the_extern():
     for n in (8, 12):
         x, i = torch.randn(n, 30), torch.randint(0, 30, (n, 1))
         torch.testing.assert_close(f(x, i), torch.zeros_like(x).scatter(1, i, -1.0), atol=0, rtol=0)
+
+
+def test_row_accumulate_into_zeros_is_embedding_backward():
+    """index_put(zeros, [idx], values, accumulate=True): aten.embedding_dense_backward (no clone
+    of the zero buffer), negative indices wrapped as index_put does; other selfs keep index_put."""
+    idx = torch.randint(0, 50, (4, 7))
+    idx[0, 0], idx[1, 1] = -3, idx[2, 2]
+    v = torch.randn(4, 7, 16)
+    stats = check(lambda i, g: torch.zeros(50, 16).index_put((i,), g, True), idx, v, atol=1e-6, rtol=1e-6)
+    assert (stats["kernels"], stats["externs"]) == (1, 1), stats
+    stats = check(lambda i, g: torch.ones(50, 16).index_put((i,), g, True), idx, v, atol=1e-6, rtol=1e-6)
+    assert (stats["kernels"], stats["externs"]) == (1, 1), stats
+
+
+def test_embedding_training_matches_eager():
+    torch.manual_seed(0)
+    emb = torch.nn.Embedding(100, 12)
+    idx = torch.randint(0, 100, (3, 9))
+    idx[0, :3] = 5                                    # repeated rows accumulate
+    ref = emb(idx)
+    go = torch.randn_like(ref)
+    (gw,) = torch.autograd.grad(ref, emb.weight, go)
+    m = ember.compile(torch.nn.Embedding(100, 12))
+    m.load_state_dict(emb.state_dict())
+    (gw2,) = torch.autograd.grad(m(idx), m.weight, go)
+    torch.testing.assert_close(gw2, gw, atol=1e-6, rtol=1e-6)
