@@ -417,8 +417,9 @@ def scatter_one_per_row(ctx, node, x, dim, index, src):
     other dims equal to x's: one-hot targets, nll_loss's backward) is pointwise: out[.., j, ..]
     = j == index[.., 0, ..] ? src : x (scatter_add: x + that or 0). No row writes twice, so this
     is eager's result; as an extern it cloned x (a zero fill) and scattered serially. An index
-    outside [0, n), negative ones included, raises like eager (the bounds check). Other scatters
-    stay aten externs."""
+    >= n raises like eager (the bounds check); a negative one wraps as in ember's gather (eager
+    raises: remapping it out of range made g++ 12 miscompile the checked simd loop, a segfault
+    in nll_loss2d's backward). Other scatters stay aten externs."""
     dim = dim % max(len(x.size), 1)
     n = x.size[dim]
     if (len(index.size) != len(x.size) or index.size[dim] != 1
@@ -436,9 +437,7 @@ def scatter_one_per_row(ctx, node, x, dim, index, src):
     def inner(idx):
         row = list(idx)
         row[dim] = sympy.Integer(0)
-        raw = li(row)
-        zero = ops.constant(0, index.dtype)
-        j = ops.indirect_indexing(ops.where(ops.lt(raw, zero), ops.constant(n, index.dtype), raw), n)
+        j = ops.indirect_indexing(li(row), n)
         hit = ops.eq(ops.index_expr(idx[dim], torch.int64), ops.index_expr(j, torch.int64))
         value = (ops.to_dtype(ls(row), cd) if ls is not None
                  else ops.constant(torch.tensor(src).to(cd).item(), cd))
