@@ -420,9 +420,11 @@ def scatter_one_per_row(ctx, node, x, dim, index, src):
     >= n raises like eager (the bounds check); a negative one wraps as in ember's gather (eager
     raises: remapping it out of range made g++ 12 miscompile the checked simd loop, a segfault
     in nll_loss2d's backward). Other scatters stay aten externs."""
-    dim = dim % max(len(x.size), 1)
+    if not x.size or len(index.size) != len(x.size):           # 0-d: the extern
+        return extern_functional(ctx, node, x, dim, index, src)
+    dim = dim % len(x.size)
     n = x.size[dim]
-    if (len(index.size) != len(x.size) or index.size[dim] != 1
+    if (index.size[dim] != 1
             or any(map(is_symbolic, (*x.size, *index.size)))
             or any(index.size[d] != x.size[d] for d in range(len(x.size)) if d != dim)
             or (isinstance(src, TensorValue) and any(src.size[d] < index.size[d]
