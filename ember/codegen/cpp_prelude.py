@@ -136,19 +136,31 @@ template <typename T> static inline T iremainder(T a, T b) {
     T r = imod(a, b); return (r != 0 && ((r < 0) != (b < 0))) ? static_cast<T>(r + b) : r;
 }
 
+// a*b + c in one rounding where the target has FMA (-march=native): the polynomials below
+// are then shorter and more accurate. Only inside these functions: generated code keeps
+// -ffp-contract=off, so eager's separately rounded multiplies and adds are reproduced.
+static inline float fmadd(float a, float b, float c) {
+#ifdef __FMA__
+    return std::fma(a, b, c);
+#else
+    return a * b + c;
+#endif
+}
+
 // ---- vectorizable float math ----
 static inline float exp(float x) {
     const float l2e = 1.44269504088896341f;
     float z = std::nearbyint(x * l2e);
     z = std::min(std::max(z, -150.0f), 128.0f);
-    float r = x - z * 0.693359375f - z * -2.12194440e-4f;
+    float r = fmadd(z, -0.693359375f, x);
+    r = fmadd(z, 2.12194440e-4f, r);
     float p = 1.9875691500E-4f;
-    p = p * r + 1.3981999507E-3f;
-    p = p * r + 8.3334519073E-3f;
-    p = p * r + 4.1665795894E-2f;
-    p = p * r + 1.6666665459E-1f;
-    p = p * r + 5.0000001201E-1f;
-    p = p * r * r + r + 1.0f;
+    p = fmadd(p, r, 1.3981999507E-3f);
+    p = fmadd(p, r, 8.3334519073E-3f);
+    p = fmadd(p, r, 4.1665795894E-2f);
+    p = fmadd(p, r, 1.6666665459E-1f);
+    p = fmadd(p, r, 5.0000001201E-1f);
+    p = fmadd(p, r * r, r) + 1.0f;
     int32_t zi = static_cast<int32_t>(z), z1 = zi >> 1, z2 = zi - z1;   // two steps: denormals
     int32_t b1 = (z1 + 127) << 23, b2 = (z2 + 127) << 23;
     float s1, s2; std::memcpy(&s1, &b1, 4); std::memcpy(&s2, &b2, 4);
@@ -173,14 +185,14 @@ static inline float log(float x) {
     m = small ? m + m - 1.0f : m - 1.0f;
     float z = m * m;
     float y = 7.0376836292E-2f;
-    y = y * m - 1.1514610310E-1f;
-    y = y * m + 1.1676998740E-1f;
-    y = y * m - 1.2420140846E-1f;
-    y = y * m + 1.4249322787E-1f;
-    y = y * m - 1.6668057665E-1f;
-    y = y * m + 2.0000714765E-1f;
-    y = y * m - 2.4999993993E-1f;
-    y = y * m + 3.3333331174E-1f;
+    y = fmadd(y, m, -1.1514610310E-1f);
+    y = fmadd(y, m, 1.1676998740E-1f);
+    y = fmadd(y, m, -1.2420140846E-1f);
+    y = fmadd(y, m, 1.4249322787E-1f);
+    y = fmadd(y, m, -1.6668057665E-1f);
+    y = fmadd(y, m, 2.0000714765E-1f);
+    y = fmadd(y, m, -2.4999993993E-1f);
+    y = fmadd(y, m, 3.3333331174E-1f);
     y = y * m * z;
     y += fe * -2.12194440e-4f;
     y += -0.5f * z;
@@ -196,18 +208,18 @@ static inline float erf(float x) {
     float c = std::min(std::max(x, -4.0f), 4.0f);
     float x2 = c * c;
     float p = -2.72614225801306e-10f;
-    p = p * x2 + 2.77068142495902e-08f;
-    p = p * x2 - 2.10102402082508e-06f;
-    p = p * x2 - 5.69250639462346e-05f;
-    p = p * x2 - 7.34990630326855e-04f;
-    p = p * x2 - 2.95459980854025e-03f;
-    p = p * x2 - 1.60960333262415e-02f;
+    p = fmadd(p, x2, 2.77068142495902e-08f);
+    p = fmadd(p, x2, -2.10102402082508e-06f);
+    p = fmadd(p, x2, -5.69250639462346e-05f);
+    p = fmadd(p, x2, -7.34990630326855e-04f);
+    p = fmadd(p, x2, -2.95459980854025e-03f);
+    p = fmadd(p, x2, -1.60960333262415e-02f);
     p = p * c;
     float q = -1.45660718464996e-05f;
-    q = q * x2 - 2.13374055278905e-04f;
-    q = q * x2 - 1.68282697438203e-03f;
-    q = q * x2 - 7.37332916720468e-03f;
-    q = q * x2 - 1.42647390514189e-02f;
+    q = fmadd(q, x2, -2.13374055278905e-04f);
+    q = fmadd(q, x2, -1.68282697438203e-03f);
+    q = fmadd(q, x2, -7.37332916720468e-03f);
+    q = fmadd(q, x2, -1.42647390514189e-02f);
     float r = p / q;
     return x != x ? x : r;
 }
@@ -217,17 +229,17 @@ static inline float tanh(float x) {
     float c = std::min(std::max(x, -7.90531110763549805f), 7.90531110763549805f);
     float x2 = c * c;
     float p = -2.76076847742355e-16f;
-    p = p * x2 + 2.00018790482477e-13f;
-    p = p * x2 - 8.60467152213735e-11f;
-    p = p * x2 + 5.12229709037114e-08f;
-    p = p * x2 + 1.48572235717979e-05f;
-    p = p * x2 + 6.37261928875436e-04f;
-    p = p * x2 + 4.89352455891786e-03f;
+    p = fmadd(p, x2, 2.00018790482477e-13f);
+    p = fmadd(p, x2, -8.60467152213735e-11f);
+    p = fmadd(p, x2, 5.12229709037114e-08f);
+    p = fmadd(p, x2, 1.48572235717979e-05f);
+    p = fmadd(p, x2, 6.37261928875436e-04f);
+    p = fmadd(p, x2, 4.89352455891786e-03f);
     p = p * c;
     float q = 1.19825839466702e-06f;
-    q = q * x2 + 1.18534705686654e-04f;
-    q = q * x2 + 2.26843463243900e-03f;
-    q = q * x2 + 4.89352518554385e-03f;
+    q = fmadd(q, x2, 1.18534705686654e-04f);
+    q = fmadd(q, x2, 2.26843463243900e-03f);
+    q = fmadd(q, x2, 4.89352518554385e-03f);
     float r = p / q;
     r = std::fabs(x) < 0.0004f ? x : r;
     return x != x ? x : r;

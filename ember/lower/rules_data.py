@@ -8,12 +8,17 @@ Consumes: GraphLowering helpers (ctx). Produces: entries in rules.RULES.
 """
 from __future__ import annotations
 
+import functools
+import itertools
+import math
+
 import sympy
 import torch
 
 from ..loopir.index import contiguous_strides, is_symbolic
 from ..loopir.ops import compute_dtype, ops
 from ..loopir.nodes import InputBuffer, Pointwise
+from .index_prop import constant_value, static_index, window_preimage
 from .ir import (Pending, Reindex, SHAPE_ENV, TensorValue, View, as_size, as_sizes, meta_view,
                  view_impl)
 from .rules import RULES, broadcast_loader, out_meta, rule
@@ -382,13 +387,17 @@ def index(ctx, node, x, indices, check=True):
     start = pos[0] if pos == list(range(pos[0], pos[-1] + 1)) else 0
     lx = x.loader()
     loaders = {i: broadcast_loader(indices[i], bshape) for i in pos}
+    direct = {i: static_index(loaders[i], bshape, x.size[i]) for i in pos}
 
     def inner(idx):
         bidx = list(idx[start:start + nb])
         rest = iter(list(idx[:start]) + list(idx[start + nb:]))
         full = []
         for d in range(len(x.size)):
-            if d in loaders:
+            if direct.get(d) is not None:       # computed from the index alone (upsampling)
+                expr, syms = direct[d]
+                full.append(expr.xreplace(dict(zip(syms, bidx))))
+            elif d in loaders:
                 full.append(ops.indirect_indexing(loaders[d](bidx), x.size[d], check))
             else:
                 full.append(next(rest))
@@ -400,6 +409,142 @@ def index(ctx, node, x, indices, check=True):
 def unsafe_index(ctx, node, x, indices):
     """Indices a decomposition computed in range (upsampling, flip): no bounds check."""
     return index(ctx, node, x, indices, check=False)
+
+
+@rule(aten.scatter.value, aten.scatter.src, aten.scatter_add.default)
+def scatter_one_per_row(ctx, node, x, dim, index, src):
+    """A scatter whose index holds one position per row along `dim` (index.size[dim] == 1, the
+    other dims equal to x's: one-hot targets, nll_loss's backward) is pointwise: out[.., j, ..]
+    = j == index[.., 0, ..] ? src : x (scatter_add: x + that or 0). No row writes twice, so this
+    is eager's result; as an extern it cloned x (a zero fill) and scattered serially. An index
+    >= n raises like eager (the bounds check); a negative one wraps as in ember's gather (eager
+    raises: remapping it out of range made g++ 12 miscompile the checked simd loop, a segfault
+    in nll_loss2d's backward). Other scatters stay aten externs."""
+    if not x.size or len(index.size) != len(x.size):           # 0-d: the extern
+        return extern_functional(ctx, node, x, dim, index, src)
+    dim = dim % len(x.size)
+    n = x.size[dim]
+    if (index.size[dim] != 1
+            or any(map(is_symbolic, (*x.size, *index.size)))
+            or any(index.size[d] != x.size[d] for d in range(len(x.size)) if d != dim)
+            or (isinstance(src, TensorValue) and any(src.size[d] < index.size[d]
+                                                     for d in range(len(index.size))))):
+        return extern_functional(ctx, node, x, dim, index, src)
+    out = out_meta(node)
+    lx, li = x.loader(), index.loader()
+    ls = src.loader() if isinstance(src, TensorValue) else None
+    cd = compute_dtype(out.dtype)
+    add = node.target is aten.scatter_add.default
+
+    def inner(idx):
+        row = list(idx)
+        row[dim] = sympy.Integer(0)
+        j = ops.indirect_indexing(li(row), n)
+        hit = ops.eq(ops.index_expr(idx[dim], torch.int64), ops.index_expr(j, torch.int64))
+        value = (ops.to_dtype(ls(row), cd) if ls is not None
+                 else ops.constant(torch.tensor(src).to(cd).item(), cd))
+        old = ops.to_dtype(lx(idx), cd)
+        if add:
+            return ops.add(old, ops.where(hit, value, ops.constant(0, cd)))
+        return ops.where(hit, value, old)
+    return Pending(Pointwise(as_sizes(out.shape), out.dtype, inner))
+
+
+@rule(aten.index_put.default)
+def index_put(ctx, node, x, indices, values, accumulate=False):
+    """An accumulating index_put whose (adjacent) index tensors are static functions of one
+    broadcast dim each, with window preimages (window_preimage: nearest upsampling's backward),
+    is a gather-sum: out[x] = self[x] + the values of x's window, added in eager's order. As an
+    extern it cloned self and accumulated serially (7x slower than eager's nearest backward).
+    Everything else stays an aten extern."""
+    plan = _window_plan(x, indices, values) if accumulate else None
+    if plan is None:
+        if accumulate and _rows_into_zeros(x, indices, values):
+            return _embedding_backward(ctx, node, x, indices[0], values)
+        return extern_functional(ctx, node, x, indices, values, accumulate)
+    p0, wins, vshape, qsize = plan
+    lx, lv = x.loader(), broadcast_loader(values, vshape)
+    cd = compute_dtype(x.dtype)
+    npos = len(wins)
+
+    def inner(idx):
+        acc = ops.to_dtype(lx(idx), cd)
+        for ts in itertools.product(*[range(k) for _, _, _, k in wins]):
+            q = [None] * npos
+            conds = []
+            for n, ((j, a, c, _), t) in enumerate(zip(wins, ts)):
+                q[j] = a * idx[p0 + n] + c + t
+                if c + t < 0 or a * (x.size[p0 + n] - 1) + c + t >= qsize[j]:   # may leave [0, Q)
+                    e = ops.index_expr(q[j], torch.int64)
+                    conds.append(ops.logical_and(ops.ge(e, ops.constant(0, torch.int64)),
+                                                 ops.lt(e, ops.constant(qsize[j], torch.int64))))
+            vidx = list(idx[:p0]) + q + list(idx[p0 + npos:])
+            load = (lambda vidx=vidx: ops.to_dtype(lv(vidx), cd))
+            if conds:
+                mask = functools.reduce(ops.logical_and, conds)
+                acc = ops.add(acc, ops.masked(mask, load, 0.0))
+            else:
+                acc = ops.add(acc, load())
+        return acc
+    return Pending(Pointwise(x.size, x.dtype, inner))
+
+
+def _rows_into_zeros(x, indices, values) -> bool:
+    """index_put(zeros(n, d), [idx], values, accumulate=True) with values of idx.shape + (d,):
+    embedding's backward (and any row segment-sum into a fresh zero buffer)."""
+    idx = indices[0] if len(indices) == 1 else None
+    return (isinstance(idx, TensorValue) and idx.dtype in (torch.int64, torch.int32)
+            and len(x.size) == 2 and x.dtype.is_floating_point and values.dtype == x.dtype
+            and tuple(values.size) == (*idx.size, x.size[1])
+            and constant_value(x.loader(), x.size) == 0)
+
+
+def _embedding_backward(ctx, node, x, idx, values):
+    """As aten.embedding_dense_backward, which zero-fills its result and adds the rows in place:
+    the index_put extern cloned the zero buffer first (a 94 MB copy for BERT's embedding). Negative
+    indices are wrapped first (index_put's meaning; embedding's backward would reject them)."""
+    n = x.size[0]
+    li = idx.loader()
+
+    def wrap(i):
+        v = li(i)
+        return ops.where(ops.lt(v, ops.constant(0, idx.dtype)), ops.add(v, ops.constant(n, idx.dtype)), v)
+    wrapped = ctx.realize(Pending(Pointwise(idx.size, idx.dtype, wrap)),
+                          stride=contiguous_strides(idx.size))
+    return ctx.extern(aten.embedding_dense_backward.default, (values, wrapped, n, -1, False), {},
+                      out_meta(node))
+
+
+def _window_plan(x, indices, values):
+    pos = [d for d, t in enumerate(indices) if t is not None]
+    if (not pos or pos != list(range(pos[0], pos[-1] + 1)) or not x.dtype.is_floating_point
+            or any(not isinstance(indices[d], TensorValue) or indices[d].dtype not in
+                   (torch.int64, torch.int32) for d in pos)
+            or any(map(is_symbolic, x.size))):
+        return None
+    bshape = broadcast_sizes(*[indices[d].size for d in pos])
+    if len(bshape) != len(pos) or any(map(is_symbolic, bshape)):
+        return None
+    wins = []
+    for d in pos:
+        got = static_index(broadcast_loader(indices[d], bshape), bshape, x.size[d])
+        if got is None:
+            return None
+        expr, syms = got
+        used = [j for j, s_ in enumerate(syms) if s_ in expr.free_symbols]
+        if len(used) != 1:
+            return None
+        w = window_preimage(expr, syms[used[0]], int(bshape[used[0]]), int(x.size[d]))
+        if w is None:
+            return None
+        wins.append((used[0], *w))
+    if sorted(j for j, *_ in wins) != list(range(len(pos))):
+        return None            # a broadcast dim no index moves along: several sources per target
+    if math.prod(k for *_, k in wins) > 16:
+        return None
+    p0 = pos[0]
+    vshape = tuple(x.size[:p0]) + tuple(bshape) + tuple(x.size[p0 + len(pos):])
+    return p0, wins, vshape, [int(b) for b in bshape]
 
 
 @rule(aten.max_pool2d_with_indices.default)
@@ -497,8 +642,7 @@ EXTERNS = (
     "scaled_dot_product_attention.default",
     "max_pool2d_with_indices_backward.default",
     "sort.default", "sort.stable", "cumsum.default", "rand.default", "randn.default",
-    "empty_strided.default", "index_put.default", "scatter.src", "scatter.value",
-    "scatter_add.default",
+    "empty_strided.default",
 )
 
 

@@ -1,5 +1,6 @@
-"""The C++ prelude's float log/log1p: accuracy against fp64 over normals, denormals and special
-values, and vectorization (no libm call left in a `#pragma omp simd` loop)."""
+"""The C++ prelude's float math: log/log1p accuracy against fp64 over normals, denormals and
+special values; exp/erf/tanh/sigmoid/expm1 (FMA polynomials) over their whole range; and
+vectorization (no libm call left in a `#pragma omp simd` loop)."""
 import ctypes
 import subprocess
 
@@ -9,16 +10,12 @@ import torch
 from ember.codegen.cpp_prelude import PRELUDE
 from ember.runtime.build import FLAGS
 
-SRC = PRELUDE + """
-extern "C" void k_log(const float* a, float* b, int64_t n) {
+FUNCS = ("log", "log1p", "exp", "erf", "tanh", "sigmoid", "expm1")
+SRC = PRELUDE + "".join(f"""
+extern "C" void k_{f}(const float* a, float* b, int64_t n) {{
     #pragma omp simd
-    for (int64_t i = 0; i < n; ++i) b[i] = ember::log(a[i]);
-}
-extern "C" void k_log1p(const float* a, float* b, int64_t n) {
-    #pragma omp simd
-    for (int64_t i = 0; i < n; ++i) b[i] = ember::log1p(a[i]);
-}
-"""
+    for (int64_t i = 0; i < n; ++i) b[i] = ember::{f}(a[i]);
+}}""" for f in FUNCS)
 
 
 @pytest.fixture(scope="module")
@@ -60,3 +57,24 @@ def test_log_and_log1p_accuracy(lib, name, ref):
 def test_log_and_log1p_vectorize(lib):
     asm = lib[1]
     assert "<logf@plt>" not in asm and "<log1pf@plt>" not in asm
+
+
+@pytest.mark.parametrize("name,ref,bound", [
+    ("k_exp", torch.exp, 1.2e-7), ("k_erf", torch.erf, 4e-7), ("k_tanh", torch.tanh, 3.5e-7),
+    ("k_sigmoid", torch.sigmoid, 2e-7), ("k_expm1", torch.expm1, 2e-7)])
+def test_exp_family_accuracy_and_specials(lib, name, ref, bound):
+    x = torch.cat([torch.linspace(-110, 90, 400001), torch.randn(20000) * 3,
+                   torch.logspace(-40, 2, 20001), -torch.logspace(-40, 2, 20001),
+                   torch.tensor([0.0, -0.0, float("inf"), float("-inf"), float("nan"), 88.73, -104.0])])
+    got, want = _run(lib[0], name, x).double(), ref(x.double())
+    eager = ref(x).double()              # where fp32 over/underflows, eager's value is the answer
+    special = ~eager.isfinite() | (eager == 0)
+    assert ((got == eager) | (got.isnan() & eager.isnan()))[special].all()
+    ok = ~special & (want.abs() > 1e-30)
+    rel = ((got - want).abs() / want.abs())[ok]
+    assert float(rel.max()) < bound, float(rel.max())
+
+
+def test_exp_family_vectorizes(lib):
+    # (expm1 still calls expm1f for |x| < 0.5)
+    assert not any(f"<{f}f@plt>" in lib[1] for f in ("exp", "erf", "tanh", "fma"))
