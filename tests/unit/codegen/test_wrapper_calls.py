@@ -171,3 +171,23 @@ def test_static_cache_module_end_to_end():
     assert model.count.item() == ref.count.item() == 6
     assert model.cache.data_ptr() == ptr
     assert ember.stats()["counts"].get("graphs", 0) - before == 1     # no recompile per token
+
+
+def test_kernel_output_is_allocated_in_the_shape_its_extern_reads():
+    """A (1, 1, 16) kernel output read by mm as (1, 16) is allocated (1, 16): mm takes the
+    tensor itself. Its other reader (bmm, as the whole (1, 1, 16)) gets a view, and the pooled
+    memory reused later keeps the right layout for everyone."""
+    def f(x, w, v):
+        h = x.exp() * 2                        # (1, 1, 16), a kernel
+        a = h @ w.t()                          # mm on h viewed as (1, 16)
+        b = torch.bmm(h, v)                    # bmm on the whole h
+        c = (a.relu() + 1).reshape(1, 1, 16) @ v
+        return a, b, c
+    args = (torch.randn(1, 1, 16), torch.randn(16, 16), torch.randn(1, 16, 4))
+    gm = trace_aten(f, args, decompositions=get_decompositions())
+    run = compile_aten_graph(gm, list(args))
+    text = run.ember_wrapper
+    first = next(ln for ln in text.splitlines() if "torch.mm(" in ln)
+    assert first.split("torch.mm(")[1].startswith("buf"), text
+    for got, want in zip(run(*args), f(*args)):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
