@@ -118,6 +118,7 @@ class WrapperCodegen:
         # kernel-written buffers allocated in the shape an extern reads them as (kernels only
         # take their data pointer): buffer -> (size, stride) of the tensor object
         self.shape_of: dict = {}
+        self.output_names = {o.buffer.name for o in self.outputs if hasattr(o, "buffer")}
         self.extern_shape = self._extern_shapes() if pointers else {}
         mutations = mutations or {}
         self.mutated = {b.name for b in self.inputs if b.position in mutations.values()}
@@ -163,7 +164,7 @@ class WrapperCodegen:
         every call (~2 us each, ~45 a decode step)."""
         kernel_written = {n for step, w in zip(self.steps, self.plan.writes)
                           if getattr(step, "node", None) is None for n in w}
-        outputs = {o.buffer.name for o in self.outputs if hasattr(o, "buffer")}
+        outputs = self.output_names
         shapes: dict = {}
         for step in self.steps:
             node = getattr(step, "node", None)
@@ -341,7 +342,8 @@ class WrapperCodegen:
                 if self._write_into_input(i, name):
                     continue
                 src = next((d for d in dying if _sig(self.buffers[d]) == _sig(buf)
-                            and (i, d, name) in self.plan.in_place), None)
+                            and (i, d, name) in self.plan.in_place
+                            and not (d in self.shape_of and name in self.output_names)), None)
                 if src is not None:
                     dying.remove(src)
                     self.donated.add(src)
@@ -391,6 +393,8 @@ class WrapperCodegen:
         if not hasattr(dst, "buffer") or not dst.is_whole or _sig(dst.buffer) != _sig(node):
             return False
         name = dst.buffer.name
+        if name in self.shape_of and node.name in self.output_names:
+            return False            # an output is its own tensor, never a view of ours
         others = [a.buffer.name for a in _tensor_args(node.args[1:]) + _tensor_args(node.kwargs)]
         if name not in self.plan.memory.frees.get(i, []) or name in others:
             return False

@@ -191,3 +191,20 @@ def test_kernel_output_is_allocated_in_the_shape_its_extern_reads():
     assert first.split("torch.mm(")[1].startswith("buf"), text
     for got, want in zip(run(*args), f(*args)):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_outputs_are_never_views_of_reshaped_buffers():
+    """h is allocated in mm's (1, 16) shape; the last kernel could write its output into h's
+    memory, but an output must be a tensor of its own (a view would refuse the caller's
+    in-place ops in training): it gets a fresh buffer."""
+    def f(x, w):
+        h = x.exp() * 2
+        a = h @ w.t()
+        return a, h.sin() * a.view(1, 1, 16)
+    args = (torch.randn(1, 1, 16), torch.randn(16, 16))
+    gm = trace_aten(f, args, decompositions=get_decompositions())
+    run = compile_aten_graph(gm, list(args))
+    outs = run(*args)
+    assert outs[1]._base is None, run.ember_wrapper    # (outs[0] views mm's (1, 16) result)
+    for got, want in zip(outs, f(*args)):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
