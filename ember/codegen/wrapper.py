@@ -173,7 +173,8 @@ class WrapperCodegen:
             for a in _tensor_args(node.args) + _tensor_args(node.kwargs):
                 b = a.buffer
                 if b.name in shapes or b.name not in kernel_written or b.name in outputs or \
-                        a.offset != 0 or a.is_whole or _symbolic(a.size, a.stride, b.size, b.stride):
+                        a.offset != 0 or a.is_whole or \
+                        _symbolic(a.size, a.stride, b.size, b.stride):
                     continue
                 if numel(a.size) == numel(b.size) and \
                         tuple(a.stride) == contiguous_strides(a.size) and \
