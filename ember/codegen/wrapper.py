@@ -405,8 +405,8 @@ class WrapperCodegen:
         if name in self.owned and name not in self.donated:
             self.donated.add(name)
             self.owned.add(node.name)
-        elif name in self.memory_of:        # already the caller's input: stays out of the pool
-            self.memory_of[node.name] = self.memory_of[name]
+        elif name in self.memory_of and self._input_free_after(self.memory_of[name], i + 1):
+            self.memory_of[node.name] = self.memory_of[name]    # the caller's input: no pool
         elif name in self.mutated and self._input_free_after(name, i + 1):
             self.memory_of[node.name] = name
         else:
