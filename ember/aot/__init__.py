@@ -91,6 +91,9 @@ def _compile_in_scope(gm, example_inputs, specs, *, fw_compiler, bw_compiler, de
         joint = False
     if not joint:
         fw_gm = _module(traced.graph, device, "EmberForward")
+        # its last outputs are copied into these inputs after each call (InferenceRuntime): the
+        # kernel compiler may compute them in those inputs' memory (codegen/wrapper.py)
+        fw_gm.meta["copied_back"] = traced.mutated
         _log_graph("forward (inference)", fw_gm, start)
         fw = fw_compiler(fw_gm, list(example_inputs) + list(traced.constants))
         return InferenceRuntime(traced, fw, traced.treespec)

@@ -26,7 +26,7 @@ from ..errors import Unsupported
 from ..aot import aot_compile, trace_aten
 from ..codegen import triton_launch
 from ..codegen.cpp import generate_tu
-from ..codegen.wrapper import WrapperCodegen, grad_free
+from ..codegen.wrapper import WrapperCodegen, grad_free, wrapper_globals
 from ..fallback import fall_back, stage
 from ..decomp import complex as real_pairs, get_decompositions
 from ..logging import get_logger
@@ -149,7 +149,9 @@ def compile_aten_graph(gm, example_inputs, *, options=None):
         use_triton = triton_launch.selected(gm, example_inputs, options)  # raises on mixed devices
         with stage("decomp"):
             work = _complex_as_real_pairs(gm, example_inputs)
-        key = None if use_triton else graph_cache.graph_key(work, options)
+        mutations = _mutation_outputs(work)
+        key = None if use_triton else graph_cache.graph_key(
+            work, {**options, "mutations": sorted(mutations.items())} if mutations else options)
         entry = graph_cache.load(key) if key else None
         if entry is not None:
             return _from_graph_cache(entry, gm)
@@ -179,7 +181,7 @@ def compile_aten_graph(gm, example_inputs, *, options=None):
             return run
         with stage("codegen"):
             source, sigs = generate_tu(plan.kernels, plan.deps, plan.buffers)
-            wrapper = WrapperCodegen(plan, sigs)
+            wrapper = WrapperCodegen(plan, sigs, mutations=mutations)
             wsrc = wrapper.generate()
         stats = {"graph": next(_ids), **stats}
         with _lock:
@@ -192,6 +194,16 @@ def compile_aten_graph(gm, example_inputs, *, options=None):
         perf_log.info("graph %d: %s, fallbacks %s, lowered in %.3fs", stats["graph"],
                       plan_summary(plan), list(plan.fallbacks), time.perf_counter() - t0)
         return _Compiled(wsrc, wrapper.globals, future, sigs, stats, gm).entry()
+
+
+def _mutation_outputs(gm) -> dict:
+    """{output position: input position} for outputs the caller copies into an input after the
+    call (aot's inference runtime lists those inputs in gm.meta["copied_back"]; their new
+    values are the graph's last outputs)."""
+    mutated = gm.meta.get("copied_back") or ()
+    outs = list(gm.graph.find_nodes(op="output"))[0].args[0]
+    n = len(outs) if isinstance(outs, (list, tuple)) else 1
+    return {n - len(mutated) + j: pos for j, pos in enumerate(mutated)}
 
 
 def _complex_as_real_pairs(gm, example_inputs):
@@ -226,7 +238,7 @@ def _from_graph_cache(entry, gm):
     stats = dict(entry["stats"], graph=next(_ids), cached=True)
     with _lock:
         STATS.append(stats)
-    globs = {"torch": torch, "empty_strided": torch.empty_strided, "as_strided": torch.as_strided}
+    globs = wrapper_globals()
     globs.update({k: graph_cache.resolve_op(v) for k, v in entry["ops"].items()})
     future = build_async(entry["source"]) if entry["source"] else None
     perf_log.info("graph %d: graph cache hit (%d kernels), fallbacks %s", stats["graph"],

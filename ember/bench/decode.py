@@ -9,6 +9,12 @@ order reversed every round), how many graphs each backend compiled in the first 
 during the timed rounds (a recompile per generated token shows here), and whether the greedy
 tokens equal eager's.
 
+`--step-reps N` (static cache) also times one decode step alone: the model call of the 10th
+generated token, recorded and replayed N times per compiler (its cache position counters reset
+before each, untimed), alternating compilers. A step is ~1/32 of a generate with none of
+generate()'s own Python, so the per-token cost of guards, wrapper and kernels shows with less
+noise than tokens/s does on a shared machine.
+
 Every compiler works on a deep copy of the same seeded model; the model is compiled in place
 (`ember.compile(model)`, `model.compile()` for torch.compile) so `generate()`'s own `self(...)`
 calls go through it. Batch 1, greedy, EOS disabled so every run makes exactly N tokens.
@@ -37,6 +43,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--layers", type=int, default=6)
     p.add_argument("--hidden", type=int, default=512)
     p.add_argument("--vocab", type=int, default=8192)
+    p.add_argument("--step-reps", type=int, default=0,
+                   help="static cache: also time N replays of one decode step per compiler")
     p.add_argument("--json", default=None, help="write JSON lines here")
 
 
@@ -151,6 +159,10 @@ def measure(name: str, cache: str, compilers: list[str], args) -> list[dict]:
     for r in range(args.reps):
         for c in (list(order) if r % 2 == 0 else order[::-1]):
             timed(c)
+    if cache == "static" and getattr(args, "step_reps", 0) and order:
+        for c, (med, p10) in step_times(models, order, lambda m: generate(m, args.new_tokens),
+                                        args.step_reps).items():
+            recs[c].update(step_ms=med * 1e3, step_p10_ms=p10 * 1e3)
     if "eager" not in order:
         order = []
     n = args.new_tokens
@@ -172,9 +184,47 @@ def measure(name: str, cache: str, compilers: list[str], args) -> list[dict]:
     return [recs[c] for c in names]
 
 
+def step_times(models: dict, order: list, generate, reps: int) -> dict:
+    """{compiler: (median, 10th percentile) seconds of one replayed decode step}."""
+    import torch
+    calls = {}
+    for c in order:
+        model, seen = models[c], []
+        inner = model._compiled_call_impl
+
+        def spy(*a, _inner=inner or model._call_impl, _seen=seen, **kw):
+            if len(_seen) == 10:           # the 10th decode step (call 0 is the prefill)
+                layers = getattr(kw.get("cache", kw.get("past_key_values")), "layers", [])
+                counters = [(t, t.clone()) for t in (getattr(x, "cumulative_length", None)
+                                                     for x in layers)
+                            if isinstance(t, torch.Tensor)]
+                _seen.append((a, {k: v.clone() if isinstance(v, torch.Tensor) else v
+                                  for k, v in kw.items()}, counters))
+            else:
+                _seen.append(None)
+            return _inner(*a, **kw)
+        model._compiled_call_impl = spy
+        try:
+            generate(model)
+        finally:
+            model._compiled_call_impl = inner
+        calls[c] = seen[10]
+    times: dict = {c: [] for c in order}
+    with torch.no_grad():
+        for r in range(reps):
+            for c in (order if r % 2 == 0 else order[::-1]):
+                a, kw, counters = calls[c]
+                for t, value in counters:
+                    t.copy_(value)
+                t0 = time.perf_counter()
+                models[c](*a, **kw)
+                times[c].append(time.perf_counter() - t0)
+    return {c: (statistics.median(v), sorted(v)[len(v) // 10]) for c, v in times.items()}
+
+
 def table(records: list[dict]) -> str:
     heads = ("model", "compiler", "status", "tokens", "first_s", "gen_ms", "tok/s", "speedup",
-             "graphs", "+graphs", "error")
+             "step_ms", "graphs", "+graphs", "error")
     rows = []
     for r in records:
         def f(key, fmt):
@@ -184,14 +234,15 @@ def table(records: list[dict]) -> str:
                      f("first_generate_s", "{:.1f}"),
                      "-" if r.get("generate_s") is None else f"{r['generate_s'] * 1e3:.0f}",
                      f("tokens_per_s", "{:.1f}"),
-                     f("speedup", "{:.2f}x"), f("graphs_first", "{}"),
+                     f("speedup", "{:.2f}x"), f("step_ms", "{:.2f}"), f("graphs_first", "{}"),
                      f("graphs_after_first", "{}"), (r.get("error") or "")[:60]))
     widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(heads)]
     lines = ["  ".join(h.ljust(w) for h, w in zip(heads, widths)).rstrip()]
     lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
     lines.append("tokens = greedy tokens equal to eager's; first_s = first generate incl. compile; "
-                 "speedup = median paired eager/compiler generate time; graphs = graphs compiled "
-                 "in the first generate, +graphs = compiled later (recompiles while timing)")
+                 "speedup = median paired eager/compiler generate time; step_ms = median of one "
+                 "replayed decode step (--step-reps); graphs = graphs compiled in the first "
+                 "generate, +graphs = compiled later (recompiles while timing)")
     return "\n".join(lines)
 
 

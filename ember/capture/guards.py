@@ -80,8 +80,8 @@ class Guard:
         if k == "GLOBAL_STATE":
             return f"{bind(global_state)}() == {bind(self.expected)}"
         if k == "NO_ALIAS":
-            ptrs = ", ".join(f"{o.expr()}.untyped_storage().data_ptr()" for o in self.expected)
-            return f"{e}.untyped_storage().data_ptr() not in ({ptrs},)"
+            ptrs = ", ".join(_storage_ptr(o.expr(), bind) for o in self.expected)
+            return f"{_storage_ptr(e, bind)} not in ({ptrs},)"
         if k == "NO_HOOKS":
             return (f"not ({e}._forward_hooks or {e}._forward_pre_hooks or {e}._backward_hooks "
                     f"or {e}._backward_pre_hooks)")
@@ -121,6 +121,21 @@ class Guard:
         elif self.kind == "NO_GLOBAL_HOOKS":
             name, exp = "torch.nn.modules.module", "has none of " + ", ".join(exp)
         return f"{self.kind}: {name} {exp}"
+
+
+def _storage_ptr(e: str, bind) -> str:
+    """`e`'s storage address. The first NO_ALIAS guard of a check function that reads it binds
+    it to a local (`:=`) and later ones reuse it (the guards are one `and` chain, evaluated in
+    the order their expressions are made): a static KV cache's 18 mutated tensors, each checked
+    against 20 inputs, cost 38 storage lookups a call instead of 378."""
+    names = getattr(bind, "storage_ptrs", None)
+    if names is None:
+        names = bind.storage_ptrs = {}
+    name = names.get(e)
+    if name is not None:
+        return name
+    name = names[e] = f"__sp{len(names)}"
+    return f"({name} := {e}.untyped_storage().data_ptr())"
 
 
 def _dynamic_geometry(e: str, shape, order) -> str:

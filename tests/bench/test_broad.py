@@ -77,3 +77,16 @@ def test_llm_decode_tiny_rows_are_honest():
         assert not em["ember_stats"]["counts"].get("fallbacks")
     else:
         assert em.get("error") or em.get("fallback_warnings"), em
+
+
+def test_llm_decode_step_replay_static_cache():
+    """--step-reps: one decode step of each compiler replayed (static cache, counters reset),
+    timed per compiler; the ember row still matches eager's tokens with no recompile."""
+    args = argparse.Namespace(layers=1, hidden=64, vocab=128, prompt=4, new_tokens=12, reps=1,
+                              step_reps=3)
+    recs = decode.measure("llama", "static", ["eager", "ember"], args)
+    by = {r["compiler"]: r for r in recs}
+    for c in ("eager", "ember"):
+        assert by[c]["status"] == "pass", by[c]
+        assert 0 < by[c]["step_p10_ms"] <= by[c]["step_ms"]
+    assert by["ember"]["graphs_after_first"] == 0
