@@ -52,7 +52,7 @@ STATS: list = []
 def ember_backend(gm, example_inputs, **kwargs):
     neg = [i for i, x in enumerate(example_inputs) if isinstance(x, torch.Tensor) and x.is_neg()]
     if neg:     # the kernels read storage as it is: a negative view's values are its negation
-        example_inputs = _resolve_neg(example_inputs, neg)
+        example_inputs = _resolve_views(example_inputs, neg)
         gm = copy_module(gm)
         phs = list(gm.graph.find_nodes(op="placeholder"))
         for i in neg:       # the traced strides: a resolved copy's (dense), not the view's
@@ -62,20 +62,13 @@ def ember_backend(gm, example_inputs, **kwargs):
     return _ember_backend(gm, example_inputs, **kwargs)
 
 
-def _resolve_neg(args, positions):
-    args = list(args)
-    for i in positions:
-        args[i] = args[i].resolve_neg()
-    return args
-
-
 def _on_resolved_negs(fn, positions):
     """`fn` called with the negative views among its inputs (`torch._neg_view`, the imaginary
     part of a conjugate) resolved into plain tensors, which the graph's guards (Dynamo's
     dispatch keys, ember's TENSOR guard) hold to these positions; a resolved input the graph
     mutated is copied back through its view (which negates it again), as eager's write would."""
     def run(*args):
-        resolved = _resolve_neg(args, positions)
+        resolved = _resolve_views(args, positions)
         versions = [resolved[i]._version for i in positions]
         out = fn(*resolved)
         for i, v in zip(positions, versions):
@@ -284,7 +277,7 @@ class _Compiled:
         if cplx:
             # the kernels read complex inputs as real pairs (view_as_real), which a conjugate
             # or negative view (z.conj() passed in) does not have: such an input is resolved
-            run = grad_free(lambda args: self.call(_resolve_conj(args, cplx)))
+            run = grad_free(lambda args: self.call(_resolve_views(args, cplx)))
         else:
             run = grad_free(lambda args: self.call(args))   # self.call changes after the first
         run.ember_stats = self.stats
@@ -292,7 +285,9 @@ class _Compiled:
         return run
 
 
-def _resolve_conj(args, positions):
+def _resolve_views(args, positions):
+    """`args` with the conjugate and negative views at `positions` resolved into plain tensors
+    (a list), or `args` itself when there is none."""
     if not any(args[i].is_conj() or args[i].is_neg() for i in positions):
         return args
     args = list(args)
