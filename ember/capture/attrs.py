@@ -313,6 +313,13 @@ def _module_attr(tr, v: ObjV, name: str) -> V:
         return _bind_class_attr(tr, cls_attr, v, name, owner)
     for table in ("_parameters", "_buffers", "_modules"):
         t = d.get(table)
+        traced = tr.by_real_id.get(id(t)) if t is not None else None
+        if isinstance(traced, DictV):
+            # the trace read this table as a dict and may have written it
+            # (`self._buffers[k] = y`, register_buffer): its items are the current ones
+            if name in traced.items:
+                return traced.items[name]
+            continue
         if t is not None and name in t:
             value = t[name]
             s = DictEntrySource(src, table, name) if src else None
@@ -352,16 +359,25 @@ def store_attr(tr, obj_v: V, name: str, value: V, plain: bool = False) -> None:
         return
     if isinstance(obj_v, ObjV) and obj_v.source is not None and not isinstance(obj_v.value, type):
         obj = obj_v.value
-        if isinstance(obj, torch.nn.Module):
-            # a plain tensor attribute (self.cache = y) is a __dict__ write, as Module.__setattr__
-            # makes it; a parameter, a buffer or a submodule changes the module's state
-            if isinstance(value, TensorV) and value.cls is not torch.Tensor or \
-                    name in obj._parameters or name in obj._buffers or name in obj._modules:
-                raise tr.unsupported(f"assigning module attribute {name!r} inside the graph")
+        if isinstance(obj, torch.nn.Module) and not _module_store_ok(obj, name, value):
+            raise tr.unsupported(f"assigning module attribute {name!r} inside the graph")
         tr.overlay[(id(obj), name)] = value
         tr.effects.append(("setattr", obj_v, name, value, plain))
         return
     raise tr.unsupported(f"attribute write {name!r} on {type(obj_v).__name__}")
+
+
+def _module_store_ok(obj: torch.nn.Module, name: str, value: V) -> bool:
+    """Whether `module.name = value`, replayed after the graph through Module.__setattr__, is
+    what eager does: a plain tensor attribute (`self.cache = y`, a __dict__ write) or a new
+    tensor (or None) for a registered buffer (`self.rel_indices = ...`, a lazily rebuilt cache
+    as timm's ConViT and rotary-embedding caches keep). A tensor subclass (a Parameter would be
+    registered), a parameter or a submodule slot changes the module's structure: refused."""
+    if name in obj._parameters or name in obj._modules:
+        return False
+    if isinstance(value, TensorV):
+        return value.cls is torch.Tensor
+    return name not in obj._buffers or isinstance(value, ObjV) and value.value is None
 
 
 def _store_tensor_attr(tr, t: TensorV, name: str, value: V) -> None:

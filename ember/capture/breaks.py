@@ -131,6 +131,11 @@ def compile_break(runner, locals_, err: Unsupported):
     if kind == "eager":
         runs_eagerly(f"eager-rest:{id(code)}:{idx}", code, info.lineno,
                      f"from this line on ({why}), after a graph break: {err.reason}")
+    elif kind == "call" and err.location != f"{code.co_filename}:{info.lineno}" and \
+            (callee := _eager_callee(runner, frame, ins)) is not None:
+        runs_eagerly(f"eager-call:{id(code)}:{idx}", code, info.lineno,
+                     f"the call to {callee.__qualname__} here (library code, not compiled on "
+                     f"its own), after a graph break in it: {info.reason}")
     entry = runner.make_entry(tr, plan)
     entry.breaks = [info]
     return entry
@@ -241,6 +246,24 @@ def _finish(tr, g) -> list:
     return items
 
 
+def _slots(stack, ins, kind):
+    """The stack slots the breaking instruction consumes, and the callee's position in them."""
+    n_slots = _STATEMENTS[ins.opname] if kind == "statement" else \
+        ins.arg + 2 if ins.opname == "CALL" else 3 + (ins.arg & 1)
+    slots = stack[len(stack) - n_slots:]
+    return slots, 1 if slots[0] is NULL else 0          # [NULL, fn, args] or [fn, self, args]
+
+
+def _eager_callee(runner, frame, ins):
+    """The Python function a call break runs as it is (torch or library code that `dispatch`
+    does not compile as its own root), or None: its whole body then runs eagerly."""
+    slots, fi = _slots(frame.stack, ins, "call")
+    v = slots[fi]
+    fn = v.func.value if isinstance(v, MethodV) and isinstance(v.func, ObjV) else \
+        getattr(v, "value", None)
+    return fn if runner.runs_body_eagerly(fn) else None
+
+
 def _is_exit(v) -> bool:
     return isinstance(v, BuiltinMethodV) and isinstance(v.recv, ContextV) and v.name == "__exit__"
 
@@ -277,10 +300,8 @@ def _plan(tr, runner, frame, idx, ins, kind) -> Plan:
         return f"{rb.bind(target, 'resume')}(__fn, {', '.join(args)})"
 
     if kind in ("call", "statement"):
-        n_slots = _STATEMENTS[ins.opname] if kind == "statement" else \
-            ins.arg + 2 if ins.opname == "CALL" else 3 + (ins.arg & 1)
-        slots = stack[len(stack) - n_slots:]
-        fi = 1 if slots[0] is NULL else 0          # [NULL, fn, args] or [fn, self, args]
+        slots, fi = _slots(stack, ins, kind)
+        n_slots = len(slots)
         args = [f"{rb.bind(runner.route, 'f')}({rb.expr(s)})" if i == fi and kind == "call"
                 else rb.expr(s) for i, s in enumerate(slots) if s is not NULL]
         tramp = call_trampoline(code, starts[idx], starts[idx + 1],

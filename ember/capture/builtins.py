@@ -157,7 +157,8 @@ def iterate(tr, v: V) -> list:
         it = getattr(type(x), "__iter__", None)
         if isinstance(it, types.FunctionType):
             return iterate(tr, tr.call(ObjV(it), [v], {}))
-        if type(x).__name__ in ("dict_keys", "dict_values", "dict_items", "odict_keys"):
+        if type(x).__name__ in ("dict_keys", "dict_values", "dict_items", "odict_keys",
+                                  "odict_values", "odict_items"):
             return [tr.const_value(i) for i in x]
         if isinstance(x, torch.Size):
             return [ObjV(i) for i in x]

@@ -320,6 +320,16 @@ class Runner:
         """The dispatcher residual code sends its calls through (compiled as their own roots)."""
         return functools.partial(dispatch, self.settings)
 
+    @staticmethod
+    def runs_body_eagerly(fn) -> bool:
+        """Whether a residual call to `fn` runs a Python function's body eagerly: torch or
+        library code, which `dispatch` calls as it is."""
+        func = fn.__func__ if isinstance(fn, types.MethodType) else fn
+        return isinstance(func, types.FunctionType) and \
+            not func.__code__.co_flags & _GENERATOR_FLAGS and not compiled_by_torch(fn) and \
+            not is_functorch(func) and getattr(fn, "_ember_region", False) is not True and \
+            _runs_as_is(func.__module__)
+
     def make_entry(self, tr: Tracer, plan) -> Entry:
         return build_entry(tr, plan, self.argnames, settings=self.settings)
 

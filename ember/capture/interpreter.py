@@ -260,11 +260,8 @@ class Tracer(Inputs):
             return v.node
         if isinstance(v, ObjV):
             x = v.value
-            if isinstance(x, (torch.SymInt, torch.SymFloat)):
-                return self.size_node(x)
-            if isinstance(x, (tuple, list)) and any(isinstance(i, torch.SymInt) for i in x):
-                items = [self.size_node(i) if isinstance(i, torch.SymInt) else i for i in x]
-                return tuple(items) if type(x) is tuple else items
+            if _holds_sym(x):
+                return self._sym_arg(x)
             if not _graph_constant(x):
                 raise self.unsupported(f"a {type(x).__module__}.{type(x).__qualname__} object "
                                        "as an argument in the graph",
@@ -276,6 +273,18 @@ class Tracer(Inputs):
         if isinstance(v, DictV):
             return {k: self.to_node(x) for k, x in v.items.items()}
         raise self.unsupported(f"cannot pass {type(v).__name__} {v!r:.60} to a torch function")
+
+    def _sym_arg(self, x):
+        """`x` with each symbolic size in it (also inside tuples, lists and slices: `t[:n]`,
+        `t[:, :n]`) replaced by the graph node computing it."""
+        if isinstance(x, (torch.SymInt, torch.SymFloat)):
+            return self.size_node(x)
+        if isinstance(x, slice):
+            return slice(self._sym_arg(x.start), self._sym_arg(x.stop), self._sym_arg(x.step))
+        if isinstance(x, (tuple, list)):
+            items = [self._sym_arg(i) for i in x]
+            return tuple(items) if isinstance(x, tuple) else items
+        return x
 
     def to_meta(self, v):
         if isinstance(v, TensorV):
@@ -637,6 +646,14 @@ def _result_device(args, kwargs) -> torch.device:
                 if isinstance(i, TensorV):
                     return i.device
     return torch.get_default_device()
+
+
+def _holds_sym(x) -> bool:
+    if isinstance(x, (torch.SymInt, torch.SymFloat)):
+        return True
+    if isinstance(x, slice):
+        return any(map(_holds_sym, (x.start, x.stop, x.step)))
+    return isinstance(x, (tuple, list)) and any(map(_holds_sym, x))
 
 
 def _graph_constant(x) -> bool:

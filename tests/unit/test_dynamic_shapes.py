@@ -194,6 +194,21 @@ def test_float_times_a_symbolic_size_is_a_graph_value():
     assert compiles() == 1
 
 
+def test_symbolic_size_inside_a_slice_is_a_graph_value():
+    """`table[:n]` and `table[:, :n]` with n = x.shape[0] symbolic: the slice's bound is a graph
+    value (it was printed into the graph as the text `s0`: NameError at run time)."""
+    table = torch.randn(16, 16)
+
+    def f(x):
+        n = x.shape[0]
+        return x * table[:n, 0] + table[0, :n]
+    cf = ember.compile(f, dynamic=True)
+    for n in (3, 5, 9):
+        x = torch.randn(n)
+        torch.testing.assert_close(cf(x), f(x))
+    assert compiles() == 1
+
+
 def test_mark_dynamic_first_compile_is_dynamic():
     def f(x):
         return (x * 2).softmax(-1)

@@ -198,3 +198,77 @@ def test_tensor_layout_is_recognized():
     impl, storage, meta, flag = statecheck._layout()
     assert min(impl, storage, meta, flag) >= 0
     assert torch.equal(torch.get_rng_state(), state)     # probing draws no random numbers
+
+
+class LazyCache(nn.Module):
+    """A buffer rebuilt in forward when the input's length changes (timm ConViT's rel_indices,
+    rotary-embedding caches): `self.buf = tensor` is Module.__setattr__ into _buffers."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(6, 6)
+        self.register_buffer("table", torch.zeros(1, 1), persistent=False)
+
+    def forward(self, t):
+        n = t.shape[0]
+        if self.table.shape[0] != n:
+            self.table = torch.arange(n * 6, dtype=t.dtype).reshape(n, 6) / n
+        return self.fc(t) + self.table
+
+
+@pytest.mark.parametrize("backend", ["eager", "ember"])
+def test_buffer_rebuilt_in_forward_stays_in_the_graph(backend):
+    torch.manual_seed(0)
+    eager, compiled = LazyCache(), LazyCache()
+    compiled.load_state_dict(eager.state_dict())
+    compiled = ember.compile(compiled, backend=backend, fullgraph=True)
+    graphs = []
+    for n in (4, 4, 4, 3, 3, 3, 4):
+        t = torch.randn(n, 6)
+        torch.testing.assert_close(compiled(t), eager(t))
+        torch.testing.assert_close(compiled.table, eager.table, rtol=0, atol=0)
+        assert "table" in compiled._buffers and "table" not in compiled.__dict__
+        graphs.append(capture.stats()["graphs"])
+    # a call that writes the buffer, then one that reads the new one: no graph after that
+    # while the length stays
+    assert graphs[1] == graphs[2] == 2 and graphs[4] == graphs[5]
+
+
+def test_parameter_slot_assignment_breaks_the_graph():
+    class SetParam(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.ones(3))
+
+        def forward(self, t):
+            self.w = t * 2          # eager: TypeError (a tensor into a parameter slot)
+            return t
+
+    with pytest.raises((ember.Unsupported, TypeError)):
+        ember.compile(SetParam(), backend="eager", fullgraph=True)(torch.randn(3))
+
+
+class RegisterInForward(nn.Module):
+    def __init__(self, route):
+        super().__init__()
+        self.route = route
+        self.register_buffer("b", torch.zeros(3), persistent=False)
+
+    def forward(self, t):
+        if self.route == "register_buffer":
+            self.register_buffer("b", t * 2, persistent=False)
+        else:
+            self._buffers["b"] = t * 2
+        return self.b + 1           # reads the buffer just written, not the one before
+
+
+@pytest.mark.parametrize("route", ["register_buffer", "_buffers item"])
+def test_buffer_written_then_read_in_one_graph(route):
+    eager, compiled = RegisterInForward(route), RegisterInForward(route)
+    compiled = ember.compile(compiled, backend="ember", fullgraph=True)
+    for _ in range(3):
+        t = torch.randn(3)
+        torch.testing.assert_close(compiled(t), eager(t), rtol=0, atol=0)
+        torch.testing.assert_close(compiled.b, eager.b, rtol=0, atol=0)
+    assert compiled._non_persistent_buffers_set == eager._non_persistent_buffers_set
+    assert capture.stats()["graphs"] == 1
