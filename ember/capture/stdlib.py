@@ -14,9 +14,15 @@ the graph (the same object, as eager mutates it in place).
 from __future__ import annotations
 
 import collections
+import copy
+
+import torch
 
 from .builtins import BUILTINS, fold, iterate, real
-from .values import ListV, ObjV, V
+from .scalar_args import REWRITES
+from .sources import AttrSource
+from ..errors import Unsupported
+from .values import DictV, ListV, ObjV, TupleV, V, is_literal
 
 
 def _namedtuple(tr, args, kwargs):
@@ -28,6 +34,55 @@ def _namedtuple(tr, args, kwargs):
 
 
 BUILTINS[collections.namedtuple] = _namedtuple
+
+
+def _plain_state(x, depth: int = 0) -> bool:
+    """Whether `x` holds only literals, containers of them and plain objects of them (an HF
+    config): no tensor, module or callable whose copy could differ in behaviour."""
+    if is_literal(x) or x is None:
+        return True
+    if depth > 4 or isinstance(x, (torch.Tensor, torch.nn.Module)):
+        return False
+    if type(x) in (list, tuple, set, frozenset):
+        return all(_plain_state(i, depth + 1) for i in x)
+    if type(x) is dict:
+        return all(is_literal(k) and _plain_state(i, depth + 1) for k, i in x.items())
+    d = getattr(x, "__dict__", None)
+    return type(d) is dict and type(x).__module__ != "builtins" and \
+        not isinstance(x, type) and _plain_state(d, depth + 1)
+
+
+def copy_plain_object(fn):
+    """`copy.deepcopy(obj)` / `copy.copy(obj)` of a caller's object holding plain state only (a
+    transformers config: `get_text_config` deep-copies legacy encoder-decoder configs, on every
+    BART/T5/Marian forward that makes a cache) is done at trace time: the copy belongs to the
+    trace (its attributes are constants of the graph, writes to it happen at trace time) and a
+    guard re-checks, on every call, that the object's __dict__ still equals what was copied.
+    Anything else (None: not handled here) is traced through the copy module as before."""
+    def rewrite(tr, args, kwargs):
+        if len(args) != 1 or kwargs:
+            return None
+        v = args[0]
+        if isinstance(v, (ListV, TupleV, DictV)):   # a container of constants (config.to_dict)
+            try:
+                x = real(tr, v)
+            except Unsupported:
+                return None
+            return tr.const_value(fn(x)) if _plain_state(x) else None
+        if not isinstance(v, ObjV):
+            return None
+        x = v.value
+        if v.source is None or not _plain_state(x) or isinstance(x, (list, dict, set, tuple)):
+            return None
+        tr.guard("EQ", AttrSource(v.source, "__dict__"), copy.deepcopy(x.__dict__))
+        out = fn(x)
+        tr.own(out)
+        return ObjV(out)
+    return rewrite
+
+
+REWRITES[copy.deepcopy] = copy_plain_object(copy.deepcopy)
+REWRITES[copy.copy] = copy_plain_object(copy.copy)
 
 
 def new_deque(tr, args, kwargs) -> V:

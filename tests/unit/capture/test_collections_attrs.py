@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import collections
+import copy
 
 import pytest
 import torch
 
 import ember
+from ember import capture
 
 from .helpers import check, same
 
@@ -282,3 +284,65 @@ def test_caller_set_read_through_two_names_is_one_value():
     cf = ember.compile(f, backend="eager", fullgraph=True)
     same(cf(torch.ones(2)), torch.ones(2) * 2)     # not a stale len 1
     assert _S2 == {1, 2}
+
+
+class _Config:
+    """A plain config object, as transformers' legacy encoder-decoder configs, whose
+    `get_text_config` deep-copies the config and renames prefixed keys on each forward."""
+
+    def __init__(self):
+        self.decoder_scale = 2.0
+        self.prefix = "decoder"
+        self.extra = {"shift": [1.0, 0.5]}
+
+    def __eq__(self, other):
+        return type(other) is type(self) and self.__dict__ == other.__dict__
+
+    def text_config(self):
+        out = copy.deepcopy(self)
+        table = copy.deepcopy(out.__dict__)
+        for key in list(table):
+            if key.startswith(self.prefix + "_"):
+                setattr(out, key[len(self.prefix) + 1:], table[key])
+        return out
+
+
+class _UsesConfig(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.config = _Config()
+
+    def forward(self, x):
+        cfg = self.config.text_config()
+        return x * cfg.scale + copy.copy(self.config).extra["shift"][0]
+
+
+def test_deepcopy_of_a_config_stays_in_the_graph_and_is_guarded():
+    m = _UsesConfig()
+    cm = ember.compile(m, fullgraph=True)
+    x = torch.randn(4)
+    torch.testing.assert_close(cm(x), m(x))
+    torch.testing.assert_close(cm(x), m(x))
+    assert capture.stats()["graphs"] == 1
+    m.config.decoder_scale = 3.0           # read only through the copy: the guard sees it
+    torch.testing.assert_close(cm(x), x * 3.0 + 1.0)
+    m.config.extra["shift"][0] = -1.0      # nested in the copied state
+    torch.testing.assert_close(cm(x), x * 3.0 - 1.0)
+    assert capture.stats()["graphs"] == 3
+
+
+def test_deepcopy_of_an_object_holding_a_tensor_is_not_folded():
+    class Holder:
+        def __init__(self):
+            self.t = torch.ones(3)
+
+    h = Holder()
+
+    def f(x):
+        c = copy.deepcopy(h)
+        c.t.add_(1)                        # the copy's tensor, not the caller's
+        return x + c.t
+
+    x = torch.randn(3)
+    torch.testing.assert_close(ember.compile(f)(x), x + 2)
+    torch.testing.assert_close(h.t, torch.ones(3))
