@@ -122,36 +122,49 @@ def fused_rms_norm_backward(grad_out, input, normalized_shape, rstd, weight, out
 def native_group_norm(input, weight, bias, N, C, HxW, group, eps):
     """Statistics per channel first (sums over H*W), then per group (sums over the group's
     channels): both reductions read the input in its own layout, so a channels-last input is
-    reduced along C-contiguous rows (vectorized along C) instead of being copied to NCHW first."""
+    reduced along C-contiguous rows (vectorized along C) instead of being copied to NCHW first.
+
+    The output is `x * scale + shift` with a per-channel [N, C] scale = rstd * weight and
+    shift = bias - mean * scale, as eager's CPU kernel computes it (its rounding). The per-group
+    statistics reach the channels through [N, C] computations (`per_channel(..) / n`), not views:
+    a view would put a `c // (C/G)` index into the full-size loop, which then cannot vectorize
+    along a channels-last C (lower realizes such a small gathering body once instead, see
+    IRREGULAR_AMPLIFY; in NCHW it stays inlined and is hoisted out of the H*W loop)."""
     acc = opmath_dtype(input.dtype)
     cpg = C // group
     x = to(aten.reshape.default(input, [N, C, HxW]), acc)   # a view in NCHW and channels-last
+    shape4 = [N, C] + [1] * (input.dim() - 2)
     if x.numel() == 0 or x.shape[-1] == 0:
         mean = rstd = aten.full.default([N, group], float("nan"), dtype=acc, device=input.device)
         nan_c = aten.full.default([N, C, 1], float("nan"), dtype=acc, device=input.device)
-        mean_c = rstd_c = nan_c
-    else:
-        n = cpg * HxW
+        out = aten.mul.Tensor(aten.sub.Tensor(to(input, acc), aten.view.default(nan_c, shape4)),
+                              aten.view.default(nan_c, shape4))
+        if weight is not None:
+            out = aten.mul.Tensor(out, _bcast(weight, input.dim()))
+        if bias is not None:
+            out = aten.add.Tensor(out, _bcast(bias, input.dim()))
+        return to(out, input.dtype), to(mean, input.dtype), to(rstd, input.dtype)
+    n = cpg * HxW
 
-        def per_group(t):                   # [N, C] channel sums -> [N, group]
-            return aten.sum.dim_IntList(aten.view.default(t, [N, group, cpg]), [2])
+    def per_group(t):                       # [N, C] channel sums -> [N, group]
+        return aten.sum.dim_IntList(aten.view.default(t, [N, group, cpg]), [2])
 
-        def per_channel(t):                 # [N, group] -> [N, C, 1]
-            return aten.reshape.default(aten.expand.default(
-                aten.unsqueeze.default(t, -1), [N, group, cpg]), [N, C, 1])
-        mean = aten.div.Tensor(per_group(aten.sum.dim_IntList(x, [2])), n)
-        mean_c = per_channel(mean)
-        dev = aten.sub.Tensor(x, mean_c)
-        var = aten.div.Tensor(per_group(aten.sum.dim_IntList(aten.mul.Tensor(dev, dev), [2])), n)
-        rstd = aten.rsqrt.default(aten.add.Tensor(var, eps))
-        rstd_c = per_channel(rstd)
-    shape4 = [N, C] + [1] * (input.dim() - 2)
-    out = aten.mul.Tensor(aten.sub.Tensor(to(input, acc), aten.view.default(mean_c, shape4)),
-                          aten.view.default(rstd_c, shape4))
+    def per_channel(t):                     # [N, group] -> [N, C] (a view)
+        return aten.reshape.default(aten.expand.default(
+            aten.unsqueeze.default(t, -1), [N, group, cpg]), [N, C])
+    sum_g = per_group(aten.sum.dim_IntList(x, [2]))
+    mean = aten.div.Tensor(sum_g, n)
+    mean_c = aten.div.Tensor(per_channel(sum_g), n)
+    dev = aten.sub.Tensor(x, aten.unsqueeze.default(mean_c, -1))
+    sq_g = per_group(aten.sum.dim_IntList(aten.mul.Tensor(dev, dev), [2]))
+    rstd = aten.rsqrt.default(aten.add.Tensor(aten.div.Tensor(sq_g, n), eps))
+    scale = aten.rsqrt.default(aten.add.Tensor(aten.div.Tensor(per_channel(sq_g), n), eps))
     if weight is not None:
-        out = aten.mul.Tensor(out, _bcast(weight, input.dim()))
-    if bias is not None:
-        out = aten.add.Tensor(out, _bcast(bias, input.dim()))
+        scale = aten.mul.Tensor(scale, to(weight, acc))
+    shift = aten.mul.Tensor(mean_c, scale)
+    shift = aten.sub.Tensor(to(bias, acc), shift) if bias is not None else aten.neg.default(shift)
+    out = aten.add.Tensor(aten.mul.Tensor(to(input, acc), aten.view.default(scale, shape4)),
+                          aten.view.default(shift, shape4))
     return to(out, input.dtype), to(mean, input.dtype), to(rstd, input.dtype)
 
 
