@@ -118,75 +118,83 @@ def fused_rms_norm_backward(grad_out, input, normalized_shape, rstd, weight, out
 
 # ---------------------------------------------------------------------------------- group norm
 
+def _per_group(t, N, group, cpg):
+    """[N, C] channel sums -> [N, group] group sums."""
+    return aten.sum.dim_IntList(aten.view.default(t, [N, group, cpg]), [2])
+
+
+def _per_channel(t, N, group, cpg):
+    """[N, group] -> [N, C], each group's value repeated over its channels: a computation
+    (clone), not a view. A view would put a `c // (C/G)` index into the full-size loop that reads
+    it, which then cannot vectorize along a channels-last C; lower stores this small gathering
+    body once instead (IRREGULAR_AMPLIFY), and in NCHW keeps it inlined, hoisted out of H*W."""
+    return aten.clone.default(aten.reshape.default(aten.expand.default(
+        aten.unsqueeze.default(t, -1), [N, group, cpg]), [N, group * cpg]))
+
+
 @register(aten.native_group_norm.default)
 def native_group_norm(input, weight, bias, N, C, HxW, group, eps):
     """Statistics per channel first (sums over H*W), then per group (sums over the group's
     channels): both reductions read the input in its own layout, so a channels-last input is
-    reduced along C-contiguous rows (vectorized along C) instead of being copied to NCHW first."""
+    reduced along C-contiguous rows (vectorized along C) instead of being copied to NCHW first.
+    The output is x * scale + shift with per-channel [N, C] scale = rstd * weight and
+    shift = bias - mean * scale, as eager's CPU kernel computes it."""
     acc = opmath_dtype(input.dtype)
     cpg = C // group
     x = to(aten.reshape.default(input, [N, C, HxW]), acc)   # a view in NCHW and channels-last
     if x.numel() == 0 or x.shape[-1] == 0:
         mean = rstd = aten.full.default([N, group], float("nan"), dtype=acc, device=input.device)
-        nan_c = aten.full.default([N, C, 1], float("nan"), dtype=acc, device=input.device)
-        mean_c = rstd_c = nan_c
+        mean_c = _per_channel(mean, N, group, cpg)
     else:
         n = cpg * HxW
-
-        def per_group(t):                   # [N, C] channel sums -> [N, group]
-            return aten.sum.dim_IntList(aten.view.default(t, [N, group, cpg]), [2])
-
-        def per_channel(t):                 # [N, group] -> [N, C, 1]
-            return aten.reshape.default(aten.expand.default(
-                aten.unsqueeze.default(t, -1), [N, group, cpg]), [N, C, 1])
-        mean = aten.div.Tensor(per_group(aten.sum.dim_IntList(x, [2])), n)
-        mean_c = per_channel(mean)
-        dev = aten.sub.Tensor(x, mean_c)
-        var = aten.div.Tensor(per_group(aten.sum.dim_IntList(aten.mul.Tensor(dev, dev), [2])), n)
+        mean = aten.div.Tensor(_per_group(aten.sum.dim_IntList(x, [2]), N, group, cpg), n)
+        mean_c = _per_channel(mean, N, group, cpg)
+        dev = aten.sub.Tensor(x, aten.unsqueeze.default(mean_c, -1))
+        var = aten.div.Tensor(_per_group(aten.sum.dim_IntList(aten.mul.Tensor(dev, dev), [2]),
+                                         N, group, cpg), n)
         rstd = aten.rsqrt.default(aten.add.Tensor(var, eps))
-        rstd_c = per_channel(rstd)
-    shape4 = [N, C] + [1] * (input.dim() - 2)
-    out = aten.mul.Tensor(aten.sub.Tensor(to(input, acc), aten.view.default(mean_c, shape4)),
-                          aten.view.default(rstd_c, shape4))
+    scale = _per_channel(rstd, N, group, cpg)
     if weight is not None:
-        out = aten.mul.Tensor(out, _bcast(weight, input.dim()))
-    if bias is not None:
-        out = aten.add.Tensor(out, _bcast(bias, input.dim()))
+        scale = aten.mul.Tensor(scale, to(weight, acc))
+    shift = aten.mul.Tensor(mean_c, scale)
+    shift = aten.sub.Tensor(to(bias, acc), shift) if bias is not None else aten.neg.default(shift)
+    shape4 = [N, C] + [1] * (input.dim() - 2)
+    out = aten.add.Tensor(aten.mul.Tensor(to(input, acc), aten.view.default(scale, shape4)),
+                          aten.view.default(shift, shape4))
     return to(out, input.dtype), to(mean, input.dtype), to(rstd, input.dtype)
 
 
 @register(aten.native_group_norm_backward.default)
 def native_group_norm_backward(grad_output, input, mean, rstd, gamma, N, C, HxW, group,
                                output_mask):
+    """d_input = g * (rstd * gamma) + x * c2 + c3 with per-channel [N, C] coefficients (see
+    _per_channel), reading grad and input in their own layout."""
     acc = opmath_dtype(input.dtype)
     g = to(aten.reshape.default(grad_output, [N, C, HxW]), acc)
     x = to(aten.reshape.default(input, [N, C, HxW]), acc)
     mean, rstd = to(mean, acc), to(rstd, acc)
     cpg = C // group
+    gm = to(gamma, acc) if gamma is not None else None
     ds = aten.sum.dim_IntList(aten.mul.Tensor(g, x), [2])
     db = aten.sum.dim_IntList(g, [2])
     d_input = d_gamma = d_bias = None
     if output_mask[0]:
         s = 1.0 / (HxW * cpg)
-        if gamma is not None:
-            gm = to(gamma, acc)
-            ds_val = aten.sum.dim_IntList(aten.view.default(aten.mul.Tensor(ds, gm), [N, group, cpg]), [2])
-            db_val = aten.sum.dim_IntList(aten.view.default(aten.mul.Tensor(db, gm), [N, group, cpg]), [2])
-            c1 = aten.mul.Tensor(aten.unsqueeze.default(rstd, -1), aten.view.default(gm, [1, group, cpg]))
-        else:
-            ds_val = aten.sum.dim_IntList(aten.view.default(ds, [N, group, cpg]), [2])
-            db_val = aten.sum.dim_IntList(aten.view.default(db, [N, group, cpg]), [2])
-            c1 = aten.expand.default(aten.unsqueeze.default(rstd, -1), [N, group, cpg])
+        ds_val = _per_group(aten.mul.Tensor(ds, gm) if gm is not None else ds, N, group, cpg)
+        db_val = _per_group(aten.mul.Tensor(db, gm) if gm is not None else db, N, group, cpg)
         r3 = aten.mul.Tensor(aten.mul.Tensor(rstd, rstd), rstd)
         c2 = aten.mul.Tensor(aten.mul.Tensor(aten.sub.Tensor(aten.mul.Tensor(db_val, mean), ds_val), r3), s)
         c3 = aten.sub.Tensor(aten.mul.Tensor(aten.neg.default(c2), mean),
                              aten.mul.Tensor(aten.mul.Tensor(db_val, rstd), s))
-        c1 = aten.unsqueeze.default(c1, -1)
-        c2 = aten.view.default(c2, [N, group, 1, 1])
-        c3 = aten.view.default(c3, [N, group, 1, 1])
+        c1 = _per_channel(rstd, N, group, cpg)
+        if gm is not None:
+            c1 = aten.mul.Tensor(c1, gm)
+
+        def col(t):                         # [N, C] -> [N, C, 1]
+            return aten.unsqueeze.default(t, -1)
         d = aten.add.Tensor(aten.add.Tensor(
-            aten.mul.Tensor(aten.view.default(g, [N, group, cpg, HxW]), c1),
-            aten.mul.Tensor(aten.view.default(x, [N, group, cpg, HxW]), c2)), c3)
+            aten.mul.Tensor(g, col(c1)), aten.mul.Tensor(x, col(_per_channel(c2, N, group, cpg)))),
+            col(_per_channel(c3, N, group, cpg)))
         d_input = to(aten.view.default(d, list(input.shape)), input.dtype)
     wdt = gamma.dtype if gamma is not None else input.dtype
     if output_mask[1]:

@@ -168,16 +168,20 @@ class GraphLowering:
             n_in = 1
             for s in base.size:
                 n_in *= int(s)
-            if n_in < AMPLIFY_NUMEL and not (n_out >= AMPLIFY_OUT and
-                                             _varies_innermost(a, outs[0])) or \
-                    n_out < min(AMPLIFY, IRREGULAR_AMPLIFY) * n_in:
+            small = n_in < AMPLIFY_NUMEL
+            if small and n_out < AMPLIFY_OUT or n_out < min(AMPLIFY, IRREGULAR_AMPLIFY) * n_in:
                 continue
             index = [sympy.Symbol(f"i{d}", integer=True, nonnegative=True)
                      for d in range(len(base.size))]
             counts = count_body(base.node.inner_fn, index)
+            gathers = _gathers(counts, dict(zip(index, base.size)))
+            # a small value stays inlined where the user's inner loop hoists it, unless its
+            # body gathers: the layout the loop runs in may differ from the meta one (a conv
+            # output stored channels-last), and a per-element division stops vectorization
+            if small and not (gathers or _varies_innermost(a, outs[0])):
+                continue
             heavy = counts.transcendental or counts.ops >= REALIZE_OPS
-            if heavy and n_out >= AMPLIFY * n_in or n_out >= IRREGULAR_AMPLIFY * n_in and \
-                    _gathers(counts, dict(zip(index, base.size))):
+            if heavy and n_out >= AMPLIFY * n_in or n_out >= IRREGULAR_AMPLIFY * n_in and gathers:
                 self.realize(base)
 
     # --- externs --------------------------------------------------------------------------------
