@@ -181,6 +181,11 @@ def why_not(gm: fx.GraphModule, example_inputs, options: dict) -> str | None:
     convs = [a for a in map(_conv_args, gm.graph.nodes) if a is not None]
     if not convs:
         return "no float32 conv2d"
+    if choice == "auto" and not training_graph(example_inputs):
+        shuffles = _between_convs(gm.graph, convs)
+        if shuffles:
+            return (f"an inference graph with {shuffles} .contiguous() between its convs (a "
+                    "channel shuffle): each converts the region to NCHW and the next conv back")
     if choice == "auto" and training_graph(example_inputs):
         acts = sum(_val(a[0]).numel() for a in convs)
         weights = sum(_val(a[1]).numel() for a in convs)
@@ -191,6 +196,24 @@ def why_not(gm: fx.GraphModule, example_inputs, options: dict) -> str | None:
             return ("a training graph with a .contiguous() (a channel shuffle): its region "
                     "would be converted to NCHW and back, forward and backward")
     return None
+
+
+def _between_convs(g: fx.Graph, convs) -> int:
+    """How many NCHW `.contiguous()` calls lie on a path from a conv's output to a conv's
+    input (ShuffleNet's channel shuffle; not an attention block's after a patch embedding)."""
+    after, todo = set(), [n for n in g.nodes if _conv_args(n) is not None]
+    while todo:
+        for u in todo.pop().users:
+            if u not in after:
+                after.add(u)
+                todo.append(u)
+    before, todo = set(), [a[0] for a in convs if isinstance(a[0], fx.Node)]
+    while todo:
+        n = todo.pop()
+        if n not in before:
+            before.add(n)
+            todo.extend(n.all_input_nodes)
+    return sum(_makes_contiguous(n) for n in after & before)
 
 
 def _makes_contiguous(n: fx.Node) -> bool:
