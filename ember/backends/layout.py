@@ -28,7 +28,9 @@ and their backward in NHWC.
 Cost rule (docs/design/024-layout-and-freezing.md): rewrite a CPU graph with at least one
 float32 conv2d that has integer padding; a training graph only when its conv input activations
 hold at least TRAIN_MIN_ACTIVATIONS_PER_WEIGHT elements per conv weight element (the weight
-gradients come back channels-last and are copied into the parameters' layout).
+gradients come back channels-last and are copied into the parameters' layout); an inference
+graph only when its `.contiguous()` calls between convs (channel shuffles) copy less than
+INFER_MAX_SHUFFLED_PER_ACTIVATION elements per conv input element.
 `options={"layout": "contiguous"}` turns the pass off, `"channels_last"` skips the cost rule. Layout-sensitive ops (as_strided, storage/stride queries) keep the
 whole graph in the captured layout: their arguments were computed for the captured strides.
 
@@ -154,6 +156,13 @@ LAYOUTS = ("auto", "channels_last", "contiguous")
 #: and autograd copies each into its parameter's (NCHW) layout: a cost that grows with the
 #: weights, where the gain (convs, BatchNorm, pooling on NHWC) grows with the activations.
 TRAIN_MIN_ACTIVATIONS_PER_WEIGHT = 2.0
+#: inference: stay in the captured layout when the NCHW `.contiguous()` calls between convs
+#: (channel shuffles) copy at least this many elements per conv input activation element. In
+#: a channels-last region each is a transposing copy to NCHW and the next conv's conversion a
+#: second one. Measured (benchmarks/layout_ab.py, b8/b4, 1 thread, docs/design/024):
+#: shufflenet_v2 (0.40) 1.22x eager channels-last vs 1.43x NCHW; coat_lite_tiny (0.18, a
+#: token-to-image permute before each patch embedding) 1.08x channels-last vs 1.04x NCHW.
+INFER_MAX_SHUFFLED_PER_ACTIVATION = 0.25
 
 
 def training_graph(example_inputs) -> bool:
@@ -182,10 +191,13 @@ def why_not(gm: fx.GraphModule, example_inputs, options: dict) -> str | None:
     if not convs:
         return "no float32 conv2d"
     if choice == "auto" and not training_graph(example_inputs):
-        shuffles = _between_convs(gm.graph, convs)
-        if shuffles:
-            return (f"an inference graph with {shuffles} .contiguous() between its convs (a "
-                    "channel shuffle): each converts the region to NCHW and the next conv back")
+        shuffled = _between_convs(gm.graph, convs)
+        acts = sum(_val(a[0]).numel() for a in convs)
+        if shuffled >= INFER_MAX_SHUFFLED_PER_ACTIVATION * acts:
+            return (f"an inference graph whose .contiguous() calls between convs (a channel "
+                    f"shuffle) copy {shuffled} elements, at least "
+                    f"{INFER_MAX_SHUFFLED_PER_ACTIVATION:g}x its conv activations ({acts}): "
+                    "each makes the region NCHW and the next conv converts it back")
     if choice == "auto" and training_graph(example_inputs):
         acts = sum(_val(a[0]).numel() for a in convs)
         weights = sum(_val(a[1]).numel() for a in convs)
@@ -199,8 +211,8 @@ def why_not(gm: fx.GraphModule, example_inputs, options: dict) -> str | None:
 
 
 def _between_convs(g: fx.Graph, convs) -> int:
-    """How many NCHW `.contiguous()` calls lie on a path from a conv's output to a conv's
-    input (ShuffleNet's channel shuffle; not an attention block's after a patch embedding)."""
+    """Elements written by the NCHW `.contiguous()` calls on a path from a conv's output to a
+    conv's input (ShuffleNet's channel shuffle; not an attention block's after the last conv)."""
     after, todo = set(), [n for n in g.nodes if _conv_args(n) is not None]
     while todo:
         for u in todo.pop().users:
@@ -213,7 +225,8 @@ def _between_convs(g: fx.Graph, convs) -> int:
         if n not in before:
             before.add(n)
             todo.extend(n.all_input_nodes)
-    return sum(_makes_contiguous(n) for n in after & before)
+    return sum(_val(n).numel() for n in after & before
+               if _makes_contiguous(n) and isinstance(_val(n), torch.Tensor))
 
 
 def _makes_contiguous(n: fx.Node) -> bool:

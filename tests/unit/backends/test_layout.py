@@ -106,6 +106,22 @@ def test_inference_cost_rule_keeps_a_channel_shuffle_nchw(fmt):
     assert count("channels_last_graphs") == 0 and count("graphs") == 1
 
 
+def test_inference_cost_rule_weighs_the_shuffled_elements():
+    """A small `.contiguous()` between convs (under INFER_MAX_SHUFFLED_PER_ACTIVATION of the
+    conv activations: coat_lite's token-to-image permute) keeps the graph channels-last."""
+    def f(w1, w2, w3, x):
+        y = torch.conv2d(torch.conv2d(x, w1, padding=1), w2, padding=1)
+        t = y[:, :, :2].permute(0, 1, 3, 2).contiguous()      # 1/8 of y, read by a conv
+        return torch.conv2d(y, w3, padding=1), torch.conv2d(t, w3)
+    w1, w2, w3, x = (torch.randn(8, 3, 3, 3), torch.randn(8, 8, 3, 3), torch.randn(8, 8, 1, 1),
+                     torch.randn(2, 3, 16, 16))
+    with torch.no_grad():
+        for got, want in zip(ember.compile(f)(w1, w2, w3, x), f(w1, w2, w3, x)):
+            torch.testing.assert_close(got, want, **TOL)
+            assert layout(got) == layout(want)
+    assert count("channels_last_graphs") == 1
+
+
 def test_inference_cost_rule_ignores_a_contiguous_after_the_last_conv():
     """A `.contiguous()` that no conv reads (a patch embedding, then attention) does not count:
     the graph still runs its conv channels-last."""
