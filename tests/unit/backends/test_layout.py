@@ -122,6 +122,22 @@ def test_inference_cost_rule_weighs_the_shuffled_elements():
     assert count("channels_last_graphs") == 1
 
 
+@pytest.mark.parametrize("fmt", FORMATS, ids=["nchw", "channels_last"])
+def test_inference_cost_rule_weights_dominate(fmt):
+    """An inference graph whose conv weights outweigh its activations stays in the captured
+    layout (oneDNN would reorder each plain weight on every channels-last call: wide_resnet50_2
+    at batch 1); frozen, its weights are reordered once and it runs channels-last. Values
+    and output layouts are eager's either way."""
+    torch.manual_seed(0)
+    ref = nn.Sequential(nn.Conv2d(64, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(),
+                        nn.Conv2d(64, 32, 1)).eval()
+    x = torch.randn(1, 64, 4, 4).contiguous(memory_format=fmt)  # 2048 activations, 38912 weights
+    compare(ember.compile(copy.deepcopy(ref)), ref, x, False)
+    assert count("channels_last_graphs") == 0 and count("graphs") == 1
+    compare(ember.compile(copy.deepcopy(ref).requires_grad_(False)), ref, x, False)
+    assert count("channels_last_graphs") == 1 and count("frozen_graphs") == 1
+
+
 def test_inference_cost_rule_ignores_a_contiguous_after_the_last_conv():
     """A `.contiguous()` that no conv reads (a patch embedding, then attention) does not count:
     the graph still runs its conv channels-last."""
@@ -236,7 +252,8 @@ def test_nhwc_value_reduced_in_the_same_kernel():
             return F.relu(self.bn(self.conv(x)) + x).mean((2, 3))
 
     ref = Tail().eval()
-    m = ember.compile(copy.deepcopy(ref))
+    # 4096 activations for 36864 weights: the cost rule would keep it NCHW; forced
+    m = ember.compile(copy.deepcopy(ref), options={"layout": "channels_last"})
     compare(m, ref, torch.randn(4, 64, 4, 4), False)
     assert count("channels_last_graphs") == 1
 
@@ -416,7 +433,8 @@ def test_folded_spatial_weight_written_channels_last():
     torch.manual_seed(0)
     ref = bn_stats(nn.Sequential(nn.Conv2d(64, 64, 3, padding=1, bias=False),
                                  nn.BatchNorm2d(64), nn.ReLU()))
-    m = ember.compile(copy.deepcopy(ref))
+    # forced: the layout cost rule keeps a graph this weight-heavy NCHW
+    m = ember.compile(copy.deepcopy(ref), options={"layout": "channels_last"})
     x = torch.randn(1, 64, 4, 4)                 # 1024 outputs, 36864 weights
     compare(m, ref, x, False)
     assert count("batchnorm_folded_per_call") == 1
