@@ -202,10 +202,10 @@ def why_not(gm: fx.GraphModule, example_inputs, options: dict,
     convs = [a for a in map(_conv_args, gm.graph.nodes) if a is not None]
     if not convs:
         return "no float32 conv2d"
+    acts = sum(_val(a[0]).numel() for a in convs)
+    weights = sum(_val(a[1]).numel() for a in convs)
     if choice == "auto" and not training_graph(example_inputs):
         shuffled = _between_convs(gm.graph, convs)
-        acts = sum(_val(a[0]).numel() for a in convs)
-        weights = sum(_val(a[1]).numel() for a in convs)
         if not frozen and acts < INFER_MIN_ACTIVATIONS_PER_WEIGHT * weights:
             return (f"an inference graph whose conv activations ({acts}) are under "
                     f"{INFER_MIN_ACTIVATIONS_PER_WEIGHT:g}x its conv weights ({weights}): "
@@ -217,8 +217,6 @@ def why_not(gm: fx.GraphModule, example_inputs, options: dict,
                     f"{INFER_MAX_SHUFFLED_PER_ACTIVATION:g}x its conv activations ({acts}): "
                     "each makes the region NCHW and the next conv converts it back")
     if choice == "auto" and training_graph(example_inputs):
-        acts = sum(_val(a[0]).numel() for a in convs)
-        weights = sum(_val(a[1]).numel() for a in convs)
         if acts < TRAIN_MIN_ACTIVATIONS_PER_WEIGHT * weights:
             return (f"a training graph whose conv activations ({acts}) are under "
                     f"{TRAIN_MIN_ACTIVATIONS_PER_WEIGHT:g}x its conv weights ({weights})")
