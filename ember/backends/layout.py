@@ -33,8 +33,9 @@ graph only when its `.contiguous()` calls between convs (channel shuffles) copy 
 INFER_MAX_SHUFFLED_PER_ACTIVATION elements per conv input element and, its weights not frozen,
 its conv activations hold at least INFER_MIN_ACTIVATIONS_PER_WEIGHT elements per weight element
 (oneDNN reorders plain weights for a channels-last input on every call).
-`options={"layout": "contiguous"}` turns the pass off, `"channels_last"` skips the cost rule. Layout-sensitive ops (as_strided, storage/stride queries) keep the
-whole graph in the captured layout: their arguments were computed for the captured strides.
+`options={"layout": "contiguous"}` turns the pass off, `"channels_last"` skips the cost rules.
+Layout-sensitive ops (as_strided, storage/stride queries) keep the whole graph in the captured
+layout: their arguments were computed for the captured strides.
 
 Consumes and produces: a torch-level fx.GraphModule (rewritten in place).
 """
