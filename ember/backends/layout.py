@@ -28,9 +28,14 @@ and their backward in NHWC.
 Cost rule (docs/design/024-layout-and-freezing.md): rewrite a CPU graph with at least one
 float32 conv2d that has integer padding; a training graph only when its conv input activations
 hold at least TRAIN_MIN_ACTIVATIONS_PER_WEIGHT elements per conv weight element (the weight
-gradients come back channels-last and are copied into the parameters' layout).
-`options={"layout": "contiguous"}` turns the pass off, `"channels_last"` skips the cost rule. Layout-sensitive ops (as_strided, storage/stride queries) keep the
-whole graph in the captured layout: their arguments were computed for the captured strides.
+gradients come back channels-last and are copied into the parameters' layout); an inference
+graph only when its `.contiguous()` calls between convs (channel shuffles) copy less than
+INFER_MAX_SHUFFLED_PER_ACTIVATION elements per conv input element and, its weights not frozen,
+its conv activations hold at least INFER_MIN_ACTIVATIONS_PER_WEIGHT elements per weight element
+(oneDNN reorders plain weights for a channels-last input on every call).
+`options={"layout": "contiguous"}` turns the pass off, `"channels_last"` skips the cost rules.
+Layout-sensitive ops (as_strided, storage/stride queries) keep the whole graph in the captured
+layout: their arguments were computed for the captured strides.
 
 Consumes and produces: a torch-level fx.GraphModule (rewritten in place).
 """
@@ -154,6 +159,21 @@ LAYOUTS = ("auto", "channels_last", "contiguous")
 #: and autograd copies each into its parameter's (NCHW) layout: a cost that grows with the
 #: weights, where the gain (convs, BatchNorm, pooling on NHWC) grows with the activations.
 TRAIN_MIN_ACTIVATIONS_PER_WEIGHT = 2.0
+#: inference: stay in the captured layout when the NCHW `.contiguous()` calls between convs
+#: (channel shuffles) copy at least this many elements per conv input activation element. In
+#: a channels-last region each is a transposing copy to NCHW and the next conv's conversion a
+#: second one. Measured (benchmarks/layout_ab.py, b8/b4, 1 thread, docs/design/024):
+#: shufflenet_v2 (0.40) 1.22x eager channels-last vs 1.43x NCHW; coat_lite_tiny (0.18, a
+#: token-to-image permute before each patch embedding) 1.08x channels-last vs 1.04x NCHW.
+INFER_MAX_SHUFFLED_PER_ACTIVATION = 0.25
+#: inference, weights not frozen: rewrite when the convs' input activations hold at least this
+#: many elements per conv weight element. oneDNN reorders a plain weight into its blocked
+#: layout on every channels-last call (NCHW 1x1 convs run as a GEMM on the weight as it is),
+#: a cost that grows with the weights, where the gain grows with the activations. Measured
+#: (benchmarks/layout_ab.py, 1 thread, docs/design/024), channels-last vs NCHW: wide_resnet50_2
+#: b1 (0.21) 0.88x vs 1.05x eager, fcn_resnet50 b1 (0.72) 0.98x vs 1.04x, resnet18 b4 (0.78)
+#: 1.23x vs 1.15x. Frozen weights are reordered once: the rule does not apply.
+INFER_MIN_ACTIVATIONS_PER_WEIGHT = 0.75
 
 
 def training_graph(example_inputs) -> bool:
@@ -161,8 +181,10 @@ def training_graph(example_inputs) -> bool:
         isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs)
 
 
-def why_not(gm: fx.GraphModule, example_inputs, options: dict) -> str | None:
-    """None if the graph is rewritten channels-last, else why not."""
+def why_not(gm: fx.GraphModule, example_inputs, options: dict,
+            frozen: bool = False) -> str | None:
+    """None if the graph is rewritten channels-last, else why not. `frozen`: its conv weights
+    are constants, reordered once (no per-call weight reorder to weigh)."""
     choice = options.get("layout", "auto")
     if choice is False:
         choice = "contiguous"
@@ -181,9 +203,21 @@ def why_not(gm: fx.GraphModule, example_inputs, options: dict) -> str | None:
     convs = [a for a in map(_conv_args, gm.graph.nodes) if a is not None]
     if not convs:
         return "no float32 conv2d"
+    acts = sum(_val(a[0]).numel() for a in convs)
+    weights = sum(_val(a[1]).numel() for a in convs)
+    if choice == "auto" and not training_graph(example_inputs):
+        shuffled = _between_convs(gm.graph, convs)
+        if not frozen and acts < INFER_MIN_ACTIVATIONS_PER_WEIGHT * weights:
+            return (f"an inference graph whose conv activations ({acts}) are under "
+                    f"{INFER_MIN_ACTIVATIONS_PER_WEIGHT:g}x its conv weights ({weights}): "
+                    "oneDNN would reorder each plain weight for its channels-last input on "
+                    "every call")
+        if shuffled >= INFER_MAX_SHUFFLED_PER_ACTIVATION * acts:
+            return (f"an inference graph whose .contiguous() calls between convs (a channel "
+                    f"shuffle) copy {shuffled} elements, at least "
+                    f"{INFER_MAX_SHUFFLED_PER_ACTIVATION:g}x its conv activations ({acts}): "
+                    "each makes the region NCHW and the next conv converts it back")
     if choice == "auto" and training_graph(example_inputs):
-        acts = sum(_val(a[0]).numel() for a in convs)
-        weights = sum(_val(a[1]).numel() for a in convs)
         if acts < TRAIN_MIN_ACTIVATIONS_PER_WEIGHT * weights:
             return (f"a training graph whose conv activations ({acts}) are under "
                     f"{TRAIN_MIN_ACTIVATIONS_PER_WEIGHT:g}x its conv weights ({weights})")
@@ -191,6 +225,25 @@ def why_not(gm: fx.GraphModule, example_inputs, options: dict) -> str | None:
             return ("a training graph with a .contiguous() (a channel shuffle): its region "
                     "would be converted to NCHW and back, forward and backward")
     return None
+
+
+def _between_convs(g: fx.Graph, convs) -> int:
+    """Elements written by the NCHW `.contiguous()` calls on a path from a conv's output to a
+    conv's input (ShuffleNet's channel shuffle; not an attention block's after the last conv)."""
+    after, todo = set(), [n for n in g.nodes if _conv_args(n) is not None]
+    while todo:
+        for u in todo.pop().users:
+            if u not in after:
+                after.add(u)
+                todo.append(u)
+    before, todo = set(), [a[0] for a in convs if isinstance(a[0], fx.Node)]
+    while todo:
+        n = todo.pop()
+        if n not in before:
+            before.add(n)
+            todo.extend(n.all_input_nodes)
+    return sum(_val(n).numel() for n in after & before
+               if _makes_contiguous(n) and isinstance(_val(n), torch.Tensor))
 
 
 def _makes_contiguous(n: fx.Node) -> bool:
@@ -203,7 +256,7 @@ def _makes_contiguous(n: fx.Node) -> bool:
 def plan(gm: fx.GraphModule, example_inputs, options: dict, consts=None) -> bool:
     """Rewrite `gm` in place (see the module docstring); whether it was rewritten. `consts`:
     nodes holding frozen weights, converted to channels-last once, in the constant graph."""
-    why = why_not(gm, example_inputs, options)
+    why = why_not(gm, example_inputs, options, frozen=consts is not None)
     if why is not None:
         perf_log.info("layout: kept as captured: %s", why)
         return False

@@ -76,9 +76,9 @@ def compare(m, ref, x, train):
 def test_output_layout_matches_eager(fmt, train):
     torch.manual_seed(0)
     ref = Block().train(train)
-    # training: the channel shuffle's .contiguous() keeps the cost rule from choosing
-    # channels-last (test_training_cost_rule_*); forced here, to check the NHWC training path
-    m = ember.compile(copy.deepcopy(ref), options={"layout": "channels_last"} if train else None)
+    # the channel shuffle's .contiguous() keeps the cost rules from choosing channels-last
+    # (test_*_cost_rule_keeps_a_channel_shuffle_nchw); forced here, to check the NHWC paths
+    m = ember.compile(copy.deepcopy(ref), options={"layout": "channels_last"})
     x = torch.randn(2, 3, 16, 16).contiguous(memory_format=fmt)
     compare(m, ref, x, train)
     compare(m, ref, x, train)
@@ -91,6 +91,63 @@ def test_training_cost_rule_keeps_a_channel_shuffle_nchw():
     ref = Block().train()
     compare(ember.compile(copy.deepcopy(ref)), ref, torch.randn(2, 3, 16, 16), True)
     assert count("channels_last_graphs") == 0 and count("graphs") == 1
+
+
+@pytest.mark.parametrize("fmt", FORMATS, ids=["nchw", "channels_last"])
+def test_inference_cost_rule_keeps_a_channel_shuffle_nchw(fmt):
+    """A `.contiguous()` between convs (ShuffleNet's channel shuffle) makes the region NCHW and
+    the next conv converts it back: such an inference graph stays in the captured layout
+    (shufflenet_v2 b8: 1.22x eager channels-last, 1.43x NCHW); values and output layouts are
+    eager's for both input layouts."""
+    torch.manual_seed(0)
+    ref = Block().eval()
+    compare(ember.compile(copy.deepcopy(ref)), ref,
+            torch.randn(2, 3, 16, 16).contiguous(memory_format=fmt), False)
+    assert count("channels_last_graphs") == 0 and count("graphs") == 1
+
+
+def test_inference_cost_rule_weighs_the_shuffled_elements():
+    """A small `.contiguous()` between convs (under INFER_MAX_SHUFFLED_PER_ACTIVATION of the
+    conv activations: coat_lite's token-to-image permute) keeps the graph channels-last."""
+    def f(w1, w2, w3, x):
+        y = torch.conv2d(torch.conv2d(x, w1, padding=1), w2, padding=1)
+        t = y[:, :, :2].permute(0, 1, 3, 2).contiguous()      # 1/8 of y, read by a conv
+        return torch.conv2d(y, w3, padding=1), torch.conv2d(t, w3)
+    w1, w2, w3, x = (torch.randn(8, 3, 3, 3), torch.randn(8, 8, 3, 3), torch.randn(8, 8, 1, 1),
+                     torch.randn(2, 3, 16, 16))
+    with torch.no_grad():
+        for got, want in zip(ember.compile(f)(w1, w2, w3, x), f(w1, w2, w3, x)):
+            torch.testing.assert_close(got, want, **TOL)
+            assert layout(got) == layout(want)
+    assert count("channels_last_graphs") == 1
+
+
+@pytest.mark.parametrize("fmt", FORMATS, ids=["nchw", "channels_last"])
+def test_inference_cost_rule_weights_dominate(fmt):
+    """An inference graph whose conv weights outweigh its activations stays in the captured
+    layout (oneDNN would reorder each plain weight on every channels-last call: wide_resnet50_2
+    at batch 1); frozen, its weights are reordered once and it runs channels-last. Values
+    and output layouts are eager's either way."""
+    torch.manual_seed(0)
+    ref = nn.Sequential(nn.Conv2d(64, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(),
+                        nn.Conv2d(64, 32, 1)).eval()
+    x = torch.randn(1, 64, 4, 4).contiguous(memory_format=fmt)  # 2048 activations, 38912 weights
+    compare(ember.compile(copy.deepcopy(ref)), ref, x, False)
+    assert count("channels_last_graphs") == 0 and count("graphs") == 1
+    compare(ember.compile(copy.deepcopy(ref).requires_grad_(False)), ref, x, False)
+    assert count("channels_last_graphs") == 1 and count("frozen_graphs") == 1
+
+
+def test_inference_cost_rule_ignores_a_contiguous_after_the_last_conv():
+    """A `.contiguous()` that no conv reads (a patch embedding, then attention) does not count:
+    the graph still runs its conv channels-last."""
+    def f(w, x):
+        y = torch.conv2d(x, w, stride=4)
+        return y.flatten(2).transpose(1, 2).contiguous().softmax(-1)
+    w, x = torch.randn(8, 3, 4, 4), torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(ember.compile(f)(w, x), f(w, x), **TOL)
+    assert count("channels_last_graphs") == 1
 
 
 def test_training_cost_rule_takes_a_conv_stack_channels_last():
@@ -195,7 +252,8 @@ def test_nhwc_value_reduced_in_the_same_kernel():
             return F.relu(self.bn(self.conv(x)) + x).mean((2, 3))
 
     ref = Tail().eval()
-    m = ember.compile(copy.deepcopy(ref))
+    # 4096 activations for 36864 weights: the cost rule would keep it NCHW; forced
+    m = ember.compile(copy.deepcopy(ref), options={"layout": "channels_last"})
     compare(m, ref, torch.randn(4, 64, 4, 4), False)
     assert count("channels_last_graphs") == 1
 
@@ -375,7 +433,8 @@ def test_folded_spatial_weight_written_channels_last():
     torch.manual_seed(0)
     ref = bn_stats(nn.Sequential(nn.Conv2d(64, 64, 3, padding=1, bias=False),
                                  nn.BatchNorm2d(64), nn.ReLU()))
-    m = ember.compile(copy.deepcopy(ref))
+    # forced: the layout cost rule keeps a graph this weight-heavy NCHW
+    m = ember.compile(copy.deepcopy(ref), options={"layout": "channels_last"})
     x = torch.randn(1, 64, 4, 4)                 # 1024 outputs, 36864 weights
     compare(m, ref, x, False)
     assert count("batchnorm_folded_per_call") == 1
