@@ -42,6 +42,7 @@ import os
 import pickle
 import sys
 import tempfile
+import types
 from pathlib import Path
 
 import torch
@@ -83,6 +84,28 @@ def _plain(v) -> bool:
     return isinstance(v, _PLAIN + (torch.dtype, torch.device, torch.memory_format))
 
 
+_C_CALLABLES = (types.BuiltinFunctionType, types.MethodDescriptorType,
+                types.WrapperDescriptorType, types.MethodWrapperType)
+_OWN_MODULES = ("torch", "_operator", "operator", "builtins", "math", "ember")
+
+
+def _own_code(target) -> bool:
+    """Whether `target` is torch's or ember's own code, which the key covers (torch's version,
+    ember's sources), rather than user Python that may change between processes."""
+    module = getattr(target, "__module__", None) or ""
+    if module.startswith("torch._ops."):            # torch.ops.<namespace>.<op>
+        return module.split(".")[2] in ("aten", "prims")
+    if isinstance(target, torch._ops.OperatorBase):  # higher-order ops (flex_attention, cond)
+        return False
+    if isinstance(target, _C_CALLABLES):     # C code, but whose? (a user autograd.Function's
+        owner = getattr(target, "__self__", None) or getattr(target, "__objclass__", None)
+        if isinstance(owner, types.ModuleType):                     # `apply` is C code too)
+            module = owner.__name__
+        elif owner is not None:
+            module = (owner if isinstance(owner, type) else type(owner)).__module__ or ""
+    return module.split(".")[0] in _OWN_MODULES
+
+
 def _user_callable_arg(n) -> bool:
     from torch.utils._pytree import tree_leaves
     return any(callable(a) or isinstance(a, torch.nn.Module)
@@ -109,8 +132,7 @@ def why_uncached(gm, example_inputs, options: dict) -> str | None:
         if n.op in ("get_attr", "call_module"):
             return f"the graph holds {n.op} {n.target}"
         if n.op in ("call_function", "call_method"):
-            if n.op == "call_function" and speed._user_code(n.target) and \
-                    not (getattr(n.target, "__module__", None) or "").startswith("ember."):
+            if n.op == "call_function" and not _own_code(n.target):
                 return f"user code in the graph ({n.target})"
             if _user_callable_arg(n):
                 return f"a callable argument to {n.target}"
