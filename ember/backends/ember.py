@@ -36,6 +36,7 @@ from ..lower.lowering import GraphLowering
 from ..runtime import graph_cache
 from ..runtime.build import build_async, load
 from ..runtime.cudagraphs import cudagraphify
+from ..runtime.pycode import compile_cached
 from ..schedule import schedule
 from . import backend_cache, layout, split
 from .freeze import copy_module, fold_batchnorm_per_call, freeze
@@ -328,7 +329,7 @@ class _Compiled:
         globs = dict(self.globs)
         if self.future is not None:
             globs.update(load(self.future.result(), self.sigs))
-        exec(compile(self.wsrc, f"<ember wrapper {self.stats['graph']}>", "exec"), globs)
+        exec(compile_cached(self.wsrc, f"<ember wrapper {self.stats['graph']}>"), globs)
         return globs["call"]
 
     def _eager(self, args):
