@@ -84,9 +84,7 @@ def _plain(v) -> bool:
     return isinstance(v, _PLAIN + (torch.dtype, torch.device, torch.memory_format))
 
 
-_C_CALLABLES = (types.BuiltinFunctionType, types.MethodDescriptorType,
-                types.WrapperDescriptorType, types.MethodWrapperType)
-_OWN_MODULES = ("torch", "_operator", "operator", "builtins", "math", "ember")
+_OWN_MODULES = speed._TORCH_MODULES + ("ember",)
 
 
 def _own_code(target) -> bool:
@@ -97,7 +95,7 @@ def _own_code(target) -> bool:
         return module.split(".")[2] in ("aten", "prims")
     if isinstance(target, torch._ops.OperatorBase):  # higher-order ops (flex_attention, cond)
         return False
-    if isinstance(target, _C_CALLABLES):     # C code, but whose? (a user autograd.Function's
+    if isinstance(target, speed._C_CALLABLES):     # C code, but whose? (a user autograd.Function's
         owner = getattr(target, "__self__", None) or getattr(target, "__objclass__", None)
         if isinstance(owner, types.ModuleType):                     # `apply` is C code too)
             module = owner.__name__
