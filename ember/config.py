@@ -3,7 +3,9 @@
 Environment (read when asked, so tests can set them with monkeypatch):
   EMBER_LOGS       comma list of log areas (see ember.logging.AREAS), or "all"
   EMBER_DEBUG_DIR  directory where each compile writes every stage's IR as readable files
-  EMBER_CACHE_DIR  on-disk cache for built kernels (default: ~/.cache/ember)
+  EMBER_CACHE_DIR  on-disk cache for built kernels and compiled graphs (default: ~/.cache/ember)
+  EMBER_BACKEND_CACHE  "0": a new process recompiles captured graphs after capture instead of
+                   loading the backend's product from the cache dir (backends/backend_cache.py)
   EMBER_STRICT     "1": internal errors raise instead of falling back to eager
   EMBER_PROGRESS   "0": no live progress line on a TTY
 """
@@ -51,6 +53,10 @@ def cache_subdir(*parts: str) -> Path:
         if not d.is_dir():
             d.mkdir(mode=0o700, parents=True, exist_ok=True)
     return d
+
+
+def backend_cache() -> bool:
+    return _flag("EMBER_BACKEND_CACHE", default=True)
 
 
 def strict() -> bool:

@@ -7,6 +7,9 @@ os.environ.setdefault("EMBER_STRICT", "1")
 # the speed check (backends/speed.py) may run a graph eagerly from its second call on, which
 # would let a kernel bug hide behind eager PyTorch: tests see the kernels; its own tests turn it on
 os.environ.setdefault("EMBER_SPEED_CHECK", "0")
+# a warm backend cache (backends/backend_cache.py) would skip the stages a test means to run, and
+# a suite run would then depend on the one before it: its own tests turn it on
+os.environ.setdefault("EMBER_BACKEND_CACHE", "0")
 # Triton reads TRITON_INTERPRET when a @triton.jit function is defined; anything collected before
 # tests/unit/triton_backend may import triton (torch.compile does), so on a machine without a GPU the
 # interpreter is switched on here, before any test module is imported.

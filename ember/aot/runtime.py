@@ -127,9 +127,10 @@ class TrainingRuntime:
     """One autograd.Function per compiled graph; the backward is compiled on first use."""
 
     def __init__(self, traced: Traced, part: Partition, fw: Callable, bw_compiler: Callable,
-                 bw_module: fx.GraphModule, treespec):
+                 bw_module: fx.GraphModule, treespec, backward: Callable | None = None):
+        """`backward`: the compiled backward when it is known already (a warm disk cache)."""
         self.traced, self.part, self.fw, self.treespec = traced, part, fw, treespec
-        self._bw_compiler, self._bw_module, self._bw = bw_compiler, bw_module, None
+        self._bw_compiler, self._bw_module, self._bw = bw_compiler, bw_module, backward
         self._debug_scope = debug.current_scope()    # the backward's dumps join the forward's
         self.function = self._make_function()
 

@@ -21,7 +21,7 @@ import time
 
 import torch
 
-from .. import counters, debug, shapes
+from .. import config, counters, debug, shapes
 from ..errors import Unsupported
 from ..aot import aot_compile, trace_aten
 from ..codegen import triton_launch
@@ -29,15 +29,16 @@ from ..codegen.cpp import generate_tu
 from ..codegen.wrapper import WrapperCodegen, grad_free, wrapper_globals
 from ..fallback import fall_back, stage
 from ..decomp import complex as real_pairs, get_decompositions
-from ..logging import get_logger
+from ..logging import get_logger, warn_once
 from ..loopir.index import size_hints
 from ..loopir.printer import plan_summary, print_lowered, print_plan
 from ..lower.lowering import GraphLowering
 from ..runtime import graph_cache
 from ..runtime.build import build_async, load
 from ..runtime.cudagraphs import cudagraphify
+from ..runtime.pycode import compile_cached
 from ..schedule import schedule
-from . import layout, split
+from . import backend_cache, layout, split
 from .freeze import copy_module, fold_batchnorm_per_call, freeze
 from .speed import speed_checked    # never slower than eager
 
@@ -83,6 +84,11 @@ def _ember_backend(gm, example_inputs, **kwargs):
     _refuse_implicit_autocast(gm)
     if split.data_dependent(gm):    # Dynamo's unbacked sizes: compiled around the data reads
         return split.split_at_data(gm, lambda g, ex: _ember_backend(g, ex, **kwargs)).forward
+    key = backend_cache.key_of(gm, example_inputs, options)     # warm start: backend_cache.py
+    warm = _from_backend_cache(key, gm, example_inputs) if key else None
+    if warm is not None:
+        return warm
+    counts = counters.snapshot()["counts"]
     # inference graphs: frozen weights (freeze.py) and channels-last convs (layout.py)
     frozen = freeze(gm, example_inputs, options, lambda g, ex: _compile(g, ex, options))
     if frozen is not None:
@@ -94,10 +100,59 @@ def _ember_backend(gm, example_inputs, **kwargs):
     if not layout.plan(work, example_inputs, options):
         work = gm
     plan = {**options, "plan": "channels_last"} if work is not gm else options
-    return speed_checked(gm, _compile(work, example_inputs, options), example_inputs, plan)
+    store = _backend_cache_store(key, plan, counts) if key else None
+    compiled = _compile(work, example_inputs, options, on_backward=store)
+    if store is not None:
+        store(None, compiled)
+    return speed_checked(gm, compiled, example_inputs, plan)
 
 
-def _compile(gm, example_inputs, options):
+# ---- warm start (backend_cache.py) --------------------------------------------------------------
+def _backend_cache_store(key, plan, counts_before):
+    """A callback storing aot's runtime once it is complete: at once for inference, at the
+    first backward for training (`store(backward, runtime)`)."""
+    held = {}
+
+    def store(backward, runtime=None):
+        if "runtime" not in held:   # the compile's own counts (what a hit replays)
+            now = counters.snapshot()["counts"]
+            held.update(runtime=runtime, counts={
+                k: v - counts_before.get(k, 0) for k, v in now.items()
+                if v != counts_before.get(k, 0) and "cache" not in k and k != "fallbacks"})
+        entry = backend_cache.entry_of(held["runtime"], plan, held["counts"], backward)
+        if entry is not None:
+            backend_cache.store(key, entry)
+    return store
+
+
+def _from_backend_cache(key, gm, example_inputs):
+    entry = backend_cache.load(key)
+    runtime = None
+    if entry is not None:
+        try:
+            runtime = backend_cache.runtime_of(entry, _load_graph_now)
+        except Exception as exc:  # noqa: BLE001 - an entry that does not load is a miss
+            if config.strict():
+                raise
+            warn_once(f"backend-cache-load:{key}", f"backend cache entry {key[:12]} did not "
+                      f"load ({type(exc).__name__}: {exc}); recompiling")
+    if runtime is None:
+        counters.bump("backend_cache_misses")
+        return None
+    counters.bump("backend_cache_hits")
+    for name, n in entry["counts"].items():
+        counters.bump(name, n)
+    perf_log.info("backend cache hit %s: capture -> kernels skipped", key[:12])
+    return speed_checked(gm, runtime, example_inputs, entry["plan"])
+
+
+def _load_graph_now(key):
+    """A graph-cache entry as a callable, its kernels loaded now (or None: not cached)."""
+    entry = graph_cache.load(key)
+    return None if entry is None else _from_graph_cache(entry, None, key, now=True)
+
+
+def _compile(gm, example_inputs, options, on_backward=None):
     """aot → decompositions → kernels for the torch-level graph `gm`."""
 
     def compiler(g, ex):            # forward now, backward lazily at the first backward
@@ -108,10 +163,13 @@ def _compile(gm, example_inputs, options):
         # runs inside the first backward, past the backend's own fallback: a failure here makes
         # the backward graph run eagerly (its aten ops), the forward stays compiled
         try:
-            return compiler(g, ex)
+            compiled = compiler(g, ex)
         except Exception as exc:  # noqa: BLE001 - the fallback policy
             fall_back("ember", exc, "this graph's backward")
             return g
+        if on_backward is not None:
+            on_backward(compiled)
+        return compiled
     with counters.timed("aot"), stage("aot"):
         compiled = aot_compile(gm, example_inputs, fw_compiler=compiler, bw_compiler=bw_compiler,
                                decompositions=get_decompositions())
@@ -147,7 +205,7 @@ def compile_aten_graph(gm, example_inputs, *, options=None):
             work, {**options, "mutations": sorted(mutations.items())} if mutations else options)
         entry = graph_cache.load(key) if key else None
         if entry is not None:
-            return _from_graph_cache(entry, gm)
+            return _from_graph_cache(entry, gm, key)
         debug.dump("aot", gm.code, summary=f"the aten graph given to the kernel backend, "
                                           f"{len(gm.graph.nodes)} nodes", of=gm)
         if work is not gm:
@@ -183,10 +241,12 @@ def compile_aten_graph(gm, example_inputs, *, options=None):
         if key and not any(b.constant is not None for b in plan.inputs):
             graph_cache.store(key, {"wrapper": wsrc, "source": source if plan.kernels else "",
                                     "sigs": sigs, "ops": wrapper.ops, "stats": stats})
+        else:
+            key = None
         future = build_async(source) if plan.kernels else None
         perf_log.info("graph %d: %s, fallbacks %s, lowered in %.3fs", stats["graph"],
                       plan_summary(plan), list(plan.fallbacks), time.perf_counter() - t0)
-        return _Compiled(wsrc, wrapper.globals, future, sigs, stats, gm).entry()
+        return _Compiled(wsrc, wrapper.globals, future, sigs, stats, gm, key).entry()
 
 
 def _mutation_outputs(gm) -> dict:
@@ -227,7 +287,9 @@ def _complex_as_real_pairs(gm, example_inputs):
     return real_pairs.fold_pairs(work)
 
 
-def _from_graph_cache(entry, gm):
+def _from_graph_cache(entry, gm, key, now=False):
+    """`now`: load the kernels at once (a warm start's graph, which has no aten graph `gm` to
+    fall back to); else at the first call."""
     stats = dict(entry["stats"], graph=next(_ids), cached=True)
     with _lock:
         STATS.append(stats)
@@ -236,16 +298,19 @@ def _from_graph_cache(entry, gm):
     future = build_async(entry["source"]) if entry["source"] else None
     perf_log.info("graph %d: graph cache hit (%d kernels), fallbacks %s", stats["graph"],
                   stats["kernels"], stats["fallbacks"])
-    return _Compiled(entry["wrapper"], globs, future, entry["sigs"], stats, gm).entry()
+    compiled = _Compiled(entry["wrapper"], globs, future, entry["sigs"], stats, gm, key)
+    if now:
+        compiled.call = compiled._load()
+    return compiled.entry()
 
 
 class _Compiled:
     """The wrapper, made callable at the first call: that waits for the kernels' build. A
     build that fails (g++ error, no compiler) makes this graph run its aten graph eagerly."""
 
-    def __init__(self, wsrc, globs, future, sigs, stats, gm):
+    def __init__(self, wsrc, globs, future, sigs, stats, gm, key=None):
         self.wsrc, self.globs, self.future, self.sigs, self.stats = wsrc, globs, future, sigs, stats
-        self.gm = gm
+        self.gm, self.key = gm, key       # key: its graph-cache entry, if it has one
         self.call = self._first_call
         self.lock = threading.Lock()
 
@@ -264,7 +329,7 @@ class _Compiled:
         globs = dict(self.globs)
         if self.future is not None:
             globs.update(load(self.future.result(), self.sigs))
-        exec(compile(self.wsrc, f"<ember wrapper {self.stats['graph']}>", "exec"), globs)
+        exec(compile_cached(self.wsrc, f"<ember wrapper {self.stats['graph']}>"), globs)
         return globs["call"]
 
     def _eager(self, args):
@@ -272,8 +337,9 @@ class _Compiled:
         return tuple(out) if isinstance(out, (list, tuple)) else (out,)
 
     def entry(self):
-        cplx = [i for i, n in enumerate(self.gm.graph.find_nodes(op="placeholder"))
-                if isinstance(n.meta.get("val"), torch.Tensor) and n.meta["val"].is_complex()]
+        cplx = [] if self.gm is None else [      # (warm starts have no complex graph)
+            i for i, n in enumerate(self.gm.graph.find_nodes(op="placeholder"))
+            if isinstance(n.meta.get("val"), torch.Tensor) and n.meta["val"].is_complex()]
         if cplx:
             # the kernels read complex inputs as real pairs (view_as_real), which a conjugate
             # or negative view (z.conj() passed in) does not have: such an input is resolved
@@ -282,6 +348,7 @@ class _Compiled:
             run = grad_free(lambda args: self.call(args))   # self.call changes after the first
         run.ember_stats = self.stats
         run.ember_wrapper = self.wsrc
+        run.ember_cache_key = self.key
         return run
 
 

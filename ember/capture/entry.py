@@ -21,6 +21,7 @@ from .. import config, debug
 from ..config import CompileSettings
 from ..errors import InternalError, RecompileError, Unsupported
 from ..logging import enabled, get_logger, warn_once
+from ..runtime.pycode import compile_cached
 from ..shapes import LOWER_BOUND
 from .breaks import compile_break, runs_eagerly
 from .calls import compiled_by_torch
@@ -531,7 +532,7 @@ def build_entry(tr: Tracer, plan, argnames, eager=False, reason=None, settings=N
         debug.dump("guards", "".join(f"# {g.describe()}\n" for g in guards) + source,
                    summary=f"the cache entry's {len(guards)} guards and its run function"
                            + (" (the frame runs eagerly)" if eager else ""))
-    code = compile(source, "<ember-guards>", "exec")
+    code = compile_cached(source, "<ember-guards>")      # ~0.2 s for a ResNet-50
     exec(code, ns)
     run = ns["__entry"]
     return Entry(run, guards, plan.gm if plan is not None else None, source,

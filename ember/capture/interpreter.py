@@ -322,8 +322,15 @@ class Tracer(Inputs):
         if target in _TO_METHODS:
             margs = [("meta" if isinstance(a, str) and _is_device_str(a) else a) for a in margs]
         try:
-            if _has_tensor(margs) or _has_tensor(mkw):
+            memo = _memo_key(target, margs, mkw)
+            if memo is not None and memo in _META_MEMO:
+                size, stride, dtype = _META_MEMO[memo]
+                out = torch.empty_strided(size, stride, dtype=dtype, device="meta")
+            elif _has_tensor(margs) or _has_tensor(mkw):
                 out = target(*margs, **mkw)
+                if memo is not None and type(out) is torch.Tensor and not out.requires_grad \
+                        and len(_META_MEMO) < 4096:
+                    _META_MEMO[memo] = (tuple(out.shape), tuple(out.stride()), out.dtype)
             else:
                 with torch.device("meta"):      # factories: allocate on meta
                     out = target(*margs, **mkw)
@@ -614,6 +621,43 @@ AUTOCAST_LOWER = {"conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transp
 
 
 _SIDE_EFFECT_FNS = {operator.setitem, torch.Tensor.__setitem__}
+
+# Norms whose meta kernels are Python decompositions (~10 ms a call, the bulk of a warm start's
+# capture of a CNN or a transformer): each returns one fresh tensor fixed by its arguments'
+# metadata, so the result's shape, strides and dtype are reused for the same metadata.
+# {function: position of its `training` argument (a training batch_norm writes its running
+# stats: never reused)}
+_MEMO_FNS = {torch.batch_norm: 5, torch.nn.functional.batch_norm: 5, torch.layer_norm: None,
+             torch.nn.functional.layer_norm: None, torch.group_norm: None,
+             torch.nn.functional.group_norm: None}
+_META_MEMO: dict = {}
+
+
+def _memo_key(target, margs, mkw):
+    """The reuse key of a call of a _MEMO_FNS function on meta values, or None."""
+    try:
+        if target not in _MEMO_FNS:
+            return None
+    except TypeError:       # unhashable target
+        return None
+    training = _MEMO_FNS[target]
+    if training is not None and (margs[training] if len(margs) > training
+                                 else mkw.get("training", False)) is not False:
+        return None
+    grad = torch.is_grad_enabled()
+    parts = [target, grad]
+    for name, v in [(None, a) for a in margs] + sorted(mkw.items()):
+        if isinstance(v, torch.Tensor):
+            if type(v) is not torch.Tensor or (grad and v.requires_grad) or \
+                    any(isinstance(d, torch.SymInt) for d in (*v.shape, *v.stride())):
+                return None
+            v = (tuple(v.shape), tuple(v.stride()), v.storage_offset(), v.dtype)
+        elif isinstance(v, (int, float, bool, type(None), torch.dtype)):
+            v = (type(v), v)
+        elif not (isinstance(v, (list, tuple)) and all(type(i) is int for i in v)):
+            return None
+        parts.append((name, tuple(v) if isinstance(v, list) else v))
+    return tuple(parts)
 
 
 def _writes(target) -> bool:
