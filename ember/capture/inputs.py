@@ -18,6 +18,7 @@ import types
 import torch
 
 from .. import shapes
+from ..errors import Unsupported
 from .functorch import is_functorch
 from .guards import Guard
 from .sources import AttrSource, ConstSource, ItemSource, LocalSource, SizeSource, Source
@@ -170,8 +171,11 @@ class Inputs:
             return None
         self.guard("TYPE", source, type(value))
         self.guard("KEYS", source, keys)
-        v = NewObjV(type(value), {n: self.wrap(inst[n], AttrSource(source, n)) for n in names},
-                    dataclass=True)
+        try:
+            attrs = {n: self.wrap(inst[n], AttrSource(source, n)) for n in names}
+        except Unsupported:             # a field the trace cannot hold: read it as an object
+            return None
+        v = NewObjV(type(value), attrs, dataclass=True)
         v.source = source
         return self._remember(value, v)
 

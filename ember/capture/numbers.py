@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from .values import SYM_TYPES, DictV, ListV, ObjV, TensorV, TupleV, peek
+from .values import SYM_TYPES, DictV, ListV, ObjV, TensorV, TupleV, is_literal, peek
 
 MAX_NUMEL = 64        # scalars and tiny tensors only: the values are computed at trace time
 
@@ -48,12 +48,14 @@ def _symbolic(v) -> bool:
 def factory_result(tr, args, kwargs, out):
     """`out`, made by a call without tensor arguments under the meta device: torch makes a
     real CPU tensor from numbers (`torch.div(8, 4)`). Returns the meta example value and the
-    real value to remember (None when a symbolic size went in: its value is meaningless)."""
+    real value to remember: None unless only plain numbers went in (a symbolic size gives a
+    meaningless value)."""
     if not isinstance(out, torch.Tensor) or out.device.type == "meta":
         return out, None
     vals = list(_flat(list(args) + list(kwargs.values())))
-    real = None if any(map(_symbolic, vals)) or out.numel() > MAX_NUMEL else out
-    return out.to("meta"), real
+    numbers_only = all(isinstance(v, ObjV) and is_literal(peek(v)) for v in vals)
+    # (torch.from_numpy(a) is not: its result is the caller's memory)
+    return out.to("meta"), out if numbers_only and out.numel() <= MAX_NUMEL else None
 
 
 def remember(tr, node, real) -> None:
