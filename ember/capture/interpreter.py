@@ -143,6 +143,7 @@ class Tracer(Inputs):
         self._symbol_nodes: dict = {}
         self._size_nodes: dict = {}
         self.known: dict = {}          # node -> real value of a tensor made from numbers (numbers.py)
+        self.known_sizes: dict = {}    # node -> SymInt value of a tensor made from sizes
 
     # ---- dispatch helpers (implemented in calls/builtins/handlers) --------------------
     def call(self, fn, args, kwargs):
@@ -330,7 +331,7 @@ class Tracer(Inputs):
             else:
                 with torch.device("meta"):      # factories: allocate on meta
                     out = target(*margs, **mkw)
-                out, real = numbers.factory_result(self, args, kwargs, out)
+                out, real = numbers.factory_result(self, target, args, kwargs, out)
         except Unsupported:
             raise
         except NotImplementedError as e:
@@ -348,10 +349,12 @@ class Tracer(Inputs):
         except (TypeError, ValueError, IndexError) as e:
             raise self.unsupported(f"{_fname(target)} raised {type(e).__name__} at trace time: {e}",
                                    hint="the same call fails eagerly")
+        if real is numbers.LIFT:
+            return numbers.lift_symbols(self, target, args, kwargs)
         v = self._result(target, args, kwargs, out, margs, mkw, device)
         if real is not None and isinstance(v, TensorV):
             numbers.remember(self, v.node, real)
-        elif self.known:
+        elif self.known or self.known_sizes:
             numbers.after_op(self, target, args, kwargs, v, _writes(target))
         return v
 

@@ -14,12 +14,16 @@ keeps its real value, computed at trace time from the same numbers:
     that tensor's place, as eager reads it (`view(b, 4, 128)`);
   * `value_of(tr, v)`: `.item()`, `int(n)`, `float(n)`, `bool(n)` fold to the number.
 
-A value computed from symbolic sizes (dynamic shapes) is not known: its meta example value
-has no data, so an int use of it fails on meta and breaks the graph there.
+With dynamic shapes, `torch.div(s, d, rounding_mode=...)` / `torch.floor_divide(s, d)` of a
+size symbol by a positive int is known as the SymInt `s // d` (`known_sizes`), so the view
+stays symbolic; any other value computed from symbolic sizes is not known (its meta example
+value has no data), so an int use of it fails on meta and breaks the graph there.
 A write to a known tensor by an op whose other tensor arguments are not known forgets every
-known value (the tracer cannot follow the data).
+known value, and any write forgets the sizes (the tracer does not follow those through data).
 """
 from __future__ import annotations
+
+import operator
 
 import torch
 
@@ -45,7 +49,7 @@ def _symbolic(v) -> bool:
     return isinstance(x, (tuple, list)) and any(isinstance(i, SYM_TYPES) for i in x)
 
 
-def factory_result(tr, args, kwargs, out):
+def factory_result(tr, target, args, kwargs, out):
     """`out`, made by a call without tensor arguments under the meta device: torch makes a
     real CPU tensor from numbers (`torch.div(8, 4)`). Returns the meta example value and the
     real value to remember: None unless only plain numbers went in (a symbolic size gives a
@@ -55,7 +59,59 @@ def factory_result(tr, args, kwargs, out):
     vals = list(_flat(list(args) + list(kwargs.values())))
     numbers_only = all(isinstance(v, ObjV) and is_literal(peek(v)) for v in vals)
     # (torch.from_numpy(a) is not: its result is the caller's memory)
-    return out.to("meta"), out if numbers_only and out.numel() <= MAX_NUMEL else None
+    if numbers_only and out.numel() <= MAX_NUMEL:
+        return out.to("meta"), out
+    if any(map(_symbolic, vals)):
+        return out, LIFT
+    return out.to("meta"), None
+
+
+LIFT = object()     # factory_result: symbolic numbers went in; make the call with lift_symbols
+
+
+def lift_symbols(tr, target, args, kwargs):
+    """`target(*args)` where torch wraps symbolic numbers into tensors itself (`torch.div(s, 4)`):
+    a later stage tracing the graph would see each symbol as its example value, a constant (a
+    silently wrong value for other sizes). Each symbol is made a 0-d tensor in the graph first,
+    `torch.ones((), dtype=int64) * s`, of the dtype torch gives the wrapped number, so the
+    result's dtype is eager's."""
+    q = _symbolic_quotient(target, args, kwargs)
+
+    def lift(v):
+        x = peek(v) if isinstance(v, ObjV) else None
+        if not isinstance(x, (torch.SymInt, torch.SymFloat)):
+            return v
+        dtype = torch.int64 if isinstance(x, torch.SymInt) else torch.get_default_dtype()
+        one = tr.call_graph(torch.ones, [TupleV([])], {"dtype": ObjV(dtype)})
+        return tr.call_graph(operator.mul, [one, v], {})
+
+    new_args, new_kw = [lift(a) for a in args], {k: lift(x) for k, x in kwargs.items()}
+    if not any(isinstance(v, TensorV) for v in _flat(new_args + list(new_kw.values()))):
+        raise tr.unsupported(f"{getattr(target, '__name__', target)} makes a tensor from "
+                             "symbolic sizes")
+    v = tr.call_graph(target, new_args, new_kw)
+    if q is not None and isinstance(v, TensorV):
+        tr.known_sizes[v.node] = q
+    return v
+
+
+def _symbolic_quotient(target, args, kwargs):
+    """`torch.div(n, d, rounding_mode="floor"|"trunc")` / `torch.floor_divide(n, d)` of a
+    symbolic size n by a positive int d: the SymInt n // d (trunc only where n >= 0, which
+    becomes a guard), else None."""
+    mode = peek(kwargs["rounding_mode"]) if isinstance(kwargs.get("rounding_mode"), ObjV) \
+        else None
+    if len(args) != 2 or set(kwargs) - {"rounding_mode"} or not all(
+            isinstance(a, ObjV) for a in args) or not (
+            target is torch.floor_divide and not kwargs or target is torch.div and
+            mode in ("floor", "trunc")):
+        return None
+    n, d = peek(args[0]), peek(args[1])
+    if not isinstance(n, torch.SymInt) or type(d) is not int or d <= 0:
+        return None
+    if mode == "trunc" and not n >= 0:
+        return None
+    return n // d
 
 
 def remember(tr, node, real) -> None:
@@ -69,12 +125,15 @@ def after_op(tr, target, args, kwargs, result, writes: bool) -> None:
     vals = list(_flat(list(args) + list(kwargs.values())))
     tensors = [v for v in vals if isinstance(v, TensorV)]
     known = [v for v in tensors if v.node in tr.known]
+    name = getattr(target, "__name__", "")
+    writes = writes or "out" in kwargs or name.startswith("__i") or \
+        name.endswith("_") and not name.startswith("_")
+    if writes:
+        tr.known_sizes.clear()      # values made from sizes are not followed through writes
     if not known:
         return
     if len(known) < len(tensors) or any(map(_symbolic, vals)):
-        name = getattr(target, "__name__", "")
-        if writes or "out" in kwargs or name.startswith("__i") or \
-                name.endswith("_") and not name.startswith("_"):
+        if writes:
             tr.known.clear()
         return
     real_args = [_real(tr, a) for a in args]
@@ -114,6 +173,9 @@ def as_numbers(tr, args, kwargs):
         if isinstance(v, TensorV) and v.node in tr.known and tr.known[v.node].numel() == 1:
             hit = True
             return ObjV(tr.known[v.node].item())
+        if isinstance(v, TensorV) and v.node in tr.known_sizes:
+            hit = True
+            return ObjV(tr.known_sizes[v.node])
         if isinstance(v, (ListV, TupleV)):
             items = [sub(i) for i in v.items]
             return ListV(items, cls=v.cls) if isinstance(v, ListV) else TupleV(items, cls=v.cls)
