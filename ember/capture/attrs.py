@@ -352,6 +352,7 @@ def store_attr(tr, obj_v: V, name: str, value: V, plain: bool = False) -> None:
             return
     tr.writes += 1
     if isinstance(obj_v, NewObjV):
+        refuse_input_write(tr, obj_v, f"attribute {name!r}")
         obj_v.attrs[name] = value
         return
     if isinstance(obj_v, TensorV):
@@ -365,6 +366,14 @@ def store_attr(tr, obj_v: V, name: str, value: V, plain: bool = False) -> None:
         tr.effects.append(("setattr", obj_v, name, value, plain))
         return
     raise tr.unsupported(f"attribute write {name!r} on {type(obj_v).__name__}")
+
+
+def refuse_input_write(tr, obj_v: NewObjV, what: str) -> None:
+    """A ModelOutput the frame received (inputs._wrap_model_output) is read as the trace's
+    own value; a write would change only that value, not the caller's object: refused."""
+    if obj_v.source is not None:
+        raise tr.unsupported(f"writing {what} of a {obj_v.cls.__name__} the compiled frame "
+                             "received", hint="the write runs eagerly")
 
 
 def _module_store_ok(obj: torch.nn.Module, name: str, value: V) -> bool:
@@ -404,6 +413,7 @@ def delete_attr(tr, obj_v: V, name: str) -> None:
     from .interpreter import TracedRaise
     tr.writes += 1
     if isinstance(obj_v, NewObjV):
+        refuse_input_write(tr, obj_v, f"attribute {name!r}")
         if name not in obj_v.attrs:
             raise TracedRaise(AttributeError(name))
         del obj_v.attrs[name]

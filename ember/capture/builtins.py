@@ -15,6 +15,7 @@ import types
 
 import torch
 
+from . import numbers
 from .dictkeys import dict_key, has_traced_keys, key_value, missing, ordered_dict_method
 from .values import (STOP, BuiltinMethodV, ContextV, DictV, DictViewV, FuncV, GenV, IterV,
                      LazyV, ListV, MethodV, NdarrayV, NewObjV, ObjV, SYM_TYPES, SuperV, TensorV,
@@ -206,6 +207,8 @@ def truth(tr, v: V) -> bool:
         return bool(v.items)
     if isinstance(v, DictViewV):
         return bool(v.d.items)
+    if isinstance(v, TensorV) and (x := numbers.value_of(tr, v, "__bool__")) is not None:
+        return x
     if isinstance(v, (TensorV, NdarrayV)):
         raise tr.unsupported("branching on a tensor value (data-dependent control flow)",
                              hint="use torch.where, or compute the condition outside")
@@ -338,6 +341,9 @@ def _make_scalar(t):
         if not args:
             return ObjV(t())
         v = args[0]
+        if isinstance(v, TensorV) and t in (int, float, bool) and \
+                (x := numbers.value_of(tr, v, f"__{t.__name__}__")) is not None:
+            return ObjV(x)                  # a tensor made from numbers (numbers.py)
         if isinstance(v, TensorV):
             raise tr.unsupported(f"{t.__name__}() of a tensor needs its data (data-dependent)",
                                  hint="keep the value as a tensor")
@@ -425,7 +431,13 @@ def _range(tr, args, kwargs):
     raise AssertionError
 
 
-BUILTINS[range] = lambda tr, a, k: fold(tr, range, a, k)
+BUILTINS[range] = lambda tr, a, k: fold(tr, range, [_index(tr, x) for x in a], k)
+
+
+def _index(tr, v):
+    """An int argument: a tensor made from numbers reads as its value (numbers.py)."""
+    x = numbers.value_of(tr, v, "__index__")
+    return v if x is None else ObjV(x)
 BUILTINS[slice] = lambda tr, a, k: ObjV(slice(*[real(tr, x) for x in a])) if all(
     isinstance(x, ObjV) for x in a) else _bad(tr, "slice() with traced bounds")
 
@@ -594,7 +606,21 @@ def container_method(tr, recv: V, name: str, args, kwargs) -> V:
             return TupleV(items, cls=recv.cls)
     if isinstance(recv, DictV):
         return _dict_method(tr, recv, name, args, kwargs)
+    if isinstance(recv, NewObjV) and recv.dataclass and is_model_output(recv.cls) and \
+            name in _MODEL_OUTPUT_READS:
+        # the mapping a ModelOutput keeps: its non-None fields in order (a view of a snapshot:
+        # a later write to the ModelOutput is not seen through a view taken before it)
+        items = {k: x for k, x in recv.attrs.items() if not _is_none(x)}
+        return _dict_method(tr, DictV(items, cls=dict), name, args, kwargs)
+    if isinstance(recv, NewObjV) and recv.dataclass and is_model_output(recv.cls) and \
+            name == "__setitem__" and len(args) == 2:     # super().__setitem__ in __setattr__
+        from .handlers.ops import setitem
+        setitem(tr, recv, *args)
+        return ObjV(None)
     raise tr.unsupported(f"method {name!r} of {_describe(recv)}")
+
+
+_MODEL_OUTPUT_READS = ("keys", "values", "items", "get")
 
 
 def _mutate(tr, v: V):

@@ -22,7 +22,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..errors import Unsupported
 from ..logging import warn_once
-from . import functorch, ndarrays
+from . import functorch, ndarrays, numbers
 from .bwhooks import traced_backward_hook
 from .checkpoint import call_checkpoint, is_checkpoint
 from .cond import call_cond, is_cond
@@ -708,6 +708,9 @@ def call_builtin_method(tr, recv: V, name: str, args, kwargs) -> V:
         if name == "numpy" and not args and set(kwargs) <= {"force"}:
             force = kwargs.get("force", ObjV(False))
             return ndarrays.from_tensor(tr, recv, isinstance(force, ObjV) and bool(force.value))
+        if name in _TENSOR_BLOCKED and not args and not kwargs and \
+                (x := numbers.value_of(tr, recv, name)) is not None:
+            return tr.const_value(x)        # a tensor made from numbers (numbers.py)
         if name in _TENSOR_BLOCKED:
             raise tr.unsupported(f"Tensor.{name}() needs tensor data or mutates autograd state",
                                  hint="move it out of the compiled function")

@@ -157,6 +157,8 @@ class Rebuild:
                                  f"{self.bind(v.globals, 'g')}, {v.qualname!r}, ({defaults}), "
                                  f"{{{kwdefaults}}}, ({closure}))")
         if isinstance(v, NewObjV):
+            if v.source is not None:          # the caller's ModelOutput, never written
+                return v.source.expr()
             inner = ", ".join(f"{self._key(k)}: {self.expr(x)}" for k, x in v.attrs.items())
             if v.dataclass:
                 first = next(iter(v.attrs.values()), None)

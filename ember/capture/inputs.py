@@ -18,11 +18,13 @@ import types
 import torch
 
 from .. import shapes
+from ..errors import Unsupported
 from .functorch import is_functorch
 from .guards import Guard
 from .sources import AttrSource, ConstSource, ItemSource, LocalSource, SizeSource, Source
 from .subclasses import guard_inner, is_traceable_subclass, meta_copy
-from .values import DictV, LazyV, ListV, ObjV, TensorV, TupleV, V, is_literal
+from .values import DictV, LazyV, ListV, NewObjV, ObjV, TensorV, TupleV, V, is_literal, \
+    is_model_output
 
 
 class SymbolInput:
@@ -108,6 +110,10 @@ class Inputs:
         if isinstance(value, torch.nn.Module):
             self.guard("TYPE", source, t)
             return ObjV(value, source)
+        if source is not None and is_model_output(t) and dataclasses.is_dataclass(t):
+            mo = self._wrap_model_output(value, source)
+            if mo is not None:
+                return mo
         if t is types.MethodType and source is not None and \
                 isinstance(value.__func__, types.FunctionType):
             # a bound method is a new object per attribute read: guard what it binds
@@ -143,6 +149,35 @@ class Inputs:
             return self._remember(value, ObjV(value, source)) if t is set else ObjV(value, source)
         self.guard("TYPE", source, t)
         return ObjV(value, source)
+
+    def _wrap_model_output(self, value, source: Source) -> NewObjV | None:
+        """A transformers ModelOutput from the caller (an argument, a resume function's local)
+        as the value a ModelOutput made in the trace is: its fields, read through attribute
+        sources, so `out[0]`, `out["k"]`, `to_tuple()`, `keys()` and iteration trace. Guarded
+        on its type, its keys and each field. Only when it is in the state ModelOutput's own
+        setters keep (the mapping's items are the non-None fields, the same objects; no other
+        instance attributes); otherwise an object (reads of its mapping break). The trace
+        refuses writes to it (attrs.store_attr, ops.setitem), so residual code hands the
+        caller's own object on."""
+        hit = self.by_real_id.get(id(value))
+        if hit is not None:
+            self.guard("ALIAS", source, hit.source)
+            return hit
+        names = [f.name for f in dataclasses.fields(value)]
+        inst = vars(value)
+        keys = list(value.keys())
+        if set(inst) != set(names) or keys != [n for n in names if inst[n] is not None] or \
+                any(dict.__getitem__(value, k) is not inst[k] for k in keys):
+            return None
+        self.guard("TYPE", source, type(value))
+        self.guard("KEYS", source, keys)
+        try:
+            attrs = {n: self.wrap(inst[n], AttrSource(source, n)) for n in names}
+        except Unsupported:             # a field the trace cannot hold: read it as an object
+            return None
+        v = NewObjV(type(value), attrs, dataclass=True)
+        v.source = source
+        return self._remember(value, v)
 
     def _guard_closure(self, fn: types.FunctionType, source: Source) -> None:
         """A nested function or closure is a new object each time its maker runs (a resume

@@ -20,6 +20,7 @@ import torch
 import torch.fx as fx
 
 from ..errors import Unsupported
+from . import numbers
 from .bytecode import decode
 from .effects import op_writes
 from .guards import Guard, global_state
@@ -141,6 +142,8 @@ class Tracer(Inputs):
         self.shape_env = None
         self._symbol_nodes: dict = {}
         self._size_nodes: dict = {}
+        self.known: dict = {}          # node -> real value of a tensor made from numbers (numbers.py)
+        self.known_sizes: dict = {}    # node -> SymInt value of a tensor made from sizes
 
     # ---- dispatch helpers (implemented in calls/builtins/handlers) --------------------
     def call(self, fn, args, kwargs):
@@ -317,6 +320,7 @@ class Tracer(Inputs):
             args = [_numpy_number(a) for a in args]
         margs = [self.to_meta(a) for a in args]
         mkw = {k: self.to_meta(x) for k, x in kwargs.items()}
+        real = None
         if "device" in mkw and mkw["device"] is not None:
             mkw["device"] = torch.device("meta")
         if target in _TO_METHODS:
@@ -334,6 +338,7 @@ class Tracer(Inputs):
             else:
                 with torch.device("meta"):      # factories: allocate on meta
                     out = target(*margs, **mkw)
+                out, real = numbers.factory_result(self, target, args, kwargs, out)
         except Unsupported:
             raise
         except NotImplementedError as e:
@@ -341,6 +346,9 @@ class Tracer(Inputs):
                                    f"or depends on tensor data: {str(e).splitlines()[0]}")
         except RuntimeError as e:
             msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+            if "item() cannot be called on meta" in msg and \
+                    (sub := numbers.as_numbers(self, args, kwargs)) is not None:
+                return self.call_graph(target, *sub)     # a known tensor read as a number
             if "meta" in msg or "data-dependent" in msg or "Cannot" in msg:
                 raise self.unsupported(f"{_fname(target)} depends on tensor data ({msg})")
             raise self.unsupported(f"{_fname(target)} raised at trace time: {msg}",
@@ -348,7 +356,14 @@ class Tracer(Inputs):
         except (TypeError, ValueError, IndexError) as e:
             raise self.unsupported(f"{_fname(target)} raised {type(e).__name__} at trace time: {e}",
                                    hint="the same call fails eagerly")
-        return self._result(target, args, kwargs, out, margs, mkw, device)
+        if real is numbers.LIFT:
+            return numbers.lift_symbols(self, target, args, kwargs)
+        v = self._result(target, args, kwargs, out, margs, mkw, device)
+        if real is not None and isinstance(v, TensorV):
+            numbers.remember(self, v.node, real)
+        elif self.known or self.known_sizes:
+            numbers.after_op(self, target, args, kwargs, v, _writes(target))
+        return v
 
     def _autocast_arg(self, v, dtype):
         if isinstance(v, TensorV) and v.meta.is_floating_point() and v.meta.dtype != dtype:

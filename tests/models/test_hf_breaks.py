@@ -166,3 +166,27 @@ def test_plain_bert_mlm_with_labels_is_one_graph():
     e = ember.explain(transformers.BertForMaskedLM(_bert().config), input_ids=ids, labels=ids)
     assert e.break_count == 0 and e.graph_count == 1, str(e)[:2000]
     assert max(e.ops_per_graph) > 50, e.ops_per_graph
+
+
+def test_longformer_sizes_and_model_output_between_breaks():
+    """LongformerModel: `torch.div(size, 2w, rounding_mode="trunc")` as a view size (was a failed
+    graph in aot), the encoder's ModelOutput read after the `.item()` breaks (was the rest of
+    forward eager). The two `is_global_attn = ....item()` breaks are the only ones."""
+    from ember import capture
+    torch.manual_seed(0)
+    cfg = transformers.LongformerConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2,
+                                        num_attention_heads=2, intermediate_size=64,
+                                        attention_window=8, max_position_embeddings=64)
+    m = transformers.LongformerModel(cfg).eval()
+    ref = copy.deepcopy(m)
+    ids = torch.randint(4, 100, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad(), warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        expected = ref(input_ids=ids)
+        got = ember.compile(m, backend="aot_eager")(input_ids=ids)
+    torch.testing.assert_close(got.last_hidden_state, expected.last_hidden_state,
+                               rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(got.pooler_output, expected.pooler_output, rtol=1e-4, atol=1e-5)
+    assert not [x for x in w if "runs eagerly" in str(x.message)], [str(x.message) for x in w]
+    st = capture.stats()
+    assert st.get("graph_breaks") == 2 and st.get("unsupported") == 2, st

@@ -219,7 +219,10 @@ def contains(tr, item, container) -> bool:
             return tr.truth(tr.call(ObjV(m), [container, item], {}))
         return item.value in c
     if isinstance(container, NewObjV) and container.dataclass:
-        return real(tr, item) in container.attrs
+        x = container.attrs.get(real(tr, item), NULL)
+        # a ModelOutput's mapping holds only its non-None fields
+        return x is not NULL and not (is_model_output(container.cls) and isinstance(x, ObjV)
+                                      and x.value is None)
     raise tr.unsupported(f"`in` on {type(container).__name__}")
 
 
@@ -375,6 +378,8 @@ def setitem(tr, c, k, v):
         si = getattr(c.cls, "__setitem__", None)
         if c.dataclass:
             if is_model_output(c.cls):
+                from ..attrs import refuse_input_write
+                refuse_input_write(tr, c, f"item {real(tr, k)!r}")
                 c.attrs[real(tr, k)] = v
                 return
         if isinstance(si, types.FunctionType):
