@@ -248,7 +248,31 @@ static inline double tanh(double x) { return std::tanh(x); }
 
 static inline float sigmoid(float x) { return 1.0f / (1.0f + ember::exp(-x)); }
 static inline double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
-static inline float expm1(float x) { return std::fabs(x) < 0.5f ? std::expm1(x) : ember::exp(x) - 1.0f; }
+static inline float expm1(float x) {
+    // exp's reduction x = z ln2 + r, then expm1(x) = 2^z expm1(r) + (2^z - 1) with expm1(r) =
+    // r + r^2 P(r) never formed as exp(r) - 1: exact where z = 0 (|x| < ln2 / 2, the
+    // cancellation range), and call-free so simd loops over it vectorize (a std::expm1 in a
+    // select made every ELU/SELU loop scalar). s = 2^(z-1), doubled at the end, so z = 128
+    // (x up to 88.72) needs no special case; x < -87 gives s = 0 and -1.
+    const float l2e = 1.44269504088896341f;
+    float xc = std::min(std::max(x, -87.0f), 88.72283935546875f);
+    float z = std::nearbyint(xc * l2e);
+    float r = fmadd(z, -0.693359375f, xc);
+    r = fmadd(z, 2.12194440e-4f, r);
+    float p = 1.9875691500E-4f;
+    p = fmadd(p, r, 1.3981999507E-3f);
+    p = fmadd(p, r, 8.3334519073E-3f);
+    p = fmadd(p, r, 4.1665795894E-2f);
+    p = fmadd(p, r, 1.6666665459E-1f);
+    p = fmadd(p, r, 5.0000001201E-1f);
+    float e = fmadd(p, r * r, r);
+    int32_t b = (static_cast<int32_t>(z) - 1 + 127) << 23;
+    float s; std::memcpy(&s, &b, 4);
+    float y = 2.0f * fmadd(s, e, s - 0.5f);
+    y = x > 88.72283935546875f ? std::numeric_limits<float>::infinity() : y;
+    y = x == 0.0f ? x : y;          // keeps -0
+    return x != x ? x : y;
+}
 static inline double expm1(double x) { return std::expm1(x); }
 static inline float log1p(float x) {
     // log(u) * x / (u - 1) with u = 1 + x rounded: the factor corrects log's argument for the
