@@ -22,6 +22,7 @@ from ..loopir.ops import OpsHandler, compute_dtype, set_handler
 from .common import IndentedBuffer
 from .cpp_handler import CHECKED, CppHandler, CppVal, _blocks, _int, cexpr, ctype, literal
 from .cpp_prelude import PRELUDE
+from .cpp_ranges import split_points
 
 PARALLEL_MIN_WORK = 32768
 UNROLL = 2      # a pointwise kernel's innermost dim at most this long is unrolled (a pair)
@@ -380,6 +381,8 @@ class KernelCodegen:
                 _drop_simd_over_masked_ifs(code.lines, start)
             elif d is not None:
                 self._tiled(sizes, lvars, d, parallel, body=store)
+            elif (segments := self._segments(sizes, lvars, store)) is not None:
+                self._split(sizes, lvars, segments, parallel, store)
             else:
                 self._loops(sizes, lvars, parallel, simd_last=True, body=store)
             h.subs = {}
@@ -650,6 +653,28 @@ class KernelCodegen:
             self._loops(spans, [lvars[d], lvars[-1]], False, simd_last=True, body=body)
         self._loops([sizes[i] for i in outer] + [-(-hint(sz) // TILE) for _, sz in tiled],
                     [lvars[i] for i in outer] + blk, parallel, simd_last=False, body=tile)
+
+    def _segments(self, sizes, lvars, store):
+        """The segments of the innermost loop between which the body's index compares change
+        (cat or pad along the contiguous dim, cpp_ranges), when that loop is one dim unmerged."""
+        v, n = lvars[-1], sizes[-1]
+        if is_symbolic(n) or self.h.ranges.get(v) != n:
+            return None
+        return split_points(store, v, n, self.h.ranges, self.h.subs)
+
+    def _split(self, sizes, lvars, segments, parallel, store):
+        """The innermost loop as one simd loop per segment, each with its compares decided."""
+        h, v, n = self.h, lvars[-1], sizes[-1]
+
+        def inner(par=False):
+            for lo, hi in segments:
+                h.spans = {v: (lo, hi)}
+                self._loops([Span(str(lo), str(hi), n)], [v], par, simd_last=True, body=store)
+            h.spans = {}
+        if len(sizes) == 1:
+            inner(parallel)
+        else:
+            self._loops(sizes[:-1], lvars[:-1], parallel, simd_last=False, body=inner)
 
     def _open_block(self, size, c, pragma=None) -> Span:
         """Open a loop over the blocks of c iterations of a dim of `size` (the caller closes it);
