@@ -392,3 +392,25 @@ def test_arg_reductions_over_middle_dim_take_column_form(dtype, tmp_path, monkey
         torch.testing.assert_close(g, r, equal_nan=True)
     src = "\n".join(p.read_text() for p in (tmp_path / "debug").rglob("05_kernels.cpp"))
     assert src.count("_i[j] = better") >= 2, src
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_row_max_min_nan_flag_form(dtype, tmp_path, monkeypatch):
+    # a float max/min along the simd loop: compare-select on the accumulator and the NaN test
+    # in a separate OR flag (off the loop-carried chain); NaN anywhere in the row gives NaN
+    import ember
+    monkeypatch.setenv("EMBER_DEBUG_DIR", str(tmp_path / "debug"))
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path / "cache"))
+    x = torch.randn(37, 131, dtype=dtype)
+    x[2, 5] = x[3, 130] = x[4, 0] = float("nan")
+    x[5, :] = float("-inf")
+    x[6, 7] = float("inf")
+    x[7, :] = float("nan")
+
+    def f(t):
+        return t.amax(-1), t.amin(-1), torch.softmax(t, -1)
+    got = ember.compile(f, options={"speed_check": False})(x)
+    for g, r in zip(got, f(x)):
+        torch.testing.assert_close(g, r, equal_nan=True)
+    src = "\n".join(p.read_text() for p in (tmp_path / "debug").rglob("05_kernels.cpp"))
+    assert "_nan |= (" in src and "reduction(max:" in src and "reduction(min:" in src, src
