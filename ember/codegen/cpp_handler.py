@@ -250,6 +250,12 @@ class CppHandler:
             return self.emit(f"ember::bf16_to_float({name}[{idx}])", torch.float32, hoist, True)
         if dt == torch.float16:
             return self.emit(f"static_cast<float>({name}[{idx}])", torch.float32, hoist, True)
+        if dt == torch.bool:
+            # read as bytes: g++ 12 does not vectorize a loop that loads through a bool* and
+            # also works on float lanes ("no vectype": a masked_fill(mask, -inf) before exp
+            # ran scalar, softmax with an attention mask at 0.5x eager)
+            return self.emit(f"(reinterpret_cast<const uint8_t*>({name})[{idx}] != 0)", dt,
+                             hoist, True)
         return self.emit(f"{name}[{idx}]", dt, hoist, True)
 
     def store(self, name, index, value):
