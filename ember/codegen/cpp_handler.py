@@ -307,6 +307,8 @@ class CppHandler:
         if not isinstance(a, sympy.Basic) or isinstance(a, sympy.Integer) or b is None:
             return None
         b = int(b) if isinstance(b, sympy.Integer) else b
+        if isinstance(b, bool) or not isinstance(b, int):
+            return None             # (a float operand is cast to the index type in C++)
         lohi = bounds(a, self.ranges, self.spans)
         got = None if lohi is None else decide(name, *lohi, b)
         return None if got is None else CppVal("true" if got else "false", torch.bool)
