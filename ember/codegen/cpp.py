@@ -22,6 +22,7 @@ from ..loopir.ops import OpsHandler, compute_dtype, set_handler
 from .common import IndentedBuffer
 from .cpp_handler import CHECKED, CppHandler, CppVal, _blocks, _int, cexpr, ctype, literal
 from .cpp_prelude import PRELUDE
+from .cpp_ranges import split_points
 
 PARALLEL_MIN_WORK = 32768
 UNROLL = 2      # a pointwise kernel's innermost dim at most this long is unrolled (a pair)
@@ -111,6 +112,29 @@ def _update(rtype, acc, v, dt) -> str:
     if rtype == "min":
         return f"{acc} = ember::min_nan({acc}, {v});"
     raise NotImplementedError(rtype)
+
+
+ARG = ("argmax", "argmin")
+
+
+def _arg_better(rtype, v, acc, dt) -> str:
+    """The test that value v replaces the running arg-reduction value acc: strictly better
+    (ties keep the first index), and the first NaN wins, as in eager. The common case (not
+    better) is one compare: `v > acc || (v != v && acc == acc)` let g++ put the NaN tests first,
+    a chain through acc 3.4x slower."""
+    cmp = ">" if rtype == "argmax" else "<"
+    if not dt.is_floating_point:
+        return f"{v} {cmp} {acc}"
+    worse = "<=" if rtype == "argmax" else ">="
+    return f"!({v} {worse} {acc}) && ({v} {cmp} {acc} || {acc} == {acc})"
+
+
+def _flat(rv, sizes):
+    """The row-major flat index of loop vars rv over `sizes` (an arg reduction's result)."""
+    flat, stride = sympy.Integer(0), sympy.Integer(1)
+    for r, s in zip(reversed(rv), reversed(sizes)):
+        flat, stride = flat + r * stride, stride * s
+    return cexpr(flat)
 
 
 def _combine(rtype, acc, part) -> str:
@@ -357,6 +381,8 @@ class KernelCodegen:
                 _drop_simd_over_masked_ifs(code.lines, start)
             elif d is not None:
                 self._tiled(sizes, lvars, d, parallel, body=store)
+            elif (segments := self._segments(sizes, lvars, store)) is not None:
+                self._split(sizes, lvars, segments, parallel, store)
             else:
                 self._loops(sizes, lvars, parallel, simd_last=True, body=store)
             h.subs = {}
@@ -404,7 +430,8 @@ class KernelCodegen:
         for st in k.stages:
             rv = [loop_var(len(xv) + i) for i in range(len(st.inner))]
             if st.kind == "reduction":
-                if any(n.body.reduction_type not in ("sum", "prod", "max", "min") for n in st.nodes):
+                if any(n.body.reduction_type not in ("sum", "prod", "max", "min") + ARG
+                       for n in st.nodes):
                     return False
                 if not rv:
                     return False
@@ -496,6 +523,8 @@ class KernelCodegen:
                 acc = h.fresh("acc")
                 code.writeline(f"{ctype(adt)} {acc}[{B}];")
                 code.writeline(f"for (int64_t j = 0; j < {B}; ++j) {acc}[j] = {_init(rt, adt)};")
+                if rt in ARG:
+                    code.writeline(f"int64_t {acc}_i[{B}] = {{}};")
                 accs.append((n, acc, rt, dt))
                 widened[acc] = adt
             # a cascaded sum walks the rows in blocks (see _block_split): each column is summed
@@ -512,9 +541,16 @@ class KernelCodegen:
                     code.writeline(f"for (int64_t j = 0; j < {B}; ++j) {acc}_b[j] = {_init('sum', dt)};")
                 inner_depth = open_loops([span] + list(st.inner[i + 1:]), rv[i:])
 
-            def update(accs=accs, rv=rv):
+            def update(accs=accs, rv=rv, inner=st.inner):
                 for n, acc, rt, dt in accs:
                     v = h._as(n.reduction_value(xv, rv), dt)
+                    if rt in ARG:
+                        # selects, not a branch: the lanes vectorize (blends)
+                        b = h.fresh("better")
+                        code.writeline(f"bool {b} = {_arg_better(rt, v, f'{acc}[j]', dt)};")
+                        code.writeline(f"{acc}_i[j] = {b} ? {_flat(rv, inner)} : {acc}_i[j];")
+                        code.writeline(f"{acc}[j] = {b} ? {v} : {acc}[j];")
+                        continue
                     tgt = f"{acc}_b[j]" if widened[acc] != dt else f"{acc}[j]"
                     code.writeline(_update(rt, tgt, v, dt))
             lanes(update)
@@ -525,6 +561,7 @@ class KernelCodegen:
             close_loops(depth)
             lanes(lambda accs=accs, widened=widened: [
                 h.store(n.name, n.store_index(xv),
+                        CppVal(f"{acc}_i[j]", torch.int64) if rt in ARG else
                         CppVal(_acc_value(f"{acc}[j]", widened[acc], dt), dt))
                 for n, acc, rt, dt in accs], simd=False, keep_stored=True)
         code.level -= 1
@@ -617,6 +654,28 @@ class KernelCodegen:
         self._loops([sizes[i] for i in outer] + [-(-hint(sz) // TILE) for _, sz in tiled],
                     [lvars[i] for i in outer] + blk, parallel, simd_last=False, body=tile)
 
+    def _segments(self, sizes, lvars, store):
+        """The segments of the innermost loop between which the body's index compares change
+        (cat or pad along the contiguous dim, cpp_ranges), when that loop is one dim unmerged."""
+        v, n = lvars[-1], sizes[-1]
+        if is_symbolic(n) or self.h.ranges.get(v) != n:
+            return None
+        return split_points(store, v, n, self.h.ranges, self.h.subs)
+
+    def _split(self, sizes, lvars, segments, parallel, store):
+        """The innermost loop as one simd loop per segment, each with its compares decided."""
+        h, v, n = self.h, lvars[-1], sizes[-1]
+
+        def inner(par=False):
+            for lo, hi in segments:
+                h.spans = {v: (lo, hi)}
+                self._loops([Span(str(lo), str(hi), n)], [v], par, simd_last=True, body=store)
+            h.spans = {}
+        if len(sizes) == 1:
+            inner(parallel)
+        else:
+            self._loops(sizes[:-1], lvars[:-1], parallel, simd_last=False, body=inner)
+
     def _open_block(self, size, c, pragma=None) -> Span:
         """Open a loop over the blocks of c iterations of a dim of `size` (the caller closes it);
         returns the Span of the current block."""
@@ -687,31 +746,32 @@ class KernelCodegen:
             acc = h.fresh("acc")
             adt = widened[acc] = torch.float64 if _cascaded(n, numel(stage.inner)) else dt
             code.writeline(f"{ctype(adt)} {acc} = {_init(rt, adt)};")
-            if rt in ("argmax", "argmin"):
+            if rt in ARG:
                 code.writeline(f"int64_t {acc}_i = 0;")
             accs.append((n, acc, rt, dt))
         clause = _red_clause([(rt, acc, dt) for _, acc, rt, dt in accs])
-        strides = []
-        acc_st = 1
-        for s in reversed(stage.inner):
-            strides.append(acc_st)
-            acc_st *= s
-        strides = list(reversed(strides))
+        # a float max/min row in one simd loop: a plain compare-select (vmaxps) on the
+        # accumulator and the NaN test in a separate OR flag, off the loop-carried chain
+        # (max_nan's three dependent ops per vector made a 128-wide row max 3x eager's time)
+        fast = set()
+        if clause is not None and not parallel_inner and all(widened[a] == dt for _, a, _, dt in accs):
+            fast = {acc for _, acc, rt, dt in accs
+                    if rt in ("max", "min") and dt in (torch.float32, torch.float64)}
+            for acc in fast:
+                code.writeline(f"int {acc}_nan = 0;")
+            clause = " ".join(
+                f"reduction({rt}:{acc}) reduction(|:{acc}_nan)" if acc in fast
+                else _red_clause([(rt, acc, dt)]) for _, acc, rt, dt in accs)
 
         def body(targets):
             for (n, acc, rt, dt), tgt in zip(accs, targets):
                 v = h._as(n.reduction_value(xv, rv), dt)
-                if rt in ("argmax", "argmin"):
-                    cmp = ">" if rt == "argmax" else "<"
-                    flat = cexpr(sum((r * s for r, s in zip(rv, strides)), sympy.Integer(0)))
-                    test = f"{v} {cmp} {acc}"
-                    if dt.is_floating_point:
-                        # the first NaN wins, as in eager. The common case (not better) is one
-                        # compare and a branch: `v > acc || (v != v && acc == acc)` let g++ put
-                        # the NaN tests first, a chain through acc 3.4x slower
-                        worse = "<=" if rt == "argmax" else ">="
-                        test = f"!({v} {worse} {acc}) && ({test} || {acc} == {acc})"
-                    code.writeline(f"if ({test}) {{ {acc} = {v}; {acc}_i = {flat}; }}")
+                if tgt in fast:
+                    code.writeline(f"{acc}_nan |= ({v} != {v});")
+                    code.writeline(f"{acc} = {v} {'>' if rt == 'max' else '<'} {acc} ? {v} : {acc};")
+                elif rt in ARG:
+                    code.writeline(f"if ({_arg_better(rt, v, acc, dt)}) "
+                                   f"{{ {acc} = {v}; {acc}_i = {_flat(rv, stage.inner)}; }}")
                 else:
                     code.writeline(_update(rt, tgt, v, dt))
 
@@ -745,10 +805,12 @@ class KernelCodegen:
                         body=lambda: body([acc for _, acc, _, _ in accs]))
         for v in subs:
             h.subs.pop(v, None)
+        for acc in sorted(fast):
+            code.writeline(f"if ({acc}_nan) {acc} = std::numeric_limits<{ctype(widened[acc])}>"
+                           "::quiet_NaN();")
         for n, acc, rt, dt in accs:
-            result = CppVal(f"{acc}_i" if rt in ("argmax", "argmin")
-                            else _acc_value(acc, widened[acc], dt),
-                            torch.int64 if rt in ("argmax", "argmin") else dt)
+            result = CppVal(f"{acc}_i" if rt in ARG else _acc_value(acc, widened[acc], dt),
+                            torch.int64 if rt in ARG else dt)
             h.store(n.name, n.store_index(xv), result)
             if h.simd is None:
                 # final here: a later stage's simd loop hoists what it computes from it (an SE

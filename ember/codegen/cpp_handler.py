@@ -22,6 +22,7 @@ import torch
 from ..loopir.index import SIZE_NAME, FloorDiv, is_symbolic, simplify_index, sym
 from ..loopir.ops import BINARY, COMPARE, UNARY, compute_dtype
 from .common import CTYPE, IndentedBuffer, index_printer
+from .cpp_ranges import CMP, SWAP, bounds, decide
 
 
 # --- index printing ------------------------------------------------------------------------
@@ -155,6 +156,8 @@ class CppHandler:
         self.hoisted_cse: dict = {}   # their temporaries, valid in the whole loop body
         self.invariant: set = set()   # temporaries declared before that loop (or hoisted)
         self.writes: set = set()      # buffers the kernel stores (their loads are not hoisted)
+        self.spans: dict = {}         # loop var -> (lo, hi): the segment of a split loop
+        self.known: dict = {}         # temporary or literal -> its index expr or constant
 
     def simple(self, index):
         return simplify_index(sympy.expand(index), self.ranges)
@@ -247,6 +250,12 @@ class CppHandler:
             return self.emit(f"ember::bf16_to_float({name}[{idx}])", torch.float32, hoist, True)
         if dt == torch.float16:
             return self.emit(f"static_cast<float>({name}[{idx}])", torch.float32, hoist, True)
+        if dt == torch.bool:
+            # read as bytes: g++ 12 does not vectorize a loop that loads through a bool* and
+            # also works on float lanes ("no vectype": a masked_fill(mask, -inf) before exp
+            # ran scalar, softmax with an attention mask at 0.5x eager)
+            return self.emit(f"(reinterpret_cast<const uint8_t*>({name})[{idx}] != 0)", dt,
+                             hoist, True)
         return self.emit(f"{name}[{idx}]", dt, hoist, True)
 
     def store(self, name, index, value):
@@ -275,11 +284,34 @@ class CppHandler:
         if is_symbolic(value):          # a scalar computed from sizes (dynamic shapes)
             text = cexpr(value) if value.is_integer else sympy.ccode(sympy.N(value))
             return self.emit(f"static_cast<{ctype(dtype)}>({text})", dtype)
-        return CppVal(literal(value, dtype), dtype)
+        val = CppVal(literal(value, dtype), dtype)
+        if not dtype.is_floating_point and dtype != torch.bool:
+            self.known[val.code] = int(value)
+        return val
 
     def index_expr(self, expr, dtype):
         dtype = compute_dtype(dtype)
-        return self.emit(f"static_cast<{ctype(dtype)}>({self.idx(expr)})", dtype)
+        val = self.emit(f"static_cast<{ctype(dtype)}>({self.idx(expr)})", dtype)
+        if not dtype.is_floating_point and dtype != torch.bool:
+            self.known[val.code] = self.simple(expr)
+        return val
+
+    def _decided(self, name, args) -> CppVal | None:
+        """A compare of an index with an integer constant that holds (or fails) over the whole
+        loop ranges, narrowed to the segment in `spans` (cpp_ranges): `true` / `false`."""
+        if len(args) != 2:
+            return None
+        a, b = (self.known.get(x.code) if isinstance(x, CppVal) else x for x in args)
+        if isinstance(b, sympy.Basic) and not isinstance(b, sympy.Integer):
+            a, b, name = b, a, SWAP[name]
+        if not isinstance(a, sympy.Basic) or isinstance(a, sympy.Integer) or b is None:
+            return None
+        b = int(b) if isinstance(b, sympy.Integer) else b
+        if isinstance(b, bool) or not isinstance(b, int):
+            return None             # (a float operand is cast to the index type in C++)
+        lohi = bounds(a, self.ranges, self.spans)
+        got = None if lohi is None else decide(name, *lohi, b)
+        return None if got is None else CppVal("true" if got else "false", torch.bool)
 
     def to_dtype(self, x, dtype):
         if dtype == torch.bfloat16:
@@ -298,6 +330,9 @@ class CppHandler:
         return self.emit(f"static_cast<{ctype(dtype)}>({x})", dtype)
 
     def where(self, c, a, b):
+        if str(c) in ("true", "false"):
+            dt = a.dtype if isinstance(a, CppVal) else b.dtype
+            return self._as(a if str(c) == "true" else b, dt)
         if str(c) in self.ors:
             # (x || y) ? a : b as y ? a : (x ? a : b): g++ 12 does not vectorize a select on
             # an or of two float compares (max pooling's `v > best || isnan(v)`)
@@ -353,11 +388,13 @@ class CppHandler:
         rest = sympy.expand(e - c * v)
         if not (c.is_Integer and 1 <= c <= 4) or rest.has(v) or is_symbolic(n):
             return None
-        hi = extent - 1 - int(c) * (int(n) - 1)
-        if hi < 0:
+        # v runs over [first, last]: the segment of a split loop (cpp_ranges), else [0, n)
+        first, last = (self.spans[v][0], self.spans[v][1] - 1) if v in self.spans else (0, int(n) - 1)
+        lo, hi = -int(c) * first, extent - 1 - int(c) * last
+        if hi < lo:
             return None
-        base = self.emit(f"std::min<int64_t>(std::max<int64_t>({cexpr(rest)}, 0), {_int(hi)})",
-                         torch.int64)
+        base = self.emit(f"std::min<int64_t>(std::max<int64_t>({cexpr(rest)}, {_int(lo)}), "
+                         f"{_int(hi)})", torch.int64)
         return f"{base} + {cexpr(c * v)}"
 
     def masked(self, mask, body, other):
@@ -366,6 +403,8 @@ class CppHandler:
         no load is contiguous (see _clamped): then strided windows (max pooling) vectorize.
         Otherwise an `if` around the body."""
         mask = self._as(mask, torch.bool)
+        if mask.code == "true":         # decided over the loop's segment (cpp_ranges)
+            return body()
         saved = self.push()
         outer_code, outer_mask, outer_trap = self.code, self.load_mask, self.need_if
         self.code = IndentedBuffer(outer_code.level + 1)
@@ -376,6 +415,8 @@ class CppHandler:
         self.code, self.load_mask, self.need_if = outer_code, outer_mask, outer_trap or trap
         self.pop(saved)
         dt = value.dtype
+        if mask.code == "false":
+            return CppVal(literal(other, dt), dt)
         if not trap and isinstance(value, CppVal):
             self.code.lines.extend(line[4:] for line in inner.lines)
             return self.emit(self._select(mask, value, literal(other, dt)), dt)
@@ -420,6 +461,21 @@ class CppHandler:
             raise AttributeError(name)
 
         def op(*args):
+            if name in CMP:
+                decided = self._decided(name, args)
+                if decided is not None:
+                    return decided
+            elif name == "logical_not" and getattr(args[0], "code", None) in ("true", "false"):
+                return CppVal("false" if args[0].code == "true" else "true", torch.bool)
+            elif name in ("logical_and", "logical_or"):
+                codes = [a.code if isinstance(a, CppVal) else None for a in args]
+                short = "false" if name == "logical_and" else "true"
+                if short in codes:
+                    return CppVal(short, torch.bool)
+                if codes[0] in ("true", "false"):
+                    return self._as(args[1], torch.bool)
+                if codes[1] in ("true", "false"):
+                    return self._as(args[0], torch.bool)
             dt = next((a.dtype for a in args if isinstance(a, CppVal)), torch.float32)
             trap = name in INT_TRAPS and not dt.is_floating_point
             if trap:

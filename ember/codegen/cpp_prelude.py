@@ -148,9 +148,10 @@ static inline float fmadd(float a, float b, float c) {
 }
 
 // ---- vectorizable float math ----
-static inline float exp(float x) {
-    const float l2e = 1.44269504088896341f;
-    float z = std::nearbyint(x * l2e);
+// exp's range reduction x = z ln2 + r (|r| <= ln2 / 2, z clamped to [-150, 128]) and
+// expm1(r) = r + r^2 P(r) (Cephes), shared by exp and expm1
+static inline float expm1_reduced(float x, float& z) {
+    z = std::nearbyint(x * 1.44269504088896341f);
     z = std::min(std::max(z, -150.0f), 128.0f);
     float r = fmadd(z, -0.693359375f, x);
     r = fmadd(z, 2.12194440e-4f, r);
@@ -160,7 +161,12 @@ static inline float exp(float x) {
     p = fmadd(p, r, 4.1665795894E-2f);
     p = fmadd(p, r, 1.6666665459E-1f);
     p = fmadd(p, r, 5.0000001201E-1f);
-    p = fmadd(p, r * r, r) + 1.0f;
+    return fmadd(p, r * r, r);
+}
+
+static inline float exp(float x) {
+    float z;
+    float p = expm1_reduced(x, z) + 1.0f;
     int32_t zi = static_cast<int32_t>(z), z1 = zi >> 1, z2 = zi - z1;   // two steps: denormals
     int32_t b1 = (z1 + 127) << 23, b2 = (z2 + 127) << 23;
     float s1, s2; std::memcpy(&s1, &b1, 4); std::memcpy(&s2, &b2, 4);
@@ -248,7 +254,20 @@ static inline double tanh(double x) { return std::tanh(x); }
 
 static inline float sigmoid(float x) { return 1.0f / (1.0f + ember::exp(-x)); }
 static inline double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
-static inline float expm1(float x) { return std::fabs(x) < 0.5f ? std::expm1(x) : ember::exp(x) - 1.0f; }
+static inline float expm1(float x) {
+    // expm1(x) = 2^z expm1(r) + (2^z - 1), expm1(r) never formed as exp(r) - 1: exact where
+    // z = 0 (|x| < ln2 / 2, the cancellation range), and call-free so simd loops over it
+    // vectorize (a std::expm1 in a select made every ELU/SELU loop scalar). s = 2^(z-1),
+    // doubled at the end, so z = 128 (x up to 88.72) needs no special case; x < -87 gives -1.
+    float z;
+    float e = expm1_reduced(std::min(std::max(x, -87.0f), 88.72283935546875f), z);
+    int32_t b = (static_cast<int32_t>(z) - 1 + 127) << 23;
+    float s; std::memcpy(&s, &b, 4);
+    float y = 2.0f * fmadd(s, e, s - 0.5f);
+    y = x > 88.72283935546875f ? std::numeric_limits<float>::infinity() : y;
+    y = x == 0.0f ? x : y;          // keeps -0
+    return x != x ? x : y;
+}
 static inline double expm1(double x) { return std::expm1(x); }
 static inline float log1p(float x) {
     // log(u) * x / (u - 1) with u = 1 + x rounded: the factor corrects log's argument for the

@@ -77,6 +77,14 @@ def _sig(buf):
 TORCH_OUT = {torch.ops.aten.mm.out: "torch.mm", torch.ops.aten.addmm.out: "torch.addmm",
              torch.ops.aten.bmm.out: "torch.bmm"}
 _Parameter = torch.nn.Parameter
+_aten = torch.ops.aten
+#: functional externs that clone their first argument, and the in-place variant a dying
+#: destination runs instead (Wrapper._extern_in_place)
+IN_PLACE = {_aten.index_put.default: _aten.index_put_.default,
+            _aten.scatter_add.default: _aten.scatter_add_.default,
+            _aten.scatter.src: _aten.scatter_.src, _aten.scatter.value: _aten.scatter_.value,
+            _aten.scatter_reduce.two: _aten.scatter_reduce_.two,
+            _aten.index_add.default: _aten.index_add_.default}
 
 
 def memo_view(views, slot, base, size, stride, offset):
@@ -372,7 +380,7 @@ class WrapperCodegen:
             fn = TORCH_OUT.get(node.out_variant) or self.op_name(node.out_variant)
             code.writeline(f"{fn}({', '.join(args + kwargs + [f'out={node.name}'])})")
             return
-        if self._index_put_in_place(i, node, args, kwargs):
+        if self._extern_in_place(i, node, args, kwargs):
             return
         fn = self.op_name(node.op)
         code.writeline(f"{node.name} = {fn}({', '.join(args + kwargs)})")
@@ -385,10 +393,13 @@ class WrapperCodegen:
         else:
             self._fix_layout(node)
 
-    def _index_put_in_place(self, i, node, args, kwargs) -> bool:
-        """A functional index_put whose destination dies at this step (a buffer of ours, or a
-        mutated input whose old value nothing reads later) runs as index_put_ on it."""
-        if node.op is not torch.ops.aten.index_put.default or node.outputs or node.size is None:
+    def _extern_in_place(self, i, node, args, kwargs) -> bool:
+        """A functional index_put / scatter / index_add whose destination dies at this step (a
+        buffer of ours, or a mutated input whose old value nothing reads later) runs as its
+        in-place variant on it (IN_PLACE): the functional op clones the destination first (a
+        gather's backward scatter_add into a zero fill copied the whole zero buffer)."""
+        inplace = IN_PLACE.get(node.op)
+        if inplace is None or node.outputs or node.size is None:
             return False
         dst = node.args[0]
         if not hasattr(dst, "buffer") or not dst.is_whole or _sig(dst.buffer) != _sig(node):
@@ -411,7 +422,7 @@ class WrapperCodegen:
             self.memory_of[node.name] = name
         else:
             return False
-        fn = self.op_name(torch.ops.aten.index_put_.default)
+        fn = self.op_name(inplace)
         self.code.writeline(f"{node.name} = {fn}({', '.join(args + kwargs)})  # in place")
         return True
 

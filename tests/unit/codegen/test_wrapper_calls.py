@@ -2,7 +2,9 @@
 index_put run in place, kept views of parameters, torch.mm for mm.out. Each checks values (and the
 caller's mutated tensors) against eager, and that the generated text took the cheap path."""
 import copy
+import re
 
+import pytest
 import torch
 
 import ember
@@ -208,3 +210,36 @@ def test_outputs_are_never_views_of_reshaped_buffers():
     assert outs[1]._base is None, run.ember_wrapper    # (outs[0] views mm's (1, 16) result)
     for got, want in zip(outs, f(*args)):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("op", ["scatter_add", "scatter", "index_add", "scatter_reduce"])
+def test_scatter_into_a_dying_buffer_runs_in_place(op):
+    """gather's backward, zeros.scatter_add(dim, index, grad): the zero fill dies at the extern,
+    which then runs as scatter_add_ on it (the functional op cloned it first); index_add and
+    scatter/scatter_reduce alike. A destination still read later keeps the functional op."""
+    g = torch.Generator().manual_seed(0)
+    src, idx = torch.randn(6, 40, generator=g), torch.randint(0, 50, (6, 40), generator=g)
+    rows = torch.randint(0, 6, (5,), generator=g)
+
+    def fn(s, i, r):
+        z = torch.zeros(6, 50) + 0.5
+        out = {"scatter_add": lambda: z.scatter_add(1, i, s),
+               "scatter": lambda: z.scatter(1, i, s),
+               "index_add": lambda: z.index_add(0, r, s[:5, :10].repeat(1, 5)),
+               "scatter_reduce": lambda: z.scatter_reduce(1, i, s, "amax")}[op]()
+        return out * 2
+    args = [src, idx, rows]
+    gm = trace_aten(fn, args, decompositions=get_decompositions())
+    run = compile_aten_graph(gm, list(args))
+    torch.testing.assert_close(run(*args)[0], fn(*args))
+    inplace = "index_put_" if op == "index_add" else f"{op}_"      # index_add decomposes
+    assert re.search(rf"= aten_{inplace}_[a-z]+\(buf0, .*# in place", run.ember_wrapper), \
+        run.ember_wrapper
+
+    def keeps(s, i, r):
+        z = torch.zeros(6, 50) + 0.5
+        return z.scatter_add(1, i, s), z * 3
+    gm = trace_aten(keeps, args, decompositions=get_decompositions())
+    run = compile_aten_graph(gm, list(args))
+    for a, b in zip(run(*args), keeps(*args)):
+        torch.testing.assert_close(a, b)

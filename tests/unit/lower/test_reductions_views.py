@@ -368,3 +368,49 @@ def test_channels_last_block_tail_reduces_in_column_form(tmp_path, monkeypatch):
     src = "\n".join(p.read_text() for p in (tmp_path / "debug").rglob("05_kernels.cpp"))
     kernels = src[src.index('extern "C" void kernel'):]
     assert "int64_t lo = blk * 64" in kernels and "for (int64_t j = 0; j < n; ++j)" in kernels
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int32])
+def test_arg_reductions_over_middle_dim_take_column_form(dtype, tmp_path, monkeypatch):
+    # argmax/argmin over a non-innermost dim (max(1)'s indices for its backward): vectorized
+    # across the contiguous dim with per-lane values and indices (selects), like sum/max;
+    # the row form strided down each column in a scalar branchy loop. Ties keep the first
+    # index and the first NaN wins, as in eager.
+    import ember
+    monkeypatch.setenv("EMBER_DEBUG_DIR", str(tmp_path / "debug"))
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path / "cache"))
+    x = (torch.randn(3, 37, 203) * 4).to(dtype)
+    x[:, 5:9, :50] = 7                          # ties (the first index wins)
+    if dtype.is_floating_point:
+        x[1, 20, 3] = x[2, 11, 60] = x[2, 30, 60] = float("nan")
+        x[0, :, 100] = float("-inf")
+
+    def f(t):
+        return t.argmax(1), t.argmin(1), t.amax(1), t.max(0).indices
+    got = ember.compile(f, options={"speed_check": False})(x)
+    for g, r in zip(got, f(x)):
+        torch.testing.assert_close(g, r, equal_nan=True)
+    src = "\n".join(p.read_text() for p in (tmp_path / "debug").rglob("05_kernels.cpp"))
+    assert src.count("_i[j] = better") >= 2, src
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_row_max_min_nan_flag_form(dtype, tmp_path, monkeypatch):
+    # a float max/min along the simd loop: compare-select on the accumulator and the NaN test
+    # in a separate OR flag (off the loop-carried chain); NaN anywhere in the row gives NaN
+    import ember
+    monkeypatch.setenv("EMBER_DEBUG_DIR", str(tmp_path / "debug"))
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path / "cache"))
+    x = torch.randn(37, 131, dtype=dtype)
+    x[2, 5] = x[3, 130] = x[4, 0] = float("nan")
+    x[5, :] = float("-inf")
+    x[6, 7] = float("inf")
+    x[7, :] = float("nan")
+
+    def f(t):
+        return t.amax(-1), t.amin(-1), torch.softmax(t, -1)
+    got = ember.compile(f, options={"speed_check": False})(x)
+    for g, r in zip(got, f(x)):
+        torch.testing.assert_close(g, r, equal_nan=True)
+    src = "\n".join(p.read_text() for p in (tmp_path / "debug").rglob("05_kernels.cpp"))
+    assert "_nan |= (" in src and "reduction(max:" in src and "reduction(min:" in src, src

@@ -111,3 +111,29 @@ def test_embedding_training_matches_eager():
     m.load_state_dict(emb.state_dict())
     (gw2,) = torch.autograd.grad(m(idx), m.weight, go)
     torch.testing.assert_close(gw2, gw, atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("padding_idx", [None, 0, 7])
+def test_embedding_backward_padding_without_gradient_copy(padding_idx, tmp_path, monkeypatch):
+    """Rows at padding_idx get no gradient: their tokens are sent to an extra row that is sliced
+    off, so the backward is one small index kernel and embedding_dense_backward over the incoming
+    gradient itself (a where(idx != padding_idx, grad, 0) copied all of it first)."""
+    monkeypatch.setenv("EMBER_DEBUG_DIR", str(tmp_path / "debug"))
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path / "cache"))
+    torch.manual_seed(0)
+    emb = torch.nn.Embedding(40, 24, padding_idx=padding_idx)
+    idx = torch.randint(0, 40, (3, 50))
+    idx[0, :5], idx[1, :4] = 0, 7                     # padding tokens, repeated
+    go = torch.randn(3, 50, 24)
+    (gw,) = torch.autograd.grad(emb(idx), emb.weight, go)
+    m = ember.compile(torch.nn.Embedding(40, 24, padding_idx=padding_idx),
+                      options={"speed_check": False})
+    m.load_state_dict(emb.state_dict())
+    (gw2,) = torch.autograd.grad(m(idx), m.weight, go)
+    torch.testing.assert_close(gw2, gw, atol=1e-6, rtol=1e-6)
+    assert gw2.shape == gw.shape and gw2.stride() == gw.stride()
+    if padding_idx is not None:
+        assert gw2[padding_idx].abs().max() == 0
+    src = "\n".join(p.read_text() for p in (tmp_path / "debug").rglob("*backward_kernels.cpp"))
+    kernels = src[src.index('extern "C" void kernel'):]
+    assert "float" not in kernels, kernels                      # no float kernel: no copy
