@@ -134,7 +134,7 @@ def compile_break(runner, locals_, err: Unsupported):
     elif kind == "call" and err.location != f"{code.co_filename}:{info.lineno}" and \
             (callee := _eager_callee(runner, frame, ins)) is not None:
         runs_eagerly(f"eager-call:{id(code)}:{idx}", code, info.lineno,
-                     f"the call to {callee.__qualname__} here (library code, not compiled on "
+                     f"the call to {callee.__qualname__} here (torch code, not compiled on "
                      f"its own), after a graph break in it: {info.reason}")
     entry = runner.make_entry(tr, plan)
     entry.breaks = [info]
@@ -255,13 +255,17 @@ def _slots(stack, ins, kind):
 
 
 def _eager_callee(runner, frame, ins):
-    """The Python function a call break runs as it is (torch or library code that `dispatch`
-    does not compile as its own root), or None: its whole body then runs eagerly."""
+    """The torch function a call break runs as it is (library code that `dispatch` does not
+    compile as its own root), or None: its whole body then runs eagerly."""
     slots, fi = _slots(frame.stack, ins, "call")
     v = slots[fi]
     fn = v.func.value if isinstance(v, MethodV) and isinstance(v.func, ObjV) else \
         getattr(v, "value", None)
-    return fn if runner.runs_body_eagerly(fn) else None
+    func = getattr(fn, "__func__", fn)
+    # torch's own Python (an optimizer step, a functional) computes on tensors; the standard
+    # library's (logging, copy) does not: saying that a log call ran eagerly is noise
+    return fn if runner.runs_body_eagerly(fn) and \
+        (getattr(func, "__module__", None) or "").split(".")[0] == "torch" else None
 
 
 def _is_exit(v) -> bool:
