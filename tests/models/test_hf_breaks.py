@@ -190,3 +190,35 @@ def test_longformer_sizes_and_model_output_between_breaks():
     assert not [x for x in w if "runs eagerly" in str(x.message)], [str(x.message) for x in w]
     st = capture.stats()
     assert st.get("graph_breaks") == 2 and st.get("unsupported") == 2, st
+
+
+@pytest.mark.parametrize("name", ["T5", "Bart"])
+def test_encoder_decoder_with_its_cache_is_one_graph(name):
+    """With the default use_cache=True, the decoder makes a cache whose config.get_text_config()
+    deep-copies these legacy encoder-decoder configs: the copy runs at trace time (guarded), so
+    the forward is one graph; the output and the returned cache's tensors equal eager's."""
+    from ember import capture
+    cfgs = {"T5": dict(num_layers=1, num_decoder_layers=1, d_model=32, d_ff=64, num_heads=2,
+                       d_kv=16, vocab_size=100),
+            "Bart": dict(encoder_layers=1, decoder_layers=1, d_model=32, encoder_ffn_dim=64,
+                         decoder_ffn_dim=64, encoder_attention_heads=2,
+                         decoder_attention_heads=2, vocab_size=100, max_position_embeddings=64)}
+    torch.manual_seed(0)
+    model = getattr(transformers, name + "Model")(
+        getattr(transformers, name + "Config")(**cfgs[name])).eval()
+    assert model.config.use_cache
+    compiled = ember.compile(copy.deepcopy(model))
+    kw = dict(input_ids=torch.randint(4, 100, (2, 12)), decoder_input_ids=torch.randint(4, 100, (2, 6)))
+    with torch.no_grad():
+        got, want = compiled(**kw), model(**kw)
+    torch.testing.assert_close(got.last_hidden_state, want.last_hidden_state)
+    torch.testing.assert_close(got.encoder_last_hidden_state, want.encoder_last_hidden_state)
+    cache_got, cache_want = got.past_key_values, want.past_key_values
+    assert type(cache_got) is type(cache_want)
+    assert cache_got.get_seq_length() == cache_want.get_seq_length() == 6
+    for part in ("self_attention_cache", "cross_attention_cache"):
+        for lg, lw in zip(getattr(cache_got, part).layers, getattr(cache_want, part).layers):
+            torch.testing.assert_close(lg.keys, lw.keys)
+            torch.testing.assert_close(lg.values, lw.values)
+    assert capture.stats()["graphs"] == 1
+    assert capture.stats().get("graph_breaks", 0) == 0
