@@ -36,20 +36,20 @@ def _namedtuple(tr, args, kwargs):
 BUILTINS[collections.namedtuple] = _namedtuple
 
 
-def _plain_state(x, depth: int = 0) -> bool:
-    """Whether `x` holds only literals, containers of them and plain objects of them (an HF
-    config): no tensor, module or callable whose copy could differ in behaviour."""
+def _plain_state(x, objects: bool, depth: int = 0) -> bool:
+    """Whether `x` holds only literals and containers of them — and, with `objects`, plain
+    objects of them (a nested config) — no tensor, module or callable."""
     if is_literal(x) or x is None:
         return True
     if depth > 4 or isinstance(x, (torch.Tensor, torch.nn.Module)):
         return False
     if type(x) in (list, tuple, set, frozenset):
-        return all(_plain_state(i, depth + 1) for i in x)
+        return all(_plain_state(i, objects, depth + 1) for i in x)
     if type(x) is dict:
-        return all(is_literal(k) and _plain_state(i, depth + 1) for k, i in x.items())
+        return all(is_literal(k) and _plain_state(i, objects, depth + 1) for k, i in x.items())
     d = getattr(x, "__dict__", None)
-    return type(d) is dict and type(x).__module__ != "builtins" and \
-        not isinstance(x, type) and _plain_state(d, depth + 1)
+    return objects and type(d) is dict and type(x).__module__ != "builtins" and \
+        not isinstance(x, type) and _plain_state(d, objects, depth + 1)
 
 
 def copy_plain_object(fn):
@@ -63,18 +63,23 @@ def copy_plain_object(fn):
         if len(args) != 1 or kwargs:
             return None
         v = args[0]
-        if isinstance(v, (ListV, TupleV, DictV)):   # a container of constants (config.to_dict)
+        if isinstance(v, (ListV, TupleV, DictV)):   # a container of literals (config.to_dict)
             try:
                 x = real(tr, v)
             except Unsupported:
                 return None
-            return tr.const_value(fn(x)) if _plain_state(x) else None
+            # literals only: an object inside would be copied with no guard on its attributes
+            return tr.const_value(fn(x)) if _plain_state(x, objects=False) else None
         if not isinstance(v, ObjV):
             return None
         x = v.value
-        if v.source is None or not _plain_state(x) or isinstance(x, (list, dict, set, tuple)):
+        if v.source is None or isinstance(x, (list, dict, set, tuple)) or \
+                not _plain_state(x, objects=True):
             return None
-        tr.guard("EQ", AttrSource(v.source, "__dict__"), copy.deepcopy(x.__dict__))
+        snapshot = copy.deepcopy(x.__dict__)
+        if not snapshot == x.__dict__:      # an object inside compares by identity: no guard
+            return None
+        tr.guard("EQ", AttrSource(v.source, "__dict__"), snapshot)
         out = fn(x)
         tr.own(out)
         return ObjV(out)

@@ -346,3 +346,19 @@ def test_deepcopy_of_an_object_holding_a_tensor_is_not_folded():
     x = torch.randn(3)
     torch.testing.assert_close(ember.compile(f)(x), x + 2)
     torch.testing.assert_close(h.t, torch.ones(3))
+
+
+def test_deepcopy_of_a_list_holding_an_object_is_traced_not_folded():
+    """A copy of a container holding a caller's object is not taken at trace time: the object's
+    attributes would be baked in with no guard (a later change would be missed)."""
+    cfg = _Config()
+
+    def f(x):
+        c = copy.deepcopy([cfg, 1.0])
+        return x * c[0].decoder_scale + c[1]
+
+    cf = ember.compile(f)
+    x = torch.randn(3)
+    torch.testing.assert_close(cf(x), f(x))
+    cfg.decoder_scale = 5.0
+    torch.testing.assert_close(cf(x), f(x))
