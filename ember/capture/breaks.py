@@ -35,6 +35,7 @@ from .resume import (NULL as NULL_SLOT, UNBOUND, VALUE, call_trampoline, instruc
 from .values import NULL, BuiltinMethodV, ContextV, GenV, IterV, MethodV, ObjV, TensorV
 
 _JUMPS = {"POP_JUMP_IF_TRUE": True, "POP_JUMP_IF_FALSE": False}
+GENERATOR_FLAGS = 0x20 | 0x80 | 0x100 | 0x200     # generator, coroutine, async generator
 _LOGGED: set = set()
 RECORD: list = []          # BreakInfo of every break compiled (explain() reads a slice)
 EAGER: list = []           # "file:line runs eagerly: reason" per eager (part of a) frame, ditto
@@ -255,17 +256,19 @@ def _slots(stack, ins, kind):
 
 
 def _eager_callee(runner, frame, ins):
-    """The torch function a call break runs as it is (library code that `dispatch` does not
-    compile as its own root), or None: its whole body then runs eagerly."""
+    """The torch function a call break runs as it is (the residual call's dispatcher,
+    `runner.route`, does not compile it as its own root), or None: its whole body then runs
+    eagerly. torch's own Python (an optimizer step, a functional) computes on tensors; the
+    standard library's (logging, copy) does not: saying that a log call ran eagerly is noise."""
     slots, fi = _slots(frame.stack, ins, "call")
     v = slots[fi]
     fn = v.func.value if isinstance(v, MethodV) and isinstance(v.func, ObjV) else \
         getattr(v, "value", None)
     func = getattr(fn, "__func__", fn)
-    # torch's own Python (an optimizer step, a functional) computes on tensors; the standard
-    # library's (logging, copy) does not: saying that a log call ran eagerly is noise
-    return fn if runner.runs_body_eagerly(fn) and \
-        (getattr(func, "__module__", None) or "").split(".")[0] == "torch" else None
+    if not isinstance(func, types.FunctionType) or func.__code__.co_flags & GENERATOR_FLAGS or \
+            (func.__module__ or "").split(".")[0] != "torch":
+        return None
+    return fn if runner.route(fn) is fn else None
 
 
 def _is_exit(v) -> bool:

@@ -431,13 +431,13 @@ def _range(tr, args, kwargs):
     raise AssertionError
 
 
-BUILTINS[range] = lambda tr, a, k: fold(tr, range, [_index(tr, x) for x in a], k)
-
-
 def _index(tr, v):
     """An int argument: a tensor made from numbers reads as its value (numbers.py)."""
     x = numbers.value_of(tr, v, "__index__")
     return v if x is None else ObjV(x)
+
+
+BUILTINS[range] = lambda tr, a, k: fold(tr, range, [_index(tr, x) for x in a], k)
 BUILTINS[slice] = lambda tr, a, k: ObjV(slice(*[real(tr, x) for x in a])) if all(
     isinstance(x, ObjV) for x in a) else _bad(tr, "slice() with traced bounds")
 
@@ -606,17 +606,17 @@ def container_method(tr, recv: V, name: str, args, kwargs) -> V:
             return TupleV(items, cls=recv.cls)
     if isinstance(recv, DictV):
         return _dict_method(tr, recv, name, args, kwargs)
-    if isinstance(recv, NewObjV) and recv.dataclass and is_model_output(recv.cls) and \
-            name in _MODEL_OUTPUT_READS:
-        # the mapping a ModelOutput keeps: its non-None fields in order (a view of a snapshot:
-        # a later write to the ModelOutput is not seen through a view taken before it)
-        items = {k: x for k, x in recv.attrs.items() if not _is_none(x)}
-        return _dict_method(tr, DictV(items, cls=dict), name, args, kwargs)
-    if isinstance(recv, NewObjV) and recv.dataclass and is_model_output(recv.cls) and \
-            name == "__setitem__" and len(args) == 2:     # super().__setitem__ in __setattr__
-        from .handlers.ops import setitem
-        setitem(tr, recv, *args)
-        return ObjV(None)
+    if isinstance(recv, NewObjV) and recv.dataclass and is_model_output(recv.cls):
+        if name in _MODEL_OUTPUT_READS:
+            # the mapping a ModelOutput keeps: its non-None fields in order (a view of a
+            # snapshot: a later write to the ModelOutput is not seen through a view taken
+            # before it)
+            items = {k: x for k, x in recv.attrs.items() if not _is_none(x)}
+            return _dict_method(tr, DictV(items, cls=dict), name, args, kwargs)
+        if name == "__setitem__" and len(args) == 2:      # super().__setitem__ in __setattr__
+            from .handlers.ops import setitem
+            setitem(tr, recv, *args)
+            return ObjV(None)
     raise tr.unsupported(f"method {name!r} of {_describe(recv)}")
 
 

@@ -23,7 +23,7 @@ from ..errors import InternalError, RecompileError, Unsupported
 from ..logging import enabled, get_logger, warn_once
 from ..runtime.pycode import compile_cached
 from ..shapes import LOWER_BOUND
-from .breaks import compile_break, runs_eagerly
+from .breaks import GENERATOR_FLAGS, compile_break, runs_eagerly
 from .calls import compiled_by_torch
 from .functorch import is_functorch
 from .controls import fullgraph, global_hooks_present
@@ -321,16 +321,6 @@ class Runner:
         """The dispatcher residual code sends its calls through (compiled as their own roots)."""
         return functools.partial(dispatch, self.settings)
 
-    @staticmethod
-    def runs_body_eagerly(fn) -> bool:
-        """Whether a residual call to `fn` runs a Python function's body eagerly: torch or
-        library code, which `dispatch` calls as it is."""
-        func = fn.__func__ if isinstance(fn, types.MethodType) else fn
-        return isinstance(func, types.FunctionType) and \
-            not func.__code__.co_flags & _GENERATOR_FLAGS and not compiled_by_torch(fn) and \
-            not is_functorch(func) and getattr(fn, "_ember_region", False) is not True and \
-            _runs_as_is(func.__module__)
-
     def make_entry(self, tr: Tracer, plan) -> Entry:
         return build_entry(tr, plan, self.argnames, settings=self.settings)
 
@@ -587,16 +577,13 @@ def _runs_as_is(module_name) -> bool:
     return not module_name or module_name.split(".")[0] in _EAGER_MODULES
 
 
-_GENERATOR_FLAGS = 0x20 | 0x80 | 0x100 | 0x200     # generator, coroutine, async generator
-
-
 def dispatch(settings, fn):
     """What a residual call should call: Python functions and modules of user code and model
     libraries (transformers, torchvision, ...) compiled as their own roots (cached per object);
     torch, the standard library, builtins, generator functions and torch.compile'd callables
     as they are."""
     func = fn.__func__ if isinstance(fn, types.MethodType) else fn
-    if isinstance(func, types.FunctionType) and func.__code__.co_flags & _GENERATOR_FLAGS or \
+    if isinstance(func, types.FunctionType) and func.__code__.co_flags & GENERATOR_FLAGS or \
             compiled_by_torch(fn) or is_functorch(func):
         return fn
     region = getattr(fn, "_ember_region", False) is True   # nested_compile_region: compiled
