@@ -73,12 +73,15 @@ def reset() -> None:
 
 
 class Entry:
-    __slots__ = ("run", "guards", "gm", "source", "n_ops", "eager", "reason", "breaks")
+    __slots__ = ("run", "guards", "gm", "source", "n_ops", "eager", "reason", "breaks", "modules")
 
-    def __init__(self, run, guards, gm, source, n_ops, eager=False, reason=None):
+    def __init__(self, run, guards, gm, source, n_ops, eager=False, reason=None, modules=None):
         self.run, self.guards, self.gm, self.source = run, guards, gm, source
         self.n_ops, self.eager, self.reason = n_ops, eager, reason
         self.breaks: list = []
+        # local index -> weak ref of the module the trace saw there (automatic dynamic asks
+        # whether a changed module int belongs to that same module)
+        self.modules: dict = modules or {}
 
 
 class FrameCache:
@@ -336,6 +339,7 @@ class Runner:
                 tr.fresh.add(id(v))      # *args / **kwargs are new objects: no caller effects
             if isinstance(locals_[i], torch.nn.Module):
                 tr.roots.append(v.source)
+                tr.root_refs[i] = weakref.ref(locals_[i])
         cells = {}
         if fn.__closure__:
             for i, name in enumerate(co.co_freevars):
@@ -392,7 +396,8 @@ def _mark_dynamic_dims(cache: FrameCache, fn, locals_, settings) -> str:
             marks = cache.dynamic_dims.setdefault(g.source.expr(), set())
             if g.kind == "EQ":
                 if type(g.expected) is int and type(v) is int and v != g.expected and \
-                        v >= LOWER_BOUND and "value" not in marks:
+                        v >= LOWER_BOUND and "value" not in marks and \
+                        _same_module(e, g.source, locals_):
                     marks.add("value")
                     notes.append(f"{g.source.name()}: {g.expected} → {v}, now dynamic")
                 continue
@@ -406,6 +411,18 @@ def _mark_dynamic_dims(cache: FrameCache, fn, locals_, settings) -> str:
                     marks.add(d)
                     notes.append(f"{g.source.name()} dim {d}: {n} → {v.shape[d]}, now dynamic")
     return "".join(f"; {n}" for n in dict.fromkeys(notes))
+
+
+def _same_module(entry: Entry, source, locals_) -> bool:
+    """Whether an int read through a module-valued local belongs to the module the entry was
+    traced with. Only then is a change a counter (made dynamic); another instance of the class
+    (a second model's block, the next layer called after a graph break) has its own
+    configuration (window sizes, strides) and gets its own specialized entry."""
+    while getattr(source, "base", None) is not None:
+        source = source.base
+    ref = entry.modules.get(getattr(source, "index", None)) if isinstance(source, LocalSource) \
+        else None
+    return ref is None or ref() is locals_[source.index]
 
 
 def _guard_namespace(entry: Entry, fn, locals_) -> dict:
@@ -526,7 +543,8 @@ def build_entry(tr: Tracer, plan, argnames, eager=False, reason=None, settings=N
     exec(code, ns)
     run = ns["__entry"]
     return Entry(run, guards, plan.gm if plan is not None else None, source,
-                 plan.n_ops if plan is not None else 0, eager=eager, reason=reason)
+                 plan.n_ops if plan is not None else 0, eager=eager, reason=reason,
+                 modules=tr.root_refs)
 
 
 def _state_key(roots) -> str:

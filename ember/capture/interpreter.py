@@ -120,6 +120,7 @@ class Tracer(Inputs):
         self.ns: dict = {}                               # names used by generated code
         self.frames: list[Frame] = []
         self.roots: list[Source] = []                    # module-valued locals of the entry frame
+        self.root_refs: dict = {}                          # their locals index -> weak ref
         self.state0 = global_state()
         self._n_const = 0
         self._const_names: dict = {}

@@ -271,6 +271,30 @@ def test_step_counter_written_in_forward_stops_recompiling():
     assert c.get("graphs") == 3 and c.get("recompiles") == 2 and not c.get("fallbacks"), c  # 0, 1, then s0
 
 
+def test_config_ints_of_other_instances_stay_constants():
+    """Instances of one class with their own window sizes (two swin models, or the blocks of one
+    after a graph break) share the compiled code: each instance's ints are configuration, so
+    they get specialized entries, not a symbolic size (symbolic window math sent swin_v2_t's
+    graph to eager after a swin_t in the same process). The same instance's counter still
+    becomes dynamic (test above)."""
+    class Win(torch.nn.Module):
+        def __init__(self, w):
+            super().__init__()
+            self.w = w
+
+        def forward(self, x):                   # a window partition: sizes divided by w
+            B, H, C = x.shape
+            x = x.view(B, H // self.w, self.w, C).transpose(1, 2)
+            return x.reshape(B * self.w, H // self.w, C).softmax(-1) * self.w
+
+    x = torch.rand(2, 12, 5)
+    eager = [Win(w) for w in (2, 3, 4, 6)]
+    for m in eager:
+        same(ember.compile(copy.deepcopy(m), backend="eager", fullgraph=True)(x), m(x))
+    c = ember.stats()["counts"]
+    assert c.get("graphs") == 4 and c.get("recompiles") == 3 and not c.get("fallbacks"), c
+
+
 _S2 = {1}
 
 
