@@ -1,13 +1,22 @@
-"""Cold and warm compile seconds of broad-suite models (#23), ember vs torch.compile, inference:
-first call minus a steady call, 1 thread. Each measurement runs in its own process: ember cold
-(fresh EMBER_CACHE_DIR), ember warm (the same cache dir, a new process), Inductor cold (fresh
-TORCHINDUCTOR_CACHE_DIR). One JSON line per model on stdout.
+"""Cold and warm compile seconds of broad-suite models (#23), ember vs torch.compile, inference
+under no_grad, 1 thread: first call minus the median of 5 steady calls. Each measurement runs in
+its own process: ember cold (fresh EMBER_CACHE_DIR), `--warm` warm starts (the same cache dir, new
+processes), Inductor cold (fresh TORCHINDUCTOR_CACHE_DIR; `--no-inductor` skips it). With several
+`--tree`s (git checkouts, e.g. main and a branch) each model is measured on each tree in turn: a
+before/after of a compile-time change. One JSON line per model and tree on stdout.
 
     python benchmarks/compile_time.py b_tv_resnet50 b_hf_bert ...   (names: ember bench --list)
+    python benchmarks/compile_time.py --tree /work/main --tree . --warm 2 --no-inductor b_tv_swin_t
 """
-import json, os, subprocess, sys, tempfile, time
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
 CHILD = r'''
-import os, sys, time, json, torch
+import sys, time, json, statistics, torch
 sys.path.insert(0, sys.argv[3])
 from ember.bench import suites
 import ember
@@ -18,20 +27,59 @@ model.eval()
 comp = ember.compile(model) if sys.argv[2] == "ember" else torch.compile(model)
 with torch.no_grad():
     t = time.perf_counter(); comp(*args, **kwargs); first = time.perf_counter() - t
-    t = time.perf_counter(); comp(*args, **kwargs); steady = time.perf_counter() - t
-print(json.dumps({"first": first, "steady": steady, "compile": first - steady}))
+    steady = []
+    for _ in range(5):
+        t = time.perf_counter(); comp(*args, **kwargs); steady.append(time.perf_counter() - t)
+s = statistics.median(steady)
+counts = ember.stats()["counts"] if sys.argv[2] == "ember" else {}
+print(json.dumps({"compile": first - s, "steady": s, "steady_range": [min(steady), max(steady)],
+                  "cache_counts": {k: v for k, v in counts.items() if "cache" in k}}))
 '''
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-for m in sys.argv[1:]:
-    root = tempfile.mkdtemp(prefix="ctime_")
-    env = dict(os.environ, EMBER_CACHE_DIR=os.path.join(root, "e"), TORCHINDUCTOR_CACHE_DIR=os.path.join(root, "i"),
-               MALLOC_MMAP_THRESHOLD_="4294967296", MALLOC_TRIM_THRESHOLD_="68719476736", EMBER_SPEED_CHECK="0")
-    row = {"model": m}
-    for key, comp in (("ember_cold", "ember"), ("ember_warm", "ember"), ("inductor_cold", "torch")):
-        p = subprocess.run([sys.executable, "-c", CHILD, m, comp, REPO], env=env, capture_output=True, text=True, timeout=1200)
-        try:
-            row[key] = round(json.loads(p.stdout.strip().splitlines()[-1])["compile"], 2)
-        except Exception:
-            row[key] = None; row[key + "_err"] = p.stderr[-300:]
-    row["cold_ratio"] = row["ember_cold"] / row["inductor_cold"] if row.get("ember_cold") and row.get("inductor_cold") else None
-    print(json.dumps(row), flush=True)
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def measure(model: str, compiler: str, tree: str, env: dict) -> dict:
+    p = subprocess.run([sys.executable, "-c", CHILD, model, compiler, tree], env=env, cwd=tree,
+                       capture_output=True, text=True, timeout=1200)
+    try:
+        return json.loads(p.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        return {"compile": None, "err": p.stderr[-400:]}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("models", nargs="+")
+    ap.add_argument("--tree", action="append", default=None,
+                    help="checkout to measure (repeatable; default: this one)")
+    ap.add_argument("--warm", type=int, default=1, help="warm starts per model and tree")
+    ap.add_argument("--no-inductor", action="store_true")
+    a = ap.parse_args()
+    trees = [os.path.abspath(t) for t in a.tree or [HERE]]
+    for m in a.models:
+        for tree in trees:
+            root = tempfile.mkdtemp(prefix="ctime_")
+            env = dict(os.environ, EMBER_CACHE_DIR=os.path.join(root, "e"),
+                       TORCHINDUCTOR_CACHE_DIR=os.path.join(root, "i"), PYTHONPATH=tree,
+                       MALLOC_MMAP_THRESHOLD_="4294967296", MALLOC_TRIM_THRESHOLD_="68719476736",
+                       EMBER_SPEED_CHECK="0")
+            runs = [("ember_cold", "ember")] + [(f"ember_warm{i + 1}", "ember")
+                                                for i in range(a.warm)]
+            if not a.no_inductor:
+                runs.append(("inductor_cold", "torch"))
+            row = {"model": m, "tree": tree}
+            for key, comp in runs:
+                r = measure(m, comp, tree, env)
+                row[key] = None if r["compile"] is None else round(r["compile"], 2)
+                row[key + "_steady"] = round(r["steady"], 4) if "steady" in r else None
+                if r.get("cache_counts"):
+                    row[key + "_cache"] = r["cache_counts"]
+                if "err" in r:
+                    row[key + "_err"] = r["err"]
+            if row.get("ember_cold") and row.get("inductor_cold"):
+                row["cold_ratio"] = round(row["ember_cold"] / row["inductor_cold"], 3)
+            print(json.dumps(row), flush=True)
+
+
+if __name__ == "__main__":
+    main()
