@@ -23,7 +23,7 @@ import ember
 torch.set_num_threads(1)
 spec = suites.select("broad", "^" + sys.argv[1] + "$")[0]
 model, args, kwargs = suites.instantiate(spec)
-model.eval()
+model.eval().requires_grad_(sys.argv[4] != "frozen")     # frozen: weights folded (freeze.py)
 comp = ember.compile(model) if sys.argv[2] == "ember" else torch.compile(model)
 with torch.no_grad():
     t = time.perf_counter(); comp(*args, **kwargs); first = time.perf_counter() - t
@@ -38,8 +38,9 @@ print(json.dumps({"compile": first - s, "steady": s, "steady_range": [min(steady
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def measure(model: str, compiler: str, tree: str, env: dict) -> dict:
-    p = subprocess.run([sys.executable, "-c", CHILD, model, compiler, tree], env=env, cwd=tree,
+def measure(model: str, compiler: str, tree: str, env: dict, frozen: bool) -> dict:
+    p = subprocess.run([sys.executable, "-c", CHILD, model, compiler, tree,
+                        "frozen" if frozen else "-"], env=env, cwd=tree,
                        capture_output=True, text=True, timeout=1200)
     try:
         return json.loads(p.stdout.strip().splitlines()[-1])
@@ -54,6 +55,8 @@ def main():
                     help="checkout to measure (repeatable; default: this one)")
     ap.add_argument("--warm", type=int, default=1, help="warm starts per model and tree")
     ap.add_argument("--no-inductor", action="store_true")
+    ap.add_argument("--frozen", action="store_true",
+                    help="parameters not requiring grad: ember freezes the weights")
     a = ap.parse_args()
     trees = [os.path.abspath(t) for t in a.tree or [HERE]]
     for m in a.models:
@@ -69,7 +72,7 @@ def main():
                 runs.append(("inductor_cold", "torch"))
             row = {"model": m, "tree": tree}
             for key, comp in runs:
-                r = measure(m, comp, tree, env)
+                r = measure(m, comp, tree, env, a.frozen)
                 row[key] = None if r["compile"] is None else round(r["compile"], 2)
                 row[key + "_steady"] = round(r["steady"], 4) if "steady" in r else None
                 if r.get("cache_counts"):

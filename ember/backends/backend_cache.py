@@ -15,9 +15,12 @@ by value); grad mode, default dtype, autocast and the backend flags tracing read
 torch's and Python's versions and a hash of every ember source file.
 
 Never cached (`why_uncached`), because something that changes the product is not in the key:
-  - frozen inference graphs (freeze.py folds the weights' *values* into constants), graphs
-    holding tensors (get_attr) and data-dependent graphs (split.py);
-  - user code in the graph: custom ops, user autograd.Functions, callables passed to ops
+  - the captured graph of a frozen inference call (freeze.py folds the weights' *values* into
+    constants): its *main graph*, which takes the folded constants as inputs, is cached under
+    its own key (`frozen=True`); a warm start folds again, then loads the main graph;
+  - graphs holding tensors (get_attr) and data-dependent graphs (split.py);
+  - user code in the graph: custom ops (ember's own only where they run no user callable),
+    user autograd.Functions, callables passed to ops
     (flex_attention's score_mod, checkpoint bodies, user Triton kernels): their Python may change
     while the graph's code does not;
   - random ops (the RNG tests compare a compile against eager's generator), symbolic sizes,
@@ -85,6 +88,9 @@ def _plain(v) -> bool:
 
 
 _OWN_MODULES = speed._TORCH_MODULES + ("ember",)
+# ember's custom ops whose product is ember's code alone (the hook, flex_attention and while_loop
+# ops call the user's callables)
+_PURE_EMBER_OPS = ("ember::conv2d_add",)
 
 
 def _own_code(target) -> bool:
@@ -92,7 +98,9 @@ def _own_code(target) -> bool:
     ember's sources), rather than user Python that may change between processes."""
     module = getattr(target, "__module__", None) or ""
     if module.startswith("torch._ops."):            # torch.ops.<namespace>.<op>
-        return module.split(".")[2] in ("aten", "prims")
+        ns = module.split(".")[2]
+        return ns in ("aten", "prims", "mkldnn", "mkl") or \
+            ns == "ember" and target._schema.name in _PURE_EMBER_OPS
     if isinstance(target, torch._ops.OperatorBase):  # higher-order ops (flex_attention, cond)
         return False
     if isinstance(target, speed._C_CALLABLES):     # C code, but whose? (a user autograd.Function's
@@ -110,8 +118,9 @@ def _user_callable_arg(n) -> bool:
                for a in tree_leaves((n.args, n.kwargs)))
 
 
-def why_uncached(gm, example_inputs, options: dict) -> str | None:
-    """None if this graph's product may be cached, else why not (for the perf log)."""
+def why_uncached(gm, example_inputs, options: dict, frozen: bool = False) -> str | None:
+    """None if this graph's product may be cached, else why not (for the perf log). `frozen`:
+    the main graph of a frozen graph, whose folded constants are inputs like any other."""
     if not _plain(options):
         return "an option that is not a plain value"
     if split.data_dependent(gm):
@@ -137,12 +146,14 @@ def why_uncached(gm, example_inputs, options: dict) -> str | None:
             if speed.is_random(n):
                 return f"a random op ({getattr(n.target, '__name__', n.target)})"
     consts = freeze.module_state_inputs(gm, example_inputs)
-    if freeze.wants_freeze(gm, options, example_inputs, consts) is None:
+    if not frozen and freeze.wants_freeze(gm, options, example_inputs, consts) is None:
         return "frozen inference graph (weight values are not in the key)"
     return None
 
 
 def _spec(v):
+    if isinstance(v, torch.Tensor) and v.layout != torch.strided:     # an MKL-packed weight
+        return (type(v).__name__, tuple(v.shape), str(v.layout), str(v.dtype), str(v.device))
     if isinstance(v, torch.Tensor):
         return (type(v).__name__, tuple(v.shape), tuple(v.stride()), v.storage_offset(),
                 str(v.dtype), str(v.device), bool(v.requires_grad))
@@ -172,14 +183,14 @@ def _global_state() -> tuple:
             torch.get_float32_matmul_precision())
 
 
-def key_of(gm, example_inputs, options: dict) -> str | None:
+def key_of(gm, example_inputs, options: dict, frozen: bool = False) -> str | None:
     """The cache key of this backend call, or None when it is not cached (logged once)."""
     if not enabled(options):
         return None
     try:
-        why = why_uncached(gm, example_inputs, options)
+        why = why_uncached(gm, example_inputs, options, frozen)
         if why is None:
-            parts = [gm.code, repr([_node_record(n) for n in gm.graph.nodes]),
+            parts = [f"frozen={frozen}", gm.code, repr([_node_record(n) for n in gm.graph.nodes]),
                      repr(sorted((k, repr(v)) for k, v in gm.meta.items())),
                      repr([_spec(x) for x in example_inputs]), repr(sorted(options.items())),
                      repr(_global_state()), torch.__version__, sys.version, sources_hash()]

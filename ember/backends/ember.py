@@ -85,12 +85,12 @@ def _ember_backend(gm, example_inputs, **kwargs):
     if split.data_dependent(gm):    # Dynamo's unbacked sizes: compiled around the data reads
         return split.split_at_data(gm, lambda g, ex: _ember_backend(g, ex, **kwargs)).forward
     key = backend_cache.key_of(gm, example_inputs, options)     # warm start: backend_cache.py
-    warm = _from_backend_cache(key, gm, example_inputs) if key else None
+    warm = _from_backend_cache(key) if key else None
     if warm is not None:
-        return warm
+        return speed_checked(gm, warm[0], example_inputs, warm[1])
     counts = counters.snapshot()["counts"]
     # inference graphs: frozen weights (freeze.py) and channels-last convs (layout.py)
-    frozen = freeze(gm, example_inputs, options, lambda g, ex: _compile(g, ex, options))
+    frozen = freeze(gm, example_inputs, options, lambda g, ex: _frozen_main(g, ex, options))
     if frozen is not None:
         return speed_checked(gm, frozen, example_inputs, {**options, "plan": "frozen"})
     work = copy_module(gm)
@@ -100,14 +100,34 @@ def _ember_backend(gm, example_inputs, **kwargs):
     if not layout.plan(work, example_inputs, options):
         work = gm
     plan = {**options, "plan": "channels_last"} if work is not gm else options
-    store = _backend_cache_store(key, plan, counts) if key else None
-    compiled = _compile(work, example_inputs, options, on_backward=store)
-    if store is not None:
-        store(None, compiled)
-    return speed_checked(gm, compiled, example_inputs, plan)
+    return speed_checked(gm, _compile_cached(key, work, example_inputs, options, plan, counts),
+                         example_inputs, plan)
 
 
 # ---- warm start (backend_cache.py) --------------------------------------------------------------
+def _frozen_main(gm, example_inputs, options):
+    """A frozen graph's main graph (the folded constants among its inputs, their values not in
+    its product), compiled or loaded under its own key: a warm start folds again, then skips
+    aot -> kernels."""
+    key = backend_cache.key_of(gm, example_inputs, options, frozen=True)
+    warm = _from_backend_cache(key) if key else None
+    if warm is not None:
+        return warm[0]
+    return _compile_cached(key, gm, example_inputs, options, options,
+                           counters.snapshot()["counts"])
+
+
+def _compile_cached(key, gm, example_inputs, options, plan, counts_before):
+    """`_compile`, its product stored under `key` (None: not cached) with the counts the
+    compile bumped since `counts_before` (what a hit replays)."""
+    if key is None:
+        return _compile(gm, example_inputs, options)
+    store = _backend_cache_store(key, plan, counts_before)
+    compiled = _compile(gm, example_inputs, options, on_backward=store)
+    store(None, compiled)
+    return compiled
+
+
 def _backend_cache_store(key, plan, counts_before):
     """A callback storing aot's runtime once it is complete: at once for inference, at the
     first backward for training (`store(backward, runtime)`)."""
@@ -125,7 +145,8 @@ def _backend_cache_store(key, plan, counts_before):
     return store
 
 
-def _from_backend_cache(key, gm, example_inputs):
+def _from_backend_cache(key):
+    """(aot's runtime, its plan) loaded from the backend cache, or None (a miss)."""
     entry = backend_cache.load(key)
     runtime = None
     if entry is not None:
@@ -143,7 +164,7 @@ def _from_backend_cache(key, gm, example_inputs):
     for name, n in entry["counts"].items():
         counters.bump(name, n)
     perf_log.info("backend cache hit %s: capture -> kernels skipped", key[:12])
-    return speed_checked(gm, runtime, example_inputs, entry["plan"])
+    return runtime, entry["plan"]
 
 
 def _load_graph_now(key):

@@ -54,6 +54,7 @@ CHILD = textwrap.dedent("""
     m, x = Net(), torch.randn(2, 3, 6, 6)
     train = sys.argv[1] == "train"
     m.train(train)
+    m.requires_grad_(sys.argv[1] != "frozen")
     c = ember.compile(m)
     outs = []
     for _ in range(2):
@@ -63,14 +64,19 @@ CHILD = textwrap.dedent("""
         if train:
             (out[0][:, 0].sum() + out[1].pow(2).sum()).backward()
     grads = [p.grad for p in m.parameters()] if train else []
+    if sys.argv[1] == "frozen":                     # a weight changed: refolded, not stale
+        with torch.no_grad():
+            m.conv.weight.mul_(0.5)
+            outs.append(list(c(x)))
     torch.save({"outs": outs, "grads": grads, "buffers": list(m.buffers())}, sys.argv[3])
     print(json.dumps(ember.stats()))
 """)
 
 
-def _eager(train):
+def _eager(mode):
     torch.manual_seed(0)
     m, x = Net(), torch.randn(2, 3, 6, 6)
+    train = mode == "train"
     m.train(train)
     outs = []
     for _ in range(2):
@@ -79,6 +85,10 @@ def _eager(train):
         outs.append([o.detach() for o in out])
         if train:
             (out[0][:, 0].sum() + out[1].pow(2).sum()).backward()
+    if mode == "frozen":
+        with torch.no_grad():
+            m.conv.weight.mul_(0.5)
+            outs.append(list(m(x)))
     return {"outs": outs, "grads": [p.grad for p in m.parameters()] if train else [],
             "buffers": list(m.buffers())}
 
@@ -92,17 +102,24 @@ def _child(mode, cache, out):
     return json.loads(p.stdout.strip().splitlines()[-1]), torch.load(out)
 
 
-@pytest.mark.parametrize("mode", ["infer", "train"])
+@pytest.mark.parametrize("mode", ["infer", "train", "frozen"])
 def test_warm_start_in_a_new_process(tmp_path, mode):
+    """frozen: the captured graph is not cached (its weights' values are folded in); the
+    main graph, which takes the folded constants as inputs, is."""
     cold_stats, cold = _child(mode, tmp_path / "cache", tmp_path / "cold.pt")
     warm_stats, warm = _child(mode, tmp_path / "cache", tmp_path / "warm.pt")
+    if mode == "frozen":
+        for stats in (cold_stats, warm_stats):
+            assert stats["counts"].get("frozen_graphs") == 1, stats
+            assert stats["counts"].get("refolds") == 1, stats
+            assert stats["counts"].get("backend_cache_bypassed") == 1, stats
     assert cold_stats["counts"].get("backend_cache_stores") == 1
     assert warm_stats["counts"].get("backend_cache_hits") == 1
     assert "backend_cache_misses" not in warm_stats["counts"]
     # the stages after capture did not run in the warm process
     assert "aot" not in warm_stats["compile_seconds"]
     assert "codegen" not in warm_stats["compile_seconds"]
-    ref = _eager(mode == "train")
+    ref = _eager(mode)
     for key in ("outs", "grads", "buffers"):
         for a, b, r in zip(torch.utils._pytree.tree_leaves(cold[key]),
                            torch.utils._pytree.tree_leaves(warm[key]),
@@ -222,7 +239,10 @@ def test_what_is_never_cached(cache_dir):
                                                     torch.nn.functional.gelu, operator.add))
 
 
-def test_frozen_graph_is_not_cached(cache_dir):
+def test_frozen_graph_caches_its_main_graph_not_its_weights(cache_dir):
+    """The captured graph of a frozen call is not cached (the weights' values would be folded
+    into its product); its main graph, which takes the folded weights as inputs, is: a second
+    model with other weights reuses it and computes with its own weights."""
     base = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).eval().requires_grad_(False)
     x = torch.randn(2, 8)
     with torch.no_grad():
@@ -230,5 +250,14 @@ def test_frozen_graph_is_not_cached(cache_dir):
             m = copy.deepcopy(base)
             m[0].weight.mul_(scale)
             out, c = _compile_and_run(m, x)
-            assert c.get("backend_cache_bypassed") == 1 and "backend_cache_hits" not in c
+            assert c.get("frozen_graphs") == 1 and c.get("backend_cache_bypassed") == 1
+            assert c.get("backend_cache_stores" if scale == 1 else "backend_cache_hits") == 1, c
             torch.testing.assert_close(out, m.forward(x))
+
+
+def test_own_custom_ops_are_cached_user_callables_are_not():
+    conv_add = torch.ops.ember.conv2d_add.default       # ember's code only
+    assert backend_cache._own_code(conv_add)
+    assert backend_cache._own_code(torch.ops.mkldnn._convolution_pointwise.default)
+    assert not backend_cache._own_code(torch.ops.ember.tensor_hook.default)   # calls user hooks
+    assert not backend_cache._own_code(torch.ops.ember_test_cache.twice.default)
