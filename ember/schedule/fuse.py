@@ -63,7 +63,10 @@ def fuse(nodes, deps: dict, *, enable: bool = True) -> list:
             for b in own:
                 w = writer[b]
                 w_inner = node.rranges if resplit is not None else stage_of[b].inner
-                if w.kind == "pointwise" and tuple(w_inner) != tuple(inner_if_resplit):
+                # (a pointwise value of the outer index alone, a LayerNorm's mean and rstd,
+                # is read by any later stage of the same outer iteration)
+                if w.kind == "pointwise" and tuple(w_inner) != tuple(inner_if_resplit) \
+                        and (w_inner or resplit is not None):
                     ok = False
                 if any(idx != deps[w.name].write_index for idx in d.reads[b]):
                     ok = False

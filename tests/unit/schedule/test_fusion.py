@@ -89,3 +89,20 @@ def test_non_viewable_reshape_still_copies_correctly():
     # permute then reshape is not a view of the dense result: a copy kernel, values as eager
     x, w = torch.randn(4, 8, 32), torch.randn(32, 16)
     check(lambda t, m: (torch.relu(t).permute(1, 0, 2).reshape(32, 32) @ m,), x, w, max_kernels=2)
+
+
+def test_row_statistics_stored_and_read_by_the_row_stage_one_kernel():
+    # training LayerNorm stores its mean and rstd (pointwise values of the row index alone) and
+    # normalizes with them: one kernel, the row read from memory once for the output (it was a
+    # second kernel re-reading x: layernorm_last_768 train 0.74x eager)
+    x = torch.randn(64, 768)
+    w, b = torch.randn(768), torch.randn(768)
+    aten = torch.ops.aten
+    check(lambda t, ww, bb: aten.native_layer_norm.default(t, [768], ww, bb, 1e-5), x, w, b,
+          kernels=1, atol=1e-5)
+
+    def two_scales(t):     # two per-row values, each read by a later row stage
+        m = t.mean(-1, keepdim=True)
+        s = (t - m).abs().amax(-1, keepdim=True) + 1.0
+        return m * 3.0, (t - m) / s, s
+    check(two_scales, x, kernels=1)
