@@ -15,7 +15,8 @@ Two policies (`PARTITIONERS`):
     backward; matmul/conv/sdpa/reductions/random ops never are, except inside an activation-
     checkpoint region (node.meta["recompute"]): those are always recomputed, random ops excepted,
     and those a selective-checkpoint policy saves (node.meta["sac_save"]) always saved.
-    Graph inputs are free to save, and a bool mask costs a quarter of a float, so masks are saved rather than the floats made from them.
+    Graph inputs and forward outputs are free to save, and a bool mask costs a quarter of a
+    float, so masks are saved rather than the floats made from them.
 """
 from __future__ import annotations
 
@@ -152,6 +153,9 @@ def _saved_min_cut(joint, primals, tangents, fw_outs, grads) -> set[fx.Node]:
     needed = _ancestors(grads)
     cand = {n for n in needed if n not in dep}
     forced, leaving = _checkpoint_nodes(joint, fw_outs)
+    # a forward output is held by the caller anyway (eager's autograd saves softmax's output
+    # itself): saving it is free, like an input, where recomputing it would redo its exp
+    outs = {o for o in fw_outs if isinstance(o, fx.Node)}
     g = nx.DiGraph()
     g.add_node("source")
     g.add_node("sink")
@@ -159,7 +163,7 @@ def _saved_min_cut(joint, primals, tangents, fw_outs, grads) -> set[fx.Node]:
         if n in forced:
             g.add_edge(f"{n.name}_in", f"{n.name}_out")        # no capacity: never cut (saved)
         else:
-            weight = 0 if n.op == "placeholder" else nbytes(n)
+            weight = 0 if n.op == "placeholder" or n in outs else nbytes(n)
             g.add_edge(f"{n.name}_in", f"{n.name}_out", capacity=weight)
             if n.op == "placeholder" or not recomputable(n) or n in leaving:
                 g.add_edge("source", f"{n.name}_in")

@@ -37,7 +37,7 @@ from ..runtime import graph_cache
 from ..runtime.build import build_async, load
 from ..runtime.cudagraphs import cudagraphify
 from ..runtime.pycode import compile_cached
-from ..schedule import schedule
+from ..schedule import ROW_LOCAL_MAX, ROW_LOCAL_MAX_TRITON, schedule
 from . import backend_cache, layout, split
 from .freeze import copy_module, fold_batchnorm_per_call, freeze
 from .speed import speed_checked    # never slower than eager
@@ -237,7 +237,8 @@ def compile_aten_graph(gm, example_inputs, *, options=None):
         if debug.active():
             debug.dump("lower", print_lowered(g.inputs, g.nodes, g.outputs), summary=None)
         with stage("schedule"):
-            plan = schedule(g, fusion=options.get("fusion", True))
+            plan = schedule(g, fusion=options.get("fusion", True),
+                            row_local_max=ROW_LOCAL_MAX_TRITON if use_triton else ROW_LOCAL_MAX)
         if debug.active():
             debug.dump("schedule", print_plan(plan), summary=None)
         stats = {"kernels": len(plan.kernels), "externs": len(plan.externs),

@@ -19,6 +19,7 @@ import torch
 from ..loopir.index import SIZE_NAME, FloorDiv, ModularIndexing, hint, is_symbolic, numel, \
     simplify_index, sym
 from ..loopir.ops import OpsHandler, compute_dtype, set_handler
+from ..loopir.plan import Stage
 from .common import IndentedBuffer
 from .cpp_handler import CHECKED, CppHandler, CppVal, _blocks, _int, cexpr, ctype, literal
 from .cpp_prelude import PRELUDE
@@ -301,6 +302,9 @@ def split_pair(outer, xv, exprs_of):
 
 # --- kernels -------------------------------------------------------------------------------
 
+ROW_STACK_MAX = 16384    # elements of a row scratch kept on the stack (longer: RowScratch)
+
+
 def loop_var(i):
     return sym(f"v{i}")
 
@@ -396,10 +400,29 @@ class KernelCodegen:
         else:
             def body():
                 for name, size in k.row_local.items():
-                    dt = compute_dtype(self.buffers[name].dtype)
-                    code.writeline(f"alignas(64) {ctype(dt)} {name}_row[{size}];")
-                for stage in k.stages:
-                    self._stage(stage, xv, m, parallel_inner=False)
+                    dt = ctype(compute_dtype(self.buffers[name].dtype))
+                    home = k.row_home.get(name)
+                    if home is not None:    # the row of the buffer stored over it (memory.py)
+                        node = self.buffers[home]
+                        row0 = xv + [sympy.Integer(0)] * (len(node.ranges) - m)
+                        idx = h.idx(h.simple(node.store_index(row0)))
+                        code.writeline(f"{dt}* {name}_row = {home} + {idx};")
+                    elif size <= ROW_STACK_MAX:
+                        code.writeline(f"alignas(64) {dt} {name}_row[{size}];")
+                    else:   # too big for an OpenMP thread's stack: the thread's heap scratch
+                        code.writeline(f"static thread_local ember::RowScratch<{dt}> {name}_scr;")
+                        code.writeline(f"{dt}* {name}_row = {name}_scr.get({size});")
+                stages = list(k.stages)
+                while stages:
+                    stage = stages.pop(0)
+                    if stage.kind == "pointwise" and stage.inner and stages \
+                            and stages[0].kind == "reduction" \
+                            and tuple(stages[0].inner) == tuple(stage.inner):
+                        # the reduction over what the pointwise stage just computed runs in
+                        # its loop (softmax's exp and sum: one pass over the row, not two)
+                        self._stage(stages.pop(0), xv, m, parallel_inner=False, pre=stage.nodes)
+                    else:
+                        self._stage(stage, xv, m, parallel_inner=False)
             if m:
                 self._loops(outer, xv, parallel, simd_last=False, body=body)
             else:
@@ -720,11 +743,18 @@ class KernelCodegen:
         else:
             blocks()
 
-    def _stage(self, stage, xv, m, parallel_inner):
+    def _stage(self, stage, xv, m, parallel_inner, pre=()):
+        """Emit one stage; `pre`: the nodes of a pointwise stage over the same inner dims just
+        before this reduction stage, computed in the reduction's loop (when it is a simd one)."""
         h = self.h
         code = h.code
         rv = [loop_var(m + i) for i in range(len(stage.inner))]
         h.ranges = ranges = self.ranges_with(rv, stage.inner)
+        if pre and (parallel_inner or _red_clause(
+                [(n.body.reduction_type, "a", n.body.src_dtype) for n in stage.nodes]) is None):
+            self._stage(Stage("pointwise", stage.inner, list(pre)), xv, m, parallel_inner)
+            h.ranges = ranges
+            pre = ()
         if stage.kind == "pointwise":
             if not stage.inner:
                 for n in stage.nodes:
@@ -764,6 +794,8 @@ class KernelCodegen:
                 else _red_clause([(rt, acc, dt)]) for _, acc, rt, dt in accs)
 
         def body(targets):
+            for n in pre:
+                n.store_pointwise(xv + rv)
             for (n, acc, rt, dt), tgt in zip(accs, targets):
                 v = h._as(n.reduction_value(xv, rv), dt)
                 if tgt in fast:
@@ -777,7 +809,8 @@ class KernelCodegen:
 
         sizes, lvars, subs = list(stage.inner), rv, {}
         if clause is not None:
-            c = collect(lambda: [n.reduction_value(xv, rv) for n in stage.nodes], ranges)
+            c = collect(lambda: [n.store_pointwise(xv + rv) for n in pre]
+                        + [n.reduction_value(xv, rv) for n in stage.nodes], ranges)
             sizes, lvars, subs = plan_loops(stage.inner, rv, c.exprs)
         h.subs = {**h.subs, **subs}
         if parallel_inner and clause is not None:

@@ -10,6 +10,7 @@ Consumes: nothing. Produces: PRELUDE (a string).
 PRELUDE = r"""
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <algorithm>
@@ -31,6 +32,22 @@ static inline uint16_t float_to_bf16(float f) {
 }
 static inline float round_bf16(float f) { return bf16_to_float(float_to_bf16(f)); }
 static inline float round_half(float f) { return static_cast<float>(static_cast<_Float16>(f)); }
+
+// a kernel's per-thread row scratch too long for the stack (kernel-local rows, schedule/memory.py):
+// allocated once per thread and kept (aligned for the simd loops)
+template <typename T> struct RowScratch {
+    T* p = nullptr;
+    int64_t n = 0;
+    T* get(int64_t m) {
+        if (m > n) {
+            std::free(p);
+            p = static_cast<T*>(std::aligned_alloc(64, (m * sizeof(T) + 63) / 64 * 64));
+            n = m;
+        }
+        return p;
+    }
+    ~RowScratch() { std::free(p); }
+};
 
 template <typename T> static inline T max_nan(T a, T b) { return (a != a || a > b) ? a : b; }
 template <typename T> static inline T min_nan(T a, T b) { return (a != a || a < b) ? a : b; }

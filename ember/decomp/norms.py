@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from ..shapes import is_symbolic
 from ._util import numel, on_cpu, opmath_dtype, to
 from .registry import register
 
@@ -141,6 +142,8 @@ def native_group_norm(input, weight, bias, N, C, HxW, group, eps):
     shift = bias - mean * scale, as eager's CPU kernel computes it."""
     acc = opmath_dtype(input.dtype)
     cpg = C // group
+    if not is_symbolic(input) and input.is_contiguous() and input.numel() > 0:
+        return _group_norm_rows(input, weight, bias, N, C, HxW, group, eps, acc)
     x = to(aten.reshape.default(input, [N, C, HxW]), acc)   # a view in NCHW and channels-last
     if x.numel() == 0 or x.shape[-1] == 0:
         mean = rstd = aten.full.default([N, group], float("nan"), dtype=acc, device=input.device)
@@ -162,6 +165,32 @@ def native_group_norm(input, weight, bias, N, C, HxW, group, eps):
     out = aten.add.Tensor(aten.mul.Tensor(to(input, acc), aten.view.default(scale, shape4)),
                           aten.view.default(shift, shape4))
     return to(out, input.dtype), to(mean, input.dtype), to(rstd, input.dtype)
+
+
+def _group_norm_rows(input, weight, bias, N, C, HxW, group, eps, acc):
+    """A contiguous (NCHW) input: each group is one contiguous row of cpg*HxW elements, so the
+    statistics are row reductions and the output is computed over [N, group, cpg, HxW], all in
+    one kernel per row that reads the row from memory once (the per-channel form read the input
+    three times: sums, centered sums, output; GroupNorm(32, 64) at 0.7x eager)."""
+    cpg = C // group
+    x = to(aten.view.default(input, [N, group, cpg * HxW]), acc)
+    mean = aten.mean.dim(x, [2], True)
+    dev = aten.sub.Tensor(x, mean)
+    rstd = aten.rsqrt.default(aten.add.Tensor(aten.mean.dim(aten.mul.Tensor(dev, dev), [2], True),
+                                              eps))
+    scale = aten.expand.default(aten.unsqueeze.default(rstd, -1), [N, group, cpg, 1])
+    if weight is not None:
+        scale = aten.mul.Tensor(scale, aten.view.default(to(weight, acc), [1, group, cpg, 1]))
+    shift = aten.mul.Tensor(aten.unsqueeze.default(mean, -1), scale)
+    if bias is not None:
+        shift = aten.sub.Tensor(aten.view.default(to(bias, acc), [1, group, cpg, 1]), shift)
+    else:
+        shift = aten.neg.default(shift)
+    x4 = aten.view.default(to(input, acc), [N, group, cpg, HxW])
+    out = aten.add.Tensor(aten.mul.Tensor(x4, scale), shift)
+    return (to(aten.view.default(out, list(input.shape)), input.dtype),
+            to(aten.view.default(mean, [N, group]), input.dtype),
+            to(aten.view.default(rstd, [N, group]), input.dtype))
 
 
 @register(aten.native_group_norm_backward.default)

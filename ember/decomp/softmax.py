@@ -29,7 +29,10 @@ def softmax(x, dim, half_to_float):
     xa = _prep(x)
     m = _amax_safe(xa, dim)
     e = aten.exp.default(aten.sub.Tensor(xa, m) if m is not None else xa)
-    return to(aten.div.Tensor(e, aten.sum.dim_IntList(e, [dim], True)), out_dtype)
+    # times 1/sum, as ATen's vectorized CPU softmax computes it (one reciprocal per row, not a
+    # division per element)
+    inv = aten.reciprocal.default(aten.sum.dim_IntList(e, [dim], True))
+    return to(aten.mul.Tensor(e, inv), out_dtype)
 
 
 @register(aten._log_softmax.default)
@@ -55,8 +58,9 @@ def safe_softmax(x, dim, dtype=None):
 def softmax_backward_data(grad_output, output, dim, input_dtype):
     acc = opmath_dtype(grad_output.dtype)
     g, y = to(grad_output, acc), to(output, acc)
-    gy = aten.mul.Tensor(g, y)
-    gi = aten.sub.Tensor(gy, aten.mul.Tensor(y, aten.sum.dim_IntList(gy, [dim], True)))
+    # y * (g - sum(g * y)), ATen's form: one multiply per element fewer than g*y - y*sum
+    dot = aten.sum.dim_IntList(aten.mul.Tensor(g, y), [dim], True)
+    gi = aten.mul.Tensor(y, aten.sub.Tensor(g, dot))
     return to(gi, input_dtype)
 
 

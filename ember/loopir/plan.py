@@ -34,6 +34,7 @@ class Kernel:
     stages: list
     local: set = dataclasses.field(default_factory=set)   # buffers that never leave the kernel
     row_local: dict = dataclasses.field(default_factory=dict)  # local, but across stages: name -> row numel
+    row_home: dict = dataclasses.field(default_factory=dict)   # row-local name -> the buffer whose row holds it
 
     @property
     def nodes(self):

@@ -12,10 +12,11 @@ from ..loopir.nodes import TensorArg
 from ..loopir.plan import Kernel, Plan
 from .deps import node_deps
 from .fuse import fuse
-from .memory import can_write_in_place, mark_locals, plan_memory, step_reads, step_writes
+from .memory import ROW_LOCAL_MAX, ROW_LOCAL_MAX_TRITON, can_write_in_place, mark_locals, \
+    plan_memory, step_reads, step_writes
 
 
-def schedule(lowered, *, fusion: bool = True) -> Plan:
+def schedule(lowered, *, fusion: bool = True, row_local_max: int = ROW_LOCAL_MAX) -> Plan:
     deps = {n.name: node_deps(n) for n in lowered.nodes}
     out_names = {o.buffer.name for o in lowered.outputs if isinstance(o, TensorArg)}
     nodes = _dce(lowered.nodes, deps, out_names)
@@ -25,7 +26,7 @@ def schedule(lowered, *, fusion: bool = True) -> Plan:
         for o in getattr(n, "outputs", []):
             buffers[o.name] = o
     steps = fuse(nodes, deps, enable=fusion)
-    mark_locals(steps, deps, keep=out_names)
+    mark_locals(steps, deps, keep=out_names, row_local_max=row_local_max)
     memory = plan_memory(steps, deps, out_names)
     reads = tuple(tuple(step_reads(s, deps)) for s in steps)
     writes = tuple(tuple(step_writes(s)) for s in steps)
@@ -47,4 +48,4 @@ def _dce(nodes, deps, keep: set):
     return list(reversed(out))
 
 
-__all__ = ["schedule", "Plan"]
+__all__ = ["schedule", "Plan", "ROW_LOCAL_MAX", "ROW_LOCAL_MAX_TRITON"]

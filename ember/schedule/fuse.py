@@ -16,7 +16,10 @@ Consumes: nodes in topological order, their `NodeDeps`. Produces: list of Kernel
 """
 from __future__ import annotations
 
+import sympy
+
 from ..loopir.plan import ExternStep, Kernel, Stage
+from .deps import loop_vars
 
 
 def _placement(kernel: Kernel, node):
@@ -63,7 +66,15 @@ def fuse(nodes, deps: dict, *, enable: bool = True) -> list:
             for b in own:
                 w = writer[b]
                 w_inner = node.rranges if resplit is not None else stage_of[b].inner
-                if w.kind == "pointwise" and tuple(w_inner) != tuple(inner_if_resplit):
+                # (a pointwise value over leading inner dims only, a LayerNorm's mean and
+                # rstd or a GroupNorm's per-channel scale, is read by a later stage of the same
+                # outer iteration that loops over more dims, when that stage stores along its
+                # innermost dim (not a channels-last output walked per channel); the index
+                # check below makes sure it reads what was written)
+                if w.kind == "pointwise" and tuple(w_inner) != tuple(inner_if_resplit) and (
+                        resplit is not None or node.kind != "pointwise"
+                        or tuple(w_inner) != tuple(inner)[:len(w_inner)]
+                        or not _walks_rows(node, d)):
                     ok = False
                 if any(idx != deps[w.name].write_index for idx in d.reads[b]):
                     ok = False
@@ -95,6 +106,15 @@ def fuse(nodes, deps: dict, *, enable: bool = True) -> list:
             count += 1
             where[node.name], writer[node.name], stage_of[node.name] = len(steps) - 1, node, stage
     return steps
+
+
+def _walks_rows(node, d) -> bool:
+    """Does pointwise `node` store and load along its innermost dim (stride 1, or 0)?"""
+    if not node.ranges or d.indirect:
+        return False
+    v = loop_vars(len(node.ranges))[-1]
+    exprs = [d.write_index] + [e for es in d.reads.values() for e in (es or ())]
+    return all(e is not None and sympy.diff(e, v) in (0, 1) for e in exprs)
 
 
 def _reads_of(kernel: Kernel, deps) -> set:

@@ -9,11 +9,17 @@ Consumes: steps from fuse(), NodeDeps, the names of graph outputs. Produces: `Me
 from __future__ import annotations
 
 from ..loopir.index import contiguous_strides, is_symbolic
+from ..loopir.ops import compute_dtype
 from ..loopir.plan import ExternStep, Kernel, MemoryPlan
 from .deps import tensor_args
 
 
-ROW_LOCAL_MAX = 16384   # elements of a per-thread row scratch (on the stack)
+# elements of a per-thread row scratch: a longer row (softmax over a 32000 vocabulary) stays in
+# the cache as a row scratch too (C++: a thread's heap buffer, codegen/cpp.py); as a global
+# buffer it cost a write and a read-back of the whole tensor through memory. Triton keeps the
+# smaller bound (its scratch is a global buffer the launcher holds).
+ROW_LOCAL_MAX = 1 << 18
+ROW_LOCAL_MAX_TRITON = 16384
 
 
 def step_reads(step, deps) -> list:
@@ -34,7 +40,7 @@ def step_writes(step) -> list:
     return [n.name for n in step.nodes if n.name not in step.local]
 
 
-def mark_locals(steps, deps, keep: set) -> None:
+def mark_locals(steps, deps, keep: set, row_local_max: int = ROW_LOCAL_MAX) -> None:
     readers: dict = {}
     for i, step in enumerate(steps):
         for n in step.nodes:
@@ -62,13 +68,42 @@ def mark_locals(steps, deps, keep: set) -> None:
                 # (a symbolic row size would be a variable-length array: keep it in memory)
                 # (the row array is indexed by the stored index: only a row-major layout,
                 # not a channels-last one, keeps a row's elements within [0, size))
-                if inner and not is_symbolic(size) and size <= ROW_LOCAL_MAX and step.outer \
+                if inner and not is_symbolic(size) and size <= row_local_max and step.outer \
                         and tuple(n.stride) == tuple(contiguous_strides(n.size)):
                     step.local.add(n.name)
                     step.row_local[n.name] = size
                 continue
             if ok:
                 step.local.add(n.name)
+        if isinstance(step, Kernel) and step.row_local:
+            step.row_home = row_homes(step, deps)
+
+
+def row_homes(kernel, deps) -> dict:
+    """Row scratch that lives in the row of a buffer the kernel stores in the stage that last
+    reads the scratch, at the same index and after every read of it there (softmax's exp row
+    in the output row it is divided into, as eager does): no scratch memory, and the row the
+    last stage writes is already in the cache. Same dtype (a float row, stored as computed),
+    one scratch per buffer."""
+    homes: dict = {}
+    stages = kernel.stages
+    pos = {n.name: (i, j) for i, s in enumerate(stages) for j, n in enumerate(s.nodes)}
+    for name in kernel.row_local:
+        readers = [pos[n.name] for n in kernel.nodes if name in deps[n.name].reads]
+        if not readers:
+            continue
+        last_stage = max(i for i, _ in readers)
+        last_read = max(j for i, j in readers if i == last_stage)
+        src = stages[pos[name][0]].nodes[pos[name][1]]
+        for home in stages[last_stage].nodes[last_read:]:
+            if home.name in kernel.local or home.name in homes.values() \
+                    or home.kind != "pointwise" or home.dtype != src.dtype \
+                    or compute_dtype(home.dtype) != home.dtype \
+                    or deps[home.name].write_index != deps[name].write_index:
+                continue
+            homes[name] = home.name
+            break
+    return homes
 
 
 def plan_memory(steps, deps, outputs: set) -> MemoryPlan:

@@ -89,3 +89,38 @@ def test_non_viewable_reshape_still_copies_correctly():
     # permute then reshape is not a view of the dense result: a copy kernel, values as eager
     x, w = torch.randn(4, 8, 32), torch.randn(32, 16)
     check(lambda t, m: (torch.relu(t).permute(1, 0, 2).reshape(32, 32) @ m,), x, w, max_kernels=2)
+
+
+def test_row_statistics_stored_and_read_by_the_row_stage_one_kernel():
+    # training LayerNorm stores its mean and rstd (pointwise values of the row index alone) and
+    # normalizes with them: one kernel, the row read from memory once for the output (it was a
+    # second kernel re-reading x: layernorm_last_768 train 0.74x eager)
+    x = torch.randn(64, 768)
+    w, b = torch.randn(768), torch.randn(768)
+    aten = torch.ops.aten
+    check(lambda t, ww, bb: aten.native_layer_norm.default(t, [768], ww, bb, 1e-5), x, w, b,
+          kernels=1, atol=1e-5)
+
+    def two_scales(t):     # two per-row values, each read by a later row stage
+        m = t.mean(-1, keepdim=True)
+        s = (t - m).abs().amax(-1, keepdim=True) + 1.0
+        return m * 3.0, (t - m) / s, s
+    check(two_scales, x, kernels=1)
+
+
+def test_group_norm_contiguous_is_one_row_kernel():
+    # each group of an NCHW input is one contiguous row: statistics and output in one kernel
+    # that reads the row from memory once (the per-channel form took 3 kernels and 3 reads of x,
+    # GroupNorm(32, 64) at 0.7x eager); the per-channel scale (a value over the group's channels
+    # only) is read by the output stage that also loops over H*W
+    x = torch.randn(4, 64, 20, 20)
+    w, b = torch.randn(64), torch.randn(64)
+    aten = torch.ops.aten
+    check(lambda t, ww, bb: aten.native_group_norm.default(t, ww, bb, 4, 64, 400, 32, 1e-5),
+          x, w, b, kernels=1, atol=1e-5)
+    # (an activation after it reads the 4-d view of the output: a second kernel for now)
+    check(lambda t, ww, bb: F.silu(F.group_norm(t, 8, ww, bb)), x, w, b, max_kernels=2, atol=1e-5)
+    # channels-last and no affine: still equal to eager
+    xc = x.contiguous(memory_format=torch.channels_last)
+    check(lambda t, ww, bb: F.group_norm(t, 32, ww, bb), xc, w, b, atol=1e-5)
+    check(lambda t: F.group_norm(t, 4), x, kernels=1, atol=1e-5)
