@@ -22,13 +22,16 @@ weight the graph computes (a BatchNorm folded on each call) is written channels-
 is computed (oneDNN would copy it into that layout on every call).
 
 A training graph keeps each conv2d (the fused op has no derivative) and only converts its input:
-`conv2d(x.contiguous(channels_last), w, b, ...)`; aot then traces the convs, BatchNorm, pooling
-and their backward in NHWC.
+`conv2d(relayout(x, channels_last, x's layout), w, b, ...)`; aot then traces the convs,
+BatchNorm, pooling and their backward in NHWC. `relayout` also puts each gradient back in its
+value's layout where it crosses a conversion (an NCHW output's tangent enters the backward
+channels-last, a converted input's gradient leaves in the input's layout).
 
 Cost rule (docs/design/024-layout-and-freezing.md): rewrite a CPU graph with at least one
 float32 conv2d that has integer padding; a training graph only when its conv input activations
 hold at least TRAIN_MIN_ACTIVATIONS_PER_WEIGHT elements per conv weight element (the weight
-gradients come back channels-last and are copied into the parameters' layout); an inference
+gradients come back channels-last and are copied into the parameters' layout) and the elements
+converted at its boundary stay under TRAIN_MAX_BOUNDARY_PER_ACTIVATION per activation; an inference
 graph only when its `.contiguous()` calls between convs (channel shuffles) copy less than
 INFER_MAX_SHUFFLED_PER_ACTIVATION elements per conv input element and, its weights not frozen,
 its conv activations hold at least INFER_MIN_ACTIVATIONS_PER_WEIGHT elements per weight element
