@@ -534,3 +534,23 @@ def test_training_cost_rule_weighs_the_boundary_conversions(depth):
     ref.train()
     compare(ember.compile(copy.deepcopy(ref)), ref, torch.randn(2, 8, 16, 16), True)
     assert count("channels_last_graphs") == (depth > 1) and count("graphs") == 1
+
+
+def test_training_input_written_in_place_before_a_channels_last_conv():
+    """A graph input requiring grad (a non-leaf) written in place, then read by a conv: its
+    uses go through the gradient-layout node; values and the gradient reaching the leaf are
+    eager's."""
+    torch.manual_seed(0)
+    w = torch.randn(8, 8, 3, 3, requires_grad=True)
+
+    def f(x):
+        x.mul_(2)
+        return F.conv2d(x, w, padding=1)
+    a = torch.randn(2, 8, 10, 10, requires_grad=True)
+    got, want = ember.compile(f, options={"layout": "channels_last"})(a * 1), f(a * 1)
+    torch.testing.assert_close(got, want, **TOL)
+    assert layout(got) == layout(want)
+    (ga,) = torch.autograd.grad(got.sum(), a)
+    (wa,) = torch.autograd.grad(want.sum(), a)
+    torch.testing.assert_close(ga, wa, **GRAD_TOL)
+    assert count("channels_last_graphs") == 1 and count("fallbacks") == 0
