@@ -161,7 +161,11 @@ LAYOUTS = ("auto", "channels_last", "contiguous")
 #: conv weight element. oneDNN returns a channels-last input's weight gradients channels-last,
 #: and autograd copies each into its parameter's (NCHW) layout: a cost that grows with the
 #: weights, where the gain (convs, BatchNorm, pooling on NHWC) grows with the activations.
-TRAIN_MIN_ACTIVATIONS_PER_WEIGHT = 2.0
+#: Recalibrated on the broad suite's sizes (benchmarks/layout_ab.py --mode train, 1 thread,
+#: channels-last / NCHW vs eager, docs/design/024): resnet18 b4 (0.78) 1.19/1.16, resnet50 b2
+#: (0.91) 1.11/1.11, resnext50 b2 (1.22) 1.18/1.07, dla34 b4 (1.46) 1.15/1.21, cspresnet50 b4
+#: (1.62) 1.05/1.05, poolformer_s12 b4 (1.99) 1.30/1.04; it was 2 (resnet18 b8 at 160: 0.92/1.02).
+TRAIN_MIN_ACTIVATIONS_PER_WEIGHT = 1.0
 #: training: stay NCHW when the elements converted at the graph's boundary (NCHW inputs that
 #: reach a conv and their gradients, NCHW outputs computed from a conv and their tangents) are
 #: over this many per conv input activation element: a graph of a few convs between NCHW
@@ -255,7 +259,9 @@ def _boundary_conversions(gm: fx.GraphModule, example_inputs) -> int | None:
         return None
     g = gm.graph
     convs = [n for n in g.nodes if _conv_args(n) is not None]
-    after, before = _downstream(convs), _upstream(_conv_args(n)[0] for n in convs)
+    # the inputs a conv input is computed from without a conv in between (a conv's output
+    # is channels-last already; its weight is not converted)
+    after, before = _downstream(convs), _upstream((_conv_args(n)[0] for n in convs), set(convs))
     total = 0
     placeholders = [n for n in g.nodes if n.op == "placeholder"]
     for n, x in zip(placeholders, example_inputs):
@@ -296,14 +302,15 @@ def _downstream(nodes) -> set:
     return seen
 
 
-def _upstream(nodes) -> set:
-    """The nodes `nodes` are computed from (themselves included)."""
+def _upstream(nodes, stop=frozenset()) -> set:
+    """The nodes `nodes` are computed from (themselves included), not walking past `stop`."""
     seen, todo = set(), [n for n in nodes if isinstance(n, fx.Node)]
     while todo:
         n = todo.pop()
         if n not in seen:
             seen.add(n)
-            todo.extend(n.all_input_nodes)
+            if n not in stop:
+                todo.extend(n.all_input_nodes)
     return seen
 
 

@@ -554,3 +554,15 @@ def test_training_input_written_in_place_before_a_channels_last_conv():
     (wa,) = torch.autograd.grad(want.sum(), a)
     torch.testing.assert_close(ga, wa, **GRAD_TOL)
     assert count("channels_last_graphs") == 1 and count("fallbacks") == 0
+
+
+def test_training_cost_rule_takes_comparable_activations_and_weights_channels_last():
+    """Conv activations 1.56x the conv weights: at or above TRAIN_MIN_ACTIVATIONS_PER_WEIGHT
+    (1; it was 2, which kept resnext50 and poolformer NCHW: 1.07x / 1.04x eager against 1.18x /
+    1.30x channels-last), so the training graph runs channels-last; values and grads eager's."""
+    torch.manual_seed(0)
+    ref = nn.Sequential(*[nn.Sequential(nn.Conv2d(16, 16, 3, padding=1, bias=False),
+                                        nn.BatchNorm2d(16), nn.ReLU()) for _ in range(4)])
+    ref.train()
+    compare(ember.compile(copy.deepcopy(ref)), ref, torch.randn(1, 16, 15, 15), True)
+    assert count("channels_last_graphs") == 1 and count("graphs") == 1
