@@ -22,13 +22,16 @@ weight the graph computes (a BatchNorm folded on each call) is written channels-
 is computed (oneDNN would copy it into that layout on every call).
 
 A training graph keeps each conv2d (the fused op has no derivative) and only converts its input:
-`conv2d(x.contiguous(channels_last), w, b, ...)`; aot then traces the convs, BatchNorm, pooling
-and their backward in NHWC.
+`conv2d(relayout(x, channels_last, x's layout), w, b, ...)`; aot then traces the convs,
+BatchNorm, pooling and their backward in NHWC. `relayout` also puts each gradient back in its
+value's layout where it crosses a conversion (an NCHW output's tangent enters the backward
+channels-last, a converted input's gradient leaves in the input's layout).
 
 Cost rule (docs/design/024-layout-and-freezing.md): rewrite a CPU graph with at least one
 float32 conv2d that has integer padding; a training graph only when its conv input activations
 hold at least TRAIN_MIN_ACTIVATIONS_PER_WEIGHT elements per conv weight element (the weight
-gradients come back channels-last and are copied into the parameters' layout); an inference
+gradients come back channels-last and are copied into the parameters' layout) and the elements
+converted at its boundary stay under TRAIN_MAX_BOUNDARY_PER_ACTIVATION per activation; an inference
 graph only when its `.contiguous()` calls between convs (channel shuffles) copy less than
 INFER_MAX_SHUFFLED_PER_ACTIVATION elements per conv input element and, its weights not frozen,
 its conv activations hold at least INFER_MIN_ACTIVATIONS_PER_WEIGHT elements per weight element
@@ -158,7 +161,20 @@ LAYOUTS = ("auto", "channels_last", "contiguous")
 #: conv weight element. oneDNN returns a channels-last input's weight gradients channels-last,
 #: and autograd copies each into its parameter's (NCHW) layout: a cost that grows with the
 #: weights, where the gain (convs, BatchNorm, pooling on NHWC) grows with the activations.
-TRAIN_MIN_ACTIVATIONS_PER_WEIGHT = 2.0
+#: Recalibrated on the broad suite's sizes (benchmarks/layout_ab.py --mode train, 1 thread,
+#: channels-last / NCHW vs eager, docs/design/024): resnet18 b4 (0.78) 1.19/1.16, resnet50 b2
+#: (0.91) 1.11/1.11, resnext50 b2 (1.22) 1.18/1.07, dla34 b4 (1.46) 1.15/1.21, cspresnet50 b4
+#: (1.62) 1.05/1.05, poolformer_s12 b4 (1.99) 1.30/1.04; it was 2 (resnet18 b8 at 160: 0.92/1.02).
+TRAIN_MIN_ACTIVATIONS_PER_WEIGHT = 1.0
+#: training: stay NCHW when the elements converted at the graph's boundary (NCHW inputs that
+#: reach a conv and their gradients, NCHW outputs computed from a conv and their tangents) are
+#: over this many per conv input activation element: a graph of a few convs between NCHW
+#: inputs and outputs (a graph break, the op sweep's conv+BN rows) spends more on the four
+#: conversions than channels-last saves. Measured (conv-BN-act stacks of depth d, b8, NCHW
+#: input requiring grad, 4-D output, 1 thread; 4/d conversions per activation; ember
+#: channels-last / NCHW vs eager): depthwise 144x56x56 d=1 0.96/1.38, d=2 1.08/1.12, d=4
+#: 1.33/1.15; dense 3x3 64x56x56 d=1 0.90/1.08, d=2 1.14/1.20, d=4 1.16/1.05.
+TRAIN_MAX_BOUNDARY_PER_ACTIVATION = 1.5
 #: inference: stay in the captured layout when the NCHW `.contiguous()` calls between convs
 #: (channel shuffles) copy at least this many elements per conv input activation element. In
 #: a channels-last region each is a transposing copy to NCHW and the next conv's conversion a
@@ -224,26 +240,78 @@ def why_not(gm: fx.GraphModule, example_inputs, options: dict,
         if any(_makes_contiguous(n) for n in gm.graph.nodes):
             return ("a training graph with a .contiguous() (a channel shuffle): its region "
                     "would be converted to NCHW and back, forward and backward")
+        boundary = _boundary_conversions(gm, example_inputs)
+        if boundary is not None and boundary > TRAIN_MAX_BOUNDARY_PER_ACTIVATION * acts:
+            return (f"a training graph whose NCHW inputs, outputs and their gradients would "
+                    f"be converted at its boundary ({boundary} elements), over "
+                    f"{TRAIN_MAX_BOUNDARY_PER_ACTIVATION:g}x its conv activations ({acts})")
     return None
+
+
+def _boundary_conversions(gm: fx.GraphModule, example_inputs) -> int | None:
+    """Elements a channels-last training step converts at the graph's boundary: each NCHW
+    4-D input that reaches a conv (converted in the forward; its gradient converted back when
+    it requires grad) and each 4-D output computed from a conv that eager returns NCHW
+    (converted in the forward; its tangent converted in the backward). None: the graph does
+    not run on meta tensors (plan keeps it as captured)."""
+    eager = eager_layouts(gm, example_inputs)
+    if eager is None:
+        return None
+    g = gm.graph
+    convs = [n for n in g.nodes if _conv_args(n) is not None]
+    # the inputs a conv input is computed from without a conv in between (a conv's output
+    # is channels-last already; its weight is not converted)
+    after, before = _downstream(convs), _upstream((_conv_args(n)[0] for n in convs), set(convs))
+    total = 0
+    placeholders = [n for n in g.nodes if n.op == "placeholder"]
+    for n, x in zip(placeholders, example_inputs):
+        if n in before and _nchw(x):
+            total += x.numel() * (2 if x.requires_grad else 1)
+    out = next(n for n in reversed(g.nodes) if n.op == "output")
+    found = []
+    fx.node.map_arg(out.args[0], found.append)
+    for v in found:
+        if v in after and _nchw(eager.get(v)):
+            total += 2 * eager[v].numel()
+    return total
+
+
+def _nchw(t) -> bool:
+    """A 4-D tensor stored NCHW whose channels-last layout differs."""
+    return isinstance(t, torch.Tensor) and t.dim() == 4 and _format(t) is not None and \
+        _format(t) != CL and _channels_last(t, sizes_only=True)
 
 
 def _between_convs(g: fx.Graph, convs) -> int:
     """Elements written by the NCHW `.contiguous()` calls on a path from a conv's output to a
     conv's input (ShuffleNet's channel shuffle; not an attention block's after the last conv)."""
-    after, todo = set(), [n for n in g.nodes if _conv_args(n) is not None]
-    while todo:
-        for u in todo.pop().users:
-            if u not in after:
-                after.add(u)
-                todo.append(u)
-    before, todo = set(), [a[0] for a in convs if isinstance(a[0], fx.Node)]
-    while todo:
-        n = todo.pop()
-        if n not in before:
-            before.add(n)
-            todo.extend(n.all_input_nodes)
+    after = _downstream([n for n in g.nodes if _conv_args(n) is not None])
+    before = _upstream(a[0] for a in convs)
     return sum(_val(n).numel() for n in after & before
                if _makes_contiguous(n) and isinstance(_val(n), torch.Tensor))
+
+
+def _downstream(nodes) -> set:
+    """The nodes computed from `nodes` (themselves included)."""
+    seen, todo = set(nodes), list(nodes)
+    while todo:
+        for u in todo.pop().users:
+            if u not in seen:
+                seen.add(u)
+                todo.append(u)
+    return seen
+
+
+def _upstream(nodes, stop=frozenset()) -> set:
+    """The nodes `nodes` are computed from (themselves included), not walking past `stop`."""
+    seen, todo = set(), [n for n in nodes if isinstance(n, fx.Node)]
+    while todo:
+        n = todo.pop()
+        if n not in seen:
+            seen.add(n)
+            if n not in stop:
+                todo.extend(n.all_input_nodes)
+    return seen
 
 
 def _makes_contiguous(n: fx.Node) -> bool:
@@ -275,7 +343,7 @@ def plan(gm: fx.GraphModule, example_inputs, options: dict, consts=None) -> bool
         x, w, b, padding, stride, dilation, groups = args
         if training:        # the fused op has no derivative: conv2d itself, on a channels-last x
             with g.inserting_before(conv):
-                xcl = g.call_method("contiguous", (x,), {"memory_format": CL})
+                xcl = g.call_function(relayout, (x, CL, None))
             xcl.meta["example_value"] = _val(x)
             conv.replace_input_with(x, xcl)
             n_conv += 1
@@ -309,7 +377,13 @@ def plan(gm: fx.GraphModule, example_inputs, options: dict, consts=None) -> bool
         g.erase_node(conv)
         n_conv += 1
     n_add = 0 if training else _fuse_residual_adds(g, eager)
-    _restore_outputs(g, eager)
+    if training:
+        gm.recompile()
+        now = eager_layouts(gm, example_inputs)
+        if now is None:
+            raise RuntimeError("ember: a rewritten training graph does not run on meta tensors")
+        _gradient_layouts(g, now, example_inputs)
+    _restore_outputs(g, eager, now if training else None)
     g.lint()
     gm.recompile()
     counters.bump("channels_last_graphs")
@@ -467,22 +541,77 @@ def eager_layouts(gm: fx.GraphModule, example_inputs) -> dict | None:
     return interp.values
 
 
-def _restore_outputs(g: fx.Graph, eager: dict) -> None:
-    """Give each computed 4-D output the memory format eager gives it."""
+def _format(t) -> torch.memory_format | None:
+    """The memory format a 4-D tensor is dense in (NCHW first), else None."""
+    if not isinstance(t, torch.Tensor) or t.dim() != 4:
+        return None
+    return torch.contiguous_format if t.is_contiguous() else \
+        CL if t.is_contiguous(memory_format=CL) else None
+
+
+def _restore_outputs(g: fx.Graph, eager: dict, now: dict | None = None) -> None:
+    """Give each computed 4-D output the memory format eager gives it. `now` (training): the
+    rewritten graph's layouts; an output converted from channels-last gets its tangent
+    converted to channels-last on entry to the backward (relayout), so the backward's kernels
+    read one layout."""
     out = next(n for n in reversed(g.nodes) if n.op == "output")
 
     def restore(v):
         if not isinstance(v, fx.Node) or v.op == "placeholder":
             return v
-        ev = eager.get(v)
-        if not isinstance(ev, torch.Tensor) or ev.dim() != 4:
-            return v
-        fmt = torch.contiguous_format if ev.is_contiguous() else \
-            CL if ev.is_contiguous(memory_format=CL) else None
+        fmt = _format(eager.get(v))
         if fmt is None:
             return v
+        have = _format(now.get(v)) if now is not None else None
         with g.inserting_before(out):
-            r = g.call_method("contiguous", (v,), {"memory_format": fmt})
-        r.meta["example_value"] = ev
+            r = g.call_function(relayout, (v, fmt, have)) if have not in (None, fmt) else \
+                g.call_method("contiguous", (v,), {"memory_format": fmt})
+        r.meta["example_value"] = eager[v]
         return r
     out.args = (fx.node.map_aggregate(out.args[0], restore),)
+
+
+class _Relayout(torch.autograd.Function):
+    """x in memory format `fmt` (None: as it is); its gradient in `grad_fmt` (None: as it
+    comes). The gradient's layout is the point: autograd's own layout conversions (clone,
+    contiguous) pass the gradient through in whatever layout it arrives."""
+
+    @staticmethod
+    def forward(ctx, x, fmt, grad_fmt):
+        ctx.grad_fmt = grad_fmt
+        return x.view_as(x) if fmt is None else x.contiguous(memory_format=fmt)
+
+    @staticmethod
+    def backward(ctx, g):
+        return (g if ctx.grad_fmt is None else g.contiguous(memory_format=ctx.grad_fmt)), None, None
+
+
+def relayout(x: torch.Tensor, fmt, grad_fmt) -> torch.Tensor:
+    """`x.contiguous(memory_format=fmt)` whose gradient comes back in `grad_fmt` (a graph
+    node's target: aot traces the Function's forward and, in the joint backward, its backward)."""
+    return _Relayout.apply(x, fmt, grad_fmt)
+
+
+def _gradient_layouts(g: fx.Graph, now: dict, example_inputs) -> None:
+    """Training graphs: each gradient leaves a layout conversion in the layout of the value it
+    is the gradient of (`now`: the rewritten graph's layouts). A conv's input converted to
+    channels-last gets its gradient (channels-last, from oneDNN) converted back to the
+    input's layout once, by a blocked copy, instead of the producer's backward kernels reading
+    two layouts (or autograd copying it at accumulation); a 4-D graph input's gradient comes
+    back in the input's layout, however the graph used it."""
+    for n in g.nodes:
+        if n.op == "call_function" and n.target is relayout and n.args[2] is None:
+            have = _format(now.get(n.args[0]))
+            if have is not None and have != n.args[1]:
+                n.args = (n.args[0], n.args[1], have)
+    placeholders = [n for n in g.nodes if n.op == "placeholder"]
+    first = next(n for n in g.nodes if n.op != "placeholder")
+    for n, x in zip(placeholders, example_inputs):
+        users = [u for u in n.users if u.op != "output"]
+        have = _format(now.get(n))
+        if getattr(x, "requires_grad", False) and have is not None and users:
+            with g.inserting_before(first):
+                r = g.call_function(relayout, (n, None, have))
+            r.meta["example_value"] = _val(n)
+            for u in users:
+                u.replace_input_with(n, r)

@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import ember
 
@@ -464,3 +465,104 @@ def test_residual_add_into_a_conv_output_read_by_an_earlier_fusion():
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, **TOL)
     assert count("residual_adds_fused") == 1 and count("fallbacks") == 0
+
+
+class _Recorder(TorchDispatchMode):
+    """The aten calls made outside ember's kernels (externs, autograd's own copies)."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.calls.append((func, args))
+        return func(*args, **(kwargs or {}))
+
+
+class ResidualTail(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(8, 8, 3, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(8)
+
+    def forward(self, x, r):
+        return F.relu(self.bn(self.conv(x)) + r)
+
+
+def test_training_gradients_leave_in_their_values_layouts():
+    """A channels-last training graph with NCHW inputs (requiring grad) and an NCHW output:
+    the output's tangent is converted to channels-last on entry to the backward (so the conv
+    backward gets one layout, grad_output like its input), and each input's gradient leaves
+    the graph in that input's layout (autograd copies none at accumulation; before, the
+    tangent stayed NCHW through the BN backward and x, r and the weight were copied)."""
+    torch.manual_seed(0)
+    ref = ResidualTail().train()
+    m = ember.compile(copy.deepcopy(ref), options={"layout": "channels_last"})
+    x, r = torch.randn(2, 8, 10, 10), torch.randn(2, 8, 10, 10)
+    g = torch.randn(2, 8, 10, 10)
+    for _ in range(2):
+        xs = [t.clone().requires_grad_() for t in (x, r)]
+        xe = [t.clone().requires_grad_() for t in (x, r)]
+        m.zero_grad(set_to_none=True)
+        ref.zero_grad(set_to_none=True)
+        out, want = m(*xs), ref(*xe)
+        torch.testing.assert_close(out, want, **TOL)
+        assert layout(out) == layout(want)
+        with _Recorder() as rec:
+            out.backward(g)
+        want.backward(g)
+        for a, b in zip(xs + list(m.parameters()), xe + list(ref.parameters())):
+            torch.testing.assert_close(a.grad, b.grad, **GRAD_TOL)
+            assert layout(a.grad) == layout(b.grad)
+        conv_bw = [a for f, a in rec.calls if f is torch.ops.aten.convolution_backward.default]
+        assert len(conv_bw) == 1
+        assert all(t.is_contiguous(memory_format=torch.channels_last) for t in conv_bw[0][:2])
+        assert not [f for f, _ in rec.calls if f is torch.ops.aten.copy_.default]
+    assert count("channels_last_graphs") == 1 and count("fallbacks") == 0
+
+
+@pytest.mark.parametrize("depth", [1, 4])
+def test_training_cost_rule_weighs_the_boundary_conversions(depth):
+    """A training graph of a few convs between an NCHW input (requiring grad) and an NCHW
+    output stays NCHW: converting the input, its gradient, the output and its tangent costs
+    more than channels-last saves (op sweep's conv3x3_bn_relu, b8: 0.90x eager channels-last,
+    1.08x NCHW). A deeper stack (under TRAIN_MAX_BOUNDARY_PER_ACTIVATION) runs channels-last;
+    values and grads are eager's either way."""
+    torch.manual_seed(0)
+    ref = nn.Sequential(*[nn.Sequential(nn.Conv2d(8, 8, 3, padding=1, bias=False),
+                                        nn.BatchNorm2d(8), nn.ReLU()) for _ in range(depth)])
+    ref.train()
+    compare(ember.compile(copy.deepcopy(ref)), ref, torch.randn(2, 8, 16, 16), True)
+    assert count("channels_last_graphs") == (depth > 1) and count("graphs") == 1
+
+
+def test_training_input_written_in_place_before_a_channels_last_conv():
+    """A graph input requiring grad (a non-leaf) written in place, then read by a conv: its
+    uses go through the gradient-layout node; values and the gradient reaching the leaf are
+    eager's."""
+    torch.manual_seed(0)
+    w = torch.randn(8, 8, 3, 3, requires_grad=True)
+
+    def f(x):
+        x.mul_(2)
+        return F.conv2d(x, w, padding=1)
+    a = torch.randn(2, 8, 10, 10, requires_grad=True)
+    got, want = ember.compile(f, options={"layout": "channels_last"})(a * 1), f(a * 1)
+    torch.testing.assert_close(got, want, **TOL)
+    assert layout(got) == layout(want)
+    (ga,) = torch.autograd.grad(got.sum(), a)
+    (wa,) = torch.autograd.grad(want.sum(), a)
+    torch.testing.assert_close(ga, wa, **GRAD_TOL)
+    assert count("channels_last_graphs") == 1 and count("fallbacks") == 0
+
+
+def test_training_cost_rule_takes_comparable_activations_and_weights_channels_last():
+    """Conv activations 1.56x the conv weights: at or above TRAIN_MIN_ACTIVATIONS_PER_WEIGHT
+    (1; it was 2, which kept resnext50 and poolformer NCHW: 1.07x / 1.04x eager against 1.18x /
+    1.30x channels-last), so the training graph runs channels-last; values and grads eager's."""
+    torch.manual_seed(0)
+    ref = nn.Sequential(*[nn.Sequential(nn.Conv2d(16, 16, 3, padding=1, bias=False),
+                                        nn.BatchNorm2d(16), nn.ReLU()) for _ in range(4)])
+    ref.train()
+    compare(ember.compile(copy.deepcopy(ref)), ref, torch.randn(1, 16, 15, 15), True)
+    assert count("channels_last_graphs") == 1 and count("graphs") == 1
