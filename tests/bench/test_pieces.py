@@ -100,6 +100,17 @@ def test_compare_and_loss():
     assert float(reduce_loss({"x": torch.zeros(2), "y": (torch.zeros(3),)})) == 0.0
 
 
+def test_compare_nan_is_an_error_unless_the_reference_has_it():
+    # a NaN difference compared as 0 error (max() and `>` skip NaN): a NaN output passed
+    nan, inf = float("nan"), float("inf")
+    ref = [torch.tensor([1.0, nan, inf, 4.0], dtype=torch.float64)]
+    assert compare([torch.tensor([1.0, nan, inf, 4.0])], ref)[1] == 0.0
+    assert compare([torch.tensor([1.0, nan, inf, nan])], ref)[1] == inf
+    assert compare([torch.tensor([nan, nan, inf, 4.0])], ref)[1] == inf
+    assert compare([torch.tensor([1.0, nan, -inf, 4.0])], ref)[1] == inf
+    assert worst_excess(compare([torch.tensor([1.0, 2.0, inf, nan])], ref)[2], [0.0], 1e-5)
+
+
 def _rec(model, comp, speedup, step, status="pass", mode="infer"):
     return {"model": model, "mode": mode, "compiler": comp, "status": status, "speedup": speedup,
             "step_s": step, "compile_s": 1.0, "first_call_s": 1.1, "rel_err": 1e-7,
