@@ -212,6 +212,12 @@ def call_obj(tr, fn: ObjV, args: list, kwargs: dict) -> V:
         return ObjV(False)
     if _hashable(f) and f in _FOLDED and not args and not kwargs:
         return ObjV(f())
+    if getattr(f, "_dynamo_marked_constant", False) is True and \
+            all(isinstance(a, ObjV) for a in (*args, *kwargs.values())):
+        # torch._dynamo.assume_constant_result (transformers marks its install probes so): the
+        # result is promised fixed for the process; called at trace time, as Dynamo does. Traced,
+        # HF's audio encoders broke in importlib.metadata and ran wholly eagerly
+        return fold(tr, f, list(args), dict(kwargs))
     if getattr(f, "__module__", None) in _GRAPH_BREAK.get(getattr(f, "__name__", None), ()):
         raise tr.unsupported("torch._dynamo.graph_break() called",
                              hint="the code asks for a graph break here")
