@@ -370,6 +370,22 @@ def test_assume_constant_result_is_called_at_trace_time():
     assert _counts().get("graphs") == 1, _counts()
 
 
+def test_python_type_as_dtype():
+    # transformers' caches: torch.tensor(0, dtype=int); the graph's generated code printed
+    # `dtype = <class 'int'>` and failed to compile (a SyntaxError on HF Mamba)
+    def f(x):
+        n = torch.tensor(0, dtype=int)
+        return x + n, torch.zeros(3, dtype=float), torch.ones(2, dtype=bool), \
+            torch.full((2,), 1, dtype=complex)
+
+    cf = ember.compile(f, backend="aot_eager", fullgraph=True)
+    x = torch.randn(3)
+    same(f(x), cf(x))
+    assert [t.dtype for t in cf(x)] == [torch.float32, torch.float64, torch.bool,
+                                         torch.complex128]
+    assert _counts().get("graphs") == 1, _counts()
+
+
 def test_iterating_a_tuple_of_classes_and_a_tensor_iterator():
     def f(x):
         names = [cls.__name__ for cls in type(x).__mro__]
