@@ -1,6 +1,7 @@
 """Survey ember on models outside every suite: correctness, graphs, breaks, fallbacks, speed.
 
     PYTHONPATH=. python benchmarks/survey.py --list
+    PYTHONPATH=. python benchmarks/survey.py --table run1.jsonl run2.jsonl
     PYTHONPATH=. python benchmarks/survey.py [--models a,b] [--modes infer,train] [--timeout 420] \
         [--reps 3] --out benchmarks/results/survey2_<tag>.jsonl
 
@@ -291,6 +292,29 @@ def _summary(recs: list[dict]) -> str:
             f"{(e.get('error') or '')[:200]}")
 
 
+def table(paths: list[str]) -> str:
+    """A markdown table of the ember rows of JSON-lines files (a later file's row of a model and
+    mode replaces an earlier one's)."""
+    rows: dict = {}
+    for path in paths:
+        with open(path) as f:
+            for line in f:
+                r = json.loads(line)
+                if r.get("compiler") == "ember":
+                    rows[(r["model"], r["mode"])] = r
+    out = ["| model | mode | status | path | graphs | breaks | fallbacks | max rel err | "
+           "eager/ember | first break or error |", "|" + "---|" * 10]
+    for (model, mode), r in sorted(rows.items()):
+        counts = (r.get("ember_stats") or {}).get("counts", {})
+        why = (r.get("breaks") or [r.get("error") or ""])[0]
+        why = re.sub(r".*site-packages/", "", why).replace("|", "/")[:110]
+        out.append(f"| {model[2:]} | {mode} | {r.get('status')} | {r.get('backend') or '-'} | "
+                   f"{r.get('graphs')} | {counts.get('graph_breaks', 0)} | "
+                   f"{len(r.get('fallback_log') or [])} | {_fmt(r.get('rel_err'))} | "
+                   f"{_fmt(r.get('speedup'))} | {why} |")
+    return "\n".join(out)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", default="")
@@ -299,11 +323,15 @@ def main(argv=None) -> int:
     p.add_argument("--timeout", type=int, default=420)
     p.add_argument("--out", default="")
     p.add_argument("--list", action="store_true")
+    p.add_argument("--table", nargs="+", metavar="JSONL", help="print a markdown table of runs")
     p.add_argument("--no-speed-check", action="store_true", help="EMBER_SPEED_CHECK=0")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     names = [n for n in args.models.split(",") if n] or list(SPECS)
     names = [n if n in SPECS else f"s_{n}" for n in names]
+    if args.table:
+        print(table(args.table))
+        return 0
     if args.list:
         print("\n".join(f"{n}  ({SPECS[n].note})" for n in SPECS))
         return 0
