@@ -296,22 +296,28 @@ def table(paths: list[str]) -> str:
     """A markdown table of the ember rows of JSON-lines files (a later file's row of a model and
     mode replaces an earlier one's)."""
     rows: dict = {}
+    eager: dict = {}
     for path in paths:
         with open(path) as f:
             for line in f:
                 r = json.loads(line)
                 if r.get("compiler") == "ember":
                     rows[(r["model"], r["mode"])] = r
+                elif r.get("compiler") == "eager":
+                    eager[(r["model"], r["mode"])] = r
     out = ["| model | mode | status | path | graphs | breaks | fallbacks | max rel err | "
-           "eager/ember | first break or error |", "|" + "---|" * 10]
+           "eager/ember (min-max of rounds) | first break or error |", "|" + "---|" * 10]
     for (model, mode), r in sorted(rows.items()):
         counts = (r.get("ember_stats") or {}).get("counts", {})
+        te, tc = (eager.get((model, mode)) or {}).get("times") or [], r.get("times") or []
+        ratios = [a / b for a, b in zip(te, tc)]
+        spread = f" ({min(ratios):.2f}-{max(ratios):.2f})" if ratios else ""
         why = (r.get("breaks") or [r.get("error") or ""])[0]
         why = re.sub(r".*site-packages/", "", why).replace("|", "/")[:110]
         out.append(f"| {model[2:]} | {mode} | {r.get('status')} | {r.get('backend') or '-'} | "
                    f"{r.get('graphs')} | {counts.get('graph_breaks', 0)} | "
                    f"{len(r.get('fallback_log') or [])} | {_fmt(r.get('rel_err'))} | "
-                   f"{_fmt(r.get('speedup'))} | {why} |")
+                   f"{_fmt(r.get('speedup'))}{spread} | {why} |")
     return "\n".join(out)
 
 
