@@ -268,10 +268,11 @@ def measure(spec, mode: str, compiler_names: list[str], reps: int, warmup: int, 
     try:
         m64 = fresh().double()
         r64 = Runner(m64, m64, mode, to_double(args), to_double(kwargs))
-        ref = r64.observed(r64.step())
+        out64 = r64.observed(r64.step())
         del m64, r64
-        if any(t.is_floating_point() and bool(t.isnan().any()) for t in ref):
+        if any(t.is_floating_point() and bool(t.isnan().any()) for t in out64):
             raise ValueError("the fp64 run gives NaN")   # (ProphetNet: masks from float32's min)
+        ref = out64
     except Exception as exc:  # noqa: BLE001 - some models do not run in fp64; fall back to fp32
         base["reference"] = f"fp32 eager (fp64 failed: {compilers.describe_exception(exc)[:120]})"
     else:
