@@ -212,6 +212,12 @@ def call_obj(tr, fn: ObjV, args: list, kwargs: dict) -> V:
         return ObjV(False)
     if _hashable(f) and f in _FOLDED and not args and not kwargs:
         return ObjV(f())
+    if getattr(f, "_dynamo_marked_constant", False) is True and \
+            all(isinstance(a, ObjV) for a in (*args, *kwargs.values())):
+        # torch._dynamo.assume_constant_result (transformers marks its install probes so): the
+        # result is promised fixed for the process; called at trace time, as Dynamo does. Traced,
+        # HF's audio encoders broke in importlib.metadata and ran wholly eagerly
+        return fold(tr, f, list(args), dict(kwargs))
     if getattr(f, "__module__", None) in _GRAPH_BREAK.get(getattr(f, "__name__", None), ()):
         raise tr.unsupported("torch._dynamo.graph_break() called",
                              hint="the code asks for a graph break here")
@@ -601,20 +607,27 @@ def _plain_dict_subclass(cls) -> bool:
 
 
 def _new_module(tr, cls, args, kwargs) -> V:
-    """A stateless torch.nn module made in the traced code (HF's `loss_fct = CrossEntropyLoss()`):
+    """A stateless module made in the traced code (HF's `loss_fct = CrossEntropyLoss()`):
     built for real at trace time from constant arguments, so calling it inlines as usual. The
     trace cannot write its attributes (it has no source); residual code that needs it makes a
     new one with the same arguments, as eager does per call."""
-    if not cls.__module__.startswith("torch.nn.") or not (_all_const(args) and
-                                                          _all_const(kwargs.values())):
+    if not _torch_nn_construction(cls) or not (_all_const(args) and _all_const(kwargs.values())):
         raise tr.unsupported(f"creating a {cls.__name__} module inside the traced code",
-                             hint="only torch.nn modules with constant arguments are built here")
+                             hint="only modules whose construction is torch.nn's own, with "
+                                  "constant arguments, are built here")
     with torch.random.fork_rng(devices=[]):    # a module with weights would draw from the RNG
         m = cls(*[a.value for a in args], **{k: v.value for k, v in kwargs.items()})
     if next(m.parameters(), None) is not None or \
             any(b is not None for b in m._buffers.values()) or m._modules:
         raise tr.unsupported(f"creating a {cls.__name__} module with state inside the traced code")
     return NewModuleV(m, args, kwargs)
+
+
+def _torch_nn_construction(cls) -> bool:
+    """Making a `cls` runs torch.nn's code only: a torch.nn class, or a subclass that defines
+    neither __init__ nor __new__ (transformers' SiLUActivation, which ACT2FN makes per call)."""
+    return all(c.__module__.startswith("torch.nn.") or not {"__init__", "__new__"} & set(vars(c))
+               for c in cls.__mro__ if c is not object)
 
 
 def _is_generated_init(cls) -> bool:

@@ -294,7 +294,10 @@ def _leaf(tr, v, tensors: list):
 
 
 def _plain(tr, v, what: str):
-    """A baked Python value, guarded: literals by value, objects by identity."""
+    """A baked Python value, guarded: literals by value, objects by identity; a tuple or list
+    of those (vmap's in_dims=(0, None, 0), built in the traced code by HF Mamba's scan)."""
+    if isinstance(v, (TupleV, ListV)) and v.cls in (tuple, list):
+        return v.cls(_plain(tr, i, what) for i in v.items)
     if not isinstance(v, ObjV):
         raise tr.unsupported(f"torch.func: {what} is a {type(v).__name__}, not a constant")
     x = peek(v)

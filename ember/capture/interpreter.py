@@ -319,6 +319,10 @@ class Tracer(Inputs):
                 kwargs = {k: self._autocast_arg(x, dtype) for k, x in kwargs.items()}
         if any(isinstance(a, TensorV) for a in args):
             args = [_numpy_number(a) for a in args]
+        if isinstance(kwargs.get("dtype"), ObjV) and kwargs["dtype"].value in PY_DTYPES:
+            # torch.tensor(0, dtype=int) (transformers' caches): the graph's code cannot spell
+            # the Python type, so the dtype it stands for
+            kwargs = {**kwargs, "dtype": ObjV(PY_DTYPES[kwargs["dtype"].value])}
         margs = [self.to_meta(a) for a in args]
         mkw = {k: self.to_meta(x) for k, x in kwargs.items()}
         real = None
@@ -727,6 +731,10 @@ def _graph_constant(x) -> bool:
     if type(x).__module__ == "numpy" or type(x).__module__.startswith("numpy."):
         return False
     return callable(x) or type(x).__module__.split(".")[0] == "torch"
+
+
+#: the dtype torch gives a Python type passed as a dtype
+PY_DTYPES = {int: torch.int64, float: torch.float64, bool: torch.bool, complex: torch.complex128}
 
 
 def _numpy_number(v):

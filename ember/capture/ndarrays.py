@@ -153,6 +153,10 @@ def _arg(tr, v: V) -> V:
         x = peek(v)
         if isinstance(x, numpy.dtype) or isinstance(x, type) and issubclass(x, numpy.generic):
             return ObjV(torch.from_numpy(numpy.empty(0, dtype=x)).dtype)
+        if isinstance(x, numpy.generic) and x.dtype.kind in "biuf":
+            # a NumPy scalar (np.sum of constants) keeps its own dtype, as a 0-d array does
+            return _node(tr, np_call, [ObjV("array"), ObjV(x.item())], {"dtype": ObjV(x.dtype)},
+                         "numpy.array").t
         if type(x).__module__ == "numpy" or type(x).__module__.startswith("numpy."):
             raise tr.unsupported(f"a NumPy {type(x).__name__} in a traced NumPy call",
                                  hint="NumPy objects from outside the frame are not traced")
@@ -193,6 +197,9 @@ def call_numpy(tr, f, name: str, args, kwargs) -> V | None:
     if consts and (base in _CONST_CALLS or isinstance(f, type) and issubclass(f, numpy.generic)):
         from .builtins import fold
         return fold(tr, f, list(args), dict(kwargs))
+    if consts and not isinstance(f, type) and base not in _MUTATING_FUNCTIONS and \
+            "out" not in kwargs:
+        return _from_constants(tr, f, name, args, kwargs)
     if isinstance(f, type) or not consts and not holds(args, (NdarrayV, TensorV)) and \
             not holds(kwargs.values(), (NdarrayV, TensorV)):
         return None
@@ -208,11 +215,39 @@ def call_numpy(tr, f, name: str, args, kwargs) -> V | None:
     return _node(tr, np_call, [ObjV(name), *args], kwargs, f"numpy.{name}")
 
 
+def _from_constants(tr, f, name: str, args, kwargs) -> V:
+    """NumPy over trace-time constants (BigBird's `np.zeros((n, np.sum(plan[:k])))`): NumPy
+    computes it at trace time, as eagerly. A scalar is immutable: a constant. An array is
+    mutable and new on every call: it is made in the graph from its values (a traced array
+    with a 0-d shape entry failed, torch._numpy wants ints)."""
+    import numpy
+    from .builtins import fold
+    out = fold(tr, f, list(args), dict(kwargs))
+    x = peek(out) if isinstance(out, ObjV) else None
+    if isinstance(x, numpy.ndarray) and x.dtype.kind in "biuf" and x.size <= _MAX_FOLDED:
+        return _node(tr, np_call, [ObjV("array"), tr.const_value(x.tolist())],
+                     {"dtype": ObjV(x.dtype)}, f"numpy.{name}")
+    if isinstance(x, numpy.ndarray):
+        raise tr.unsupported(f"numpy.{name} of constants made a {x.dtype} array of {x.size} "
+                             "elements", hint="it runs eagerly")
+    return out
+
+
+_MAX_FOLDED = 4096
+
+
 def to_tensor(tr, f, args, kwargs) -> V | None:
-    """`torch.from_numpy(a)` / `torch.as_tensor(a)` of a traced array: its tensor (shared)."""
+    """`torch.from_numpy(a)` / `torch.as_tensor(a)` of a traced array: its tensor (shared);
+    `torch.tensor(a)`: a copy."""
     if f in (torch.from_numpy, torch.as_tensor) and len(args) == 1 and not kwargs and \
             isinstance(args[0], NdarrayV):
         return args[0].t
+    if f in (torch.tensor, torch.as_tensor) and len(args) == 1 and \
+            isinstance(args[0], NdarrayV) and set(kwargs) <= {"dtype", "device"}:
+        # torch.tensor copies (BigBird's torch.tensor(np.stack(...), device=, dtype=long));
+        # as_tensor converts only where dtype or device differ, as .to does
+        return tr.call_graph(torch.Tensor.to, [args[0].t], {
+            **kwargs, "copy": ObjV(f is torch.tensor)})
     return None
 
 

@@ -54,10 +54,18 @@ def factory_result(tr, target, args, kwargs, out):
     real CPU tensor from numbers (`torch.div(8, 4)`). Returns the meta example value and the
     real value to remember: None unless only plain numbers went in (a symbolic size gives a
     meaningless value)."""
-    if not isinstance(out, torch.Tensor) or out.device.type == "meta":
+    if not isinstance(out, torch.Tensor):
         return out, None
     vals = list(_flat(list(args) + list(kwargs.values())))
     numbers_only = all(isinstance(v, ObjV) and is_literal(peek(v)) for v in vals)
+    if out.device.type == "meta":
+        # torch.tensor(n) follows the meta device the factory ran under: make the real value
+        # from the same numbers (DeBERTa's att_span = torch.tensor(min(q_len, k_len, max)),
+        # later a slice bound)
+        if numbers_only and target in _FROM_NUMBERS and out.numel() <= MAX_NUMEL:
+            return out, target(*[_real(tr, a) for a in args],
+                               **{k: _real(tr, x) for k, x in kwargs.items()})
+        return out, None
     # (torch.from_numpy(a) is not: its result is the caller's memory)
     if numbers_only and out.numel() <= MAX_NUMEL:
         return out.to("meta"), out
@@ -66,6 +74,7 @@ def factory_result(tr, target, args, kwargs, out):
     return out.to("meta"), None
 
 
+_FROM_NUMBERS = (torch.tensor, torch.as_tensor, torch.scalar_tensor)
 LIFT = object()     # factory_result: symbolic numbers went in; make the call with lift_symbols
 
 

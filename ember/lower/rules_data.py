@@ -19,8 +19,8 @@ from ..loopir.index import contiguous_strides, is_symbolic
 from ..loopir.ops import compute_dtype, ops
 from ..loopir.nodes import InputBuffer, Pointwise
 from .index_prop import constant_value, static_index, window_preimage
-from .ir import (Pending, Reindex, SHAPE_ENV, TensorValue, View, as_size, as_sizes, meta_view,
-                 view_impl)
+from .ir import (Pending, Reindex, SHAPE_ENV, TensorValue, View, as_size, as_sizes, meta_strided,
+                 meta_view, view_impl)
 from .rules import RULES, broadcast_loader, out_meta, rule
 from ..errors import Unsupported
 
@@ -176,8 +176,11 @@ def as_strided(ctx, node, x, size, stride, storage_offset=None):
         return out
     if isinstance(x, Reindex) or (isinstance(x, View) and not isinstance(x.buffer, InputBuffer)
                                   and not x.arg().is_whole):
-        # the traced metas do not carry a view's storage offset into a computed base
-        raise Unsupported("as_strided of a view of a computed value (its storage is not known)")
+        out = _within_footprint(ctx, node, x, size, stride, storage_offset)
+        if out is None:
+            raise Unsupported("as_strided of a view of a computed value reading outside that "
+                              "view's own elements (its base's storage is not known)")
+        return out
     if isinstance(x, View) and isinstance(x.buffer, InputBuffer):
         off = x.offset if storage_offset is None else as_size(storage_offset)
         return View(x.buffer, as_sizes(size), as_sizes(stride), off)
@@ -194,6 +197,54 @@ def as_strided(ctx, node, x, size, stride, storage_offset=None):
     out = View(v.buffer, as_sizes(size), as_sizes(stride), off)
     out.exact_storage = True
     return out
+
+
+#: view ops a traced value's storage layout is replayed through (_base_layout)
+_VIEWS = {aten.view.default, aten._unsafe_view.default, aten.slice.Tensor, aten.select.int,
+          aten.permute.default, aten.transpose.int, aten.t.default, aten.unsqueeze.default,
+          aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default, aten.expand.default,
+          aten.alias.default, aten.diagonal.default, aten.unfold.default, aten.as_strided.default}
+
+
+def _base_layout(node):
+    """A meta tensor with the layout eager gives `node`'s value inside the storage of the value
+    its chain of view ops starts from. The traced metas are not views of one another (a slice's
+    meta has storage offset 0), so the views are replayed on the base's traced layout."""
+    chain = []
+    while isinstance(node, torch.fx.Node) and node.target in _VIEWS:
+        chain.append(node)
+        node = node.args[0]
+    base = out_meta(node)
+    t = meta_strided(as_sizes(base.shape), as_sizes(base.stride()), as_size(base.storage_offset()))
+    for v in reversed(chain):
+        t = v.target(t, *v.args[1:], **v.kwargs)
+    return t
+
+
+def _within_footprint(ctx, node, x, size, stride, storage_offset):
+    """as_strided of a view of a computed value (Longformer's chunking: a reshape that eager
+    returned as a view, then as_strided with strides derived from it). Eager reads the storage of
+    x's base, which ember may not hold. When x's layout in that storage is dense (contiguous up
+    to a permutation, at some offset) and every position the as_strided reads is one of x's own,
+    those positions hold x's elements in that layout: view ember's buffer of x where ember stores
+    x exactly so, else copy x once into that layout. None when the reads may leave x."""
+    try:
+        m = _base_layout(node.args[0])
+        size, stride = [int(s) for s in size], [int(s) for s in stride]
+        want, want_off = [int(s) for s in m.stride()], int(m.storage_offset())
+        off = want_off if storage_offset is None else int(storage_offset)
+        numel = int(m.numel())
+    except (TypeError, RuntimeError):
+        return None         # symbolic bounds (not proven inside), or a view that did not replay
+    if not _dense(m) or 0 in size or min(stride, default=0) < 0:
+        return None
+    last = off + sum((s - 1) * st for s, st in zip(size, stride))
+    if off < want_off or last >= want_off + numel:
+        return None
+    if isinstance(x, View) and _same_layout(x, want, want_off):
+        return View(x.buffer, tuple(size), tuple(stride), off)
+    v = ctx.realize(Pending(Pointwise(x.size, x.dtype, x.loader())), stride=tuple(want))
+    return View(v.buffer, tuple(size), tuple(stride), off - want_off)
 
 
 def _dense(m) -> bool:

@@ -100,6 +100,17 @@ def test_compare_and_loss():
     assert float(reduce_loss({"x": torch.zeros(2), "y": (torch.zeros(3),)})) == 0.0
 
 
+def test_compare_nan_is_an_error_unless_the_reference_has_it():
+    # a NaN difference compared as 0 error (max() and `>` skip NaN): a NaN output passed
+    nan, inf = float("nan"), float("inf")
+    ref = [torch.tensor([1.0, nan, inf, 4.0], dtype=torch.float64)]
+    assert compare([torch.tensor([1.0, nan, inf, 4.0])], ref)[1] == 0.0
+    assert compare([torch.tensor([1.0, nan, inf, nan])], ref)[1] == inf
+    assert compare([torch.tensor([nan, nan, inf, 4.0])], ref)[1] == inf
+    assert compare([torch.tensor([1.0, nan, -inf, 4.0])], ref)[1] == inf
+    assert worst_excess(compare([torch.tensor([1.0, 2.0, inf, nan])], ref)[2], [0.0], 1e-5)
+
+
 def _rec(model, comp, speedup, step, status="pass", mode="infer"):
     return {"model": model, "mode": mode, "compiler": comp, "status": status, "speedup": speedup,
             "step_s": step, "compile_s": 1.0, "first_call_s": 1.1, "rel_err": 1e-7,
@@ -127,3 +138,20 @@ def test_tolerance_is_per_tensor():
     assert worst_excess([1e-6, 0.3], [1e-7, 0.1], 1e-5) is None
     i, ratio = worst_excess([1e-3, 0.3], [1e-7, 0.1], 1e-5)
     assert i == 0 and ratio > 10
+
+
+class _NanInDouble(torch.nn.Module):
+    """ProphetNet-like: float32's min as a mask value overflows to NaN in an fp64 run only."""
+
+    def forward(self, x):
+        return x * 2 + (float("nan") if x.dtype == torch.float64 else 0.0)
+
+
+def test_fp64_reference_with_nan_falls_back_to_eager_fp32():
+    from ember.bench.harness import measure
+    from ember.bench.spec import ModelSpec
+    spec = ModelSpec("nan64", "test", _NanInDouble, lambda: (torch.randn(3, 4),))
+    recs = []
+    measure(spec, "infer", ["eager"], 1, 0, "ember", "ember", False, recs.append)
+    (rec,) = recs
+    assert rec["reference"].startswith("fp32 eager") and rec["rel_err"] == 0.0, rec

@@ -9,7 +9,7 @@ import collections
 import operator
 import types
 
-from .. import ndarrays
+from .. import ndarrays, numbers
 from ..flex import index_scalar
 from ..dictkeys import dict_key, missing
 from ..values import (NULL, SYM_TYPES, DictV, DictViewV, ListV, NdarrayV, NewObjV, ObjV, TensorV,
@@ -350,6 +350,10 @@ def binary_slice(tr, f, ins):
 
 
 def _slice(tr, *parts):
+    # a bound that is a tensor made from numbers (DeBERTa's att_span = torch.tensor(min(...)))
+    # is read by eager through __index__: the trace knows its value (numbers.py)
+    parts = [ObjV(n) if isinstance(p, TensorV) and
+             (n := numbers.value_of(tr, p, "__index__")) is not None else p for p in parts]
     if all(isinstance(p, ObjV) for p in parts):
         return ObjV(slice(*[p.value for p in parts]))
     raise tr.unsupported("slice with traced bounds")

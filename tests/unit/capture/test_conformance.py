@@ -346,6 +346,46 @@ def test_lru_cache_function_is_traced():
     assert _counts().get("graphs") == 1
 
 
+def test_assume_constant_result_is_called_at_trace_time():
+    # transformers marks its install probes (is_torch_distributed_available, under lru_cache)
+    # with Dynamo's assume_constant_result attribute; traced, the probe reached importlib.metadata
+    # (`vars`), a graph break, and HF's audio encoders ran wholly eagerly
+    import functools
+    import torch._dynamo
+    calls = []
+
+    @functools.lru_cache
+    @torch._dynamo.assume_constant_result
+    def probe(k):
+        calls.append(k)
+        return len(vars(functools)) > 0 and k
+
+    def f(x):
+        return x * 2 if probe(3) else x - 1
+
+    cf = ember.compile(f, backend="eager", fullgraph=True)
+    x = torch.randn(3)
+    same(f(x), cf(x))
+    same(f(x), cf(x))
+    assert _counts().get("graphs") == 1, _counts()
+
+
+def test_python_type_as_dtype():
+    # transformers' caches: torch.tensor(0, dtype=int); the graph's generated code printed
+    # `dtype = <class 'int'>` and failed to compile (a SyntaxError on HF Mamba)
+    def f(x):
+        n = torch.tensor(0, dtype=int)
+        return x + n, torch.zeros(3, dtype=float), torch.ones(2, dtype=bool), \
+            torch.full((2,), 1, dtype=complex)
+
+    cf = ember.compile(f, backend="aot_eager", fullgraph=True)
+    x = torch.randn(3)
+    same(f(x), cf(x))
+    assert [t.dtype for t in cf(x)] == [torch.float32, torch.float64, torch.bool,
+                                         torch.complex128]
+    assert _counts().get("graphs") == 1, _counts()
+
+
 def test_iterating_a_tuple_of_classes_and_a_tensor_iterator():
     def f(x):
         names = [cls.__name__ for cls in type(x).__mro__]

@@ -74,6 +74,20 @@ def test_vmap_of_grad_inside_compiled_function_is_one_graph(backend):
     assert dynamo_counts(per_sample_grads, x)[0] == 1       # torch.compile: 1 graph too
 
 
+def scan_with_built_in_dims(a, b, c):
+    # HF Mamba's reference selective scan: vmap's in_dims is a tuple made in the traced code
+    dims = tuple([0 if t.dim() == 2 else None for t in (a, b, c)])
+    return torch.func.vmap(lambda p, q, r: (p * q).sum() + r.sum(), in_dims=dims)(a, b, c)
+
+
+def test_vmap_in_dims_built_in_the_traced_code_is_one_graph():
+    a, b, c = torch.randn(4, 3), torch.randn(4, 3), torch.randn(5)
+    cf = ember.compile(scan_with_built_in_dims, backend="aot_eager", fullgraph=True)
+    torch.testing.assert_close(cf(a, b, c), scan_with_built_in_dims(a, b, c))
+    st = capture.stats()
+    assert st["graphs"] == 1 and st.get("graph_breaks", 0) == 0, st
+
+
 def test_grad_of_functional_call_inside_compiled_function():
     m = torch.nn.Linear(4, 3)
     params = {k: v.detach() for k, v in m.named_parameters()}

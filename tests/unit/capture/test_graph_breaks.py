@@ -925,6 +925,45 @@ def test_stateless_module_made_in_traced_code():
     no_recompiles_no_fallbacks()
 
 
+class SiLUAct(nn.Module):
+    """transformers' SiLUActivation: no __init__ of its own; ACT2FN["silu"] makes one per call."""
+
+    def forward(self, x):
+        return nn.functional.silu(x)
+
+
+class CountingAct(nn.Module):
+    made = 0
+
+    def __init__(self):
+        super().__init__()
+        CountingAct.made += 1           # user code at construction: not run at trace time
+
+    def forward(self, x):
+        return x * 2
+
+
+def act_made_inside(x):
+    return SiLUAct()(x) * 2
+
+
+def counting_act_made_inside(x):
+    return CountingAct()(x) + 1
+
+
+def test_module_without_own_init_made_in_traced_code():
+    # HF Mamba's reference causal_conv1d_fn builds SiLUActivation per call: it broke the graph
+    x = torch.randn(4, 3)
+    torch.testing.assert_close(ember.compile(act_made_inside, backend=BACKEND)(x),
+                               act_made_inside(x))
+    counts(act_made_inside, x, graphs=1, breaks=0)
+    cf = ember.compile(counting_act_made_inside, backend=BACKEND)
+    before = CountingAct.made
+    for _ in range(3):
+        torch.testing.assert_close(cf(x), x * 2 + 1)
+    assert CountingAct.made - before == 3              # its __init__ ran once per call
+
+
 def make_counter():
     count = 0
 

@@ -109,3 +109,28 @@ def test_tensor_from_symbolic_numbers_is_not_a_constant_in_aot():
         x = torch.randn(2, s)
         same(f(x), c(x))
     assert capture.stats() == {"graphs": 1}, capture.stats()
+
+
+def rel_window(q, r):
+    # DeBERTa's disentangled attention: att_span = torch.tensor(min(max(q_len, k_len), max_pos)),
+    # then a slice of the relative embeddings with tensor bounds (eager reads __index__). The
+    # tensor followed the meta device of the trace, its value was unknown: a graph break and the
+    # rest of the layer loop ran eagerly
+    span = torch.tensor(min(max(q.size(-2), q.size(-2)), 16))
+    return r[16 - span: 16 + span, :].unsqueeze(0) * 2 + span, torch.as_tensor([1, 2]) + span
+
+
+def test_slice_bounds_from_torch_tensor_of_numbers_one_graph():
+    c = ember.compile(rel_window, backend="aot_eager", fullgraph=True)
+    r = torch.randn(32, 4)
+    for _ in range(2):
+        same(rel_window(torch.randn(2, 5, 8), r), c(torch.randn(2, 5, 8), r))
+    assert capture.stats() == {"graphs": 1}, capture.stats()
+
+
+def test_slice_bounds_from_symbolic_sizes_stay_correct():
+    c = ember.compile(rel_window, backend="aot_eager", dynamic=True)
+    r = torch.randn(32, 4)
+    for s in (5, 7, 9):
+        q = torch.randn(2, s, 8)
+        same(rel_window(q, r), c(q, r))

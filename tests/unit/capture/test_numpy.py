@@ -58,8 +58,20 @@ def numpy_scalar_with_tensor(x):
     return x + np.finfo(np.float32).max / 2, x * np.int64(3)
 
 
+def numpy_of_constants(x):
+    # BigBird's eval-mode random-attention plan: NumPy over Python constants, then a copy into
+    # a tensor. The traced np.sum was a 0-d array that np.zeros refused as a shape entry
+    plan = [2, 3, 1]
+    blocks = [np.zeros((4, np.sum(plan[:2])), dtype=np.int32) for _ in range(2)]
+    blocks = [b[1:3, :] for b in blocks]
+    idx = torch.tensor(np.stack(blocks, axis=0), device=x.device, dtype=torch.long)
+    first = np.arange(3) * 2        # made in the graph from its values, new on every call
+    return x.sum() + idx.sum() + idx.shape[-1], torch.as_tensor(first), np.sum(plan) * 2
+
+
 @pytest.mark.parametrize("fn", [reductions, views_and_attrs, arithmetic, submodules,
-                                tensor_to_numpy_function, numpy_scalar_with_tensor])
+                                tensor_to_numpy_function, numpy_scalar_with_tensor,
+                                numpy_of_constants])
 def test_numpy_traced_like_eager(fn):
     cf = ember.compile(fn, backend="eager", fullgraph=True)
     for _ in range(2):

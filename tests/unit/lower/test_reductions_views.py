@@ -188,6 +188,22 @@ def test_as_strided_of_a_slice_of_a_computed_value_is_refused():
               torch.randn(6, 8))
 
 
+def test_as_strided_inside_a_view_of_a_computed_value():
+    # Longformer's _chunk: with batch 1, reshape of the transposed projection is a view in eager,
+    # and as_strided (strides derived from it) makes overlapping chunks of its own elements;
+    # ember refused every view of a computed value (the model fell back to eager)
+    def chunk(x):
+        q = (x * 2).view(64, 1, 2, 32).transpose(0, 1).transpose(1, 2).reshape(2, 64, 32)
+        q = q.view(2, 4, 16, 32)
+        st = list(q.stride())
+        st[1] //= 2
+        return q.as_strided((2, 7, 16, 32), st) + 1
+    check(chunk, torch.randn(64, 1, 64), atol=0, rtol=0)
+    # a slice at a storage offset, read inside the slice: offset and strides are the storage's
+    check(lambda x: torch.ops.aten.as_strided((x + 1)[2:], (3, 4), (8, 2), 17) * 3,
+          torch.randn(6, 8), atol=0, rtol=0)
+
+
 def test_as_strided_of_as_strided_of_computed_value():
     # Inductor's test_conv_with_as_strided: the second as_strided reads the same storage
     aten = torch.ops.aten

@@ -1,0 +1,365 @@
+"""Survey ember on models outside every suite: correctness, graphs, breaks, fallbacks, speed.
+
+    PYTHONPATH=. python benchmarks/survey.py --list
+    PYTHONPATH=. python benchmarks/survey.py --table run1.jsonl run2.jsonl
+    PYTHONPATH=. python benchmarks/survey.py [--models a,b] [--modes infer,train] [--timeout 420] \
+        [--reps 3] --out benchmarks/results/survey2_<tag>.jsonl
+
+PYTHONPATH picks the ember tree measured (the workers inherit it). One subprocess per (model, mode) with a timeout (a crash or hang is a row, the run goes on), the
+timing-hygiene environment of `ember bench` (1 thread, tuned glibc malloc) and
+EMBER_LOGS=graph_breaks,fallbacks,recompiles, whose lines are parsed back into each row as
+`breaks` / `fallback_log` / `recompile_log`. Inside the worker `ember.bench.harness.measure` does
+the rest, as for `ember bench`: fp64-eager reference, per-tensor tolerance of 10x eager-fp32's
+error, paired alternating eager/ember timings (median ratio), fallback detection from warnings.
+Training mode compares the outputs, the loss and every parameter gradient of one step.
+
+Every model is built offline with random weights: timm pretrained=False, torchvision
+weights=None, transformers from a *Config (2-4 layers where the real one is larger).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+
+from ember.bench import harness, hygiene
+from ember.bench.spec import ModelSpec
+
+SPECS: dict[str, ModelSpec] = {}
+
+
+def _add(spec: ModelSpec) -> None:
+    assert spec.name not in SPECS, spec.name
+    SPECS[spec.name] = spec
+
+
+def _images(shape):
+    return lambda: (torch.randn(*shape),)
+
+
+def timm_model(name: str, batch: int = 2, size: int = 224, **kw):
+    def build():
+        import timm
+        return timm.create_model(name, pretrained=False, **kw)
+    _add(ModelSpec(f"s_timm_{name}", "survey", build, _images((batch, 3, size, size)),
+                   family="timm", note=f"batch {batch}, {size}x{size}"))
+
+
+def tv_model(name: str, shape, sub: str = "", **kw):
+    def build():
+        import torchvision
+        mod = getattr(torchvision.models, sub) if sub else torchvision.models
+        return getattr(mod, name)(weights=None, **kw)
+    _add(ModelSpec(f"s_tv_{name}", "survey", build, _images(shape), family="tv",
+                   note="x".join(map(str, shape))))
+
+
+def hf_model(name: str, model_cls: str, config_cls: str, config: dict, inputs, note: str = ""):
+    def build():
+        import transformers
+        cfg = getattr(transformers, config_cls)(**config)
+        return getattr(transformers, model_cls)(cfg)
+    _add(ModelSpec(f"s_hf_{name}", "survey", build, lambda: (), kwargs=inputs, family="hf",
+                   note=note))
+
+
+def ids(batch=2, seq=128, vocab=1000, mask=True, low=4, **extra):
+    def make():
+        out = {"input_ids": torch.randint(low, vocab, (batch, seq))}
+        if mask:
+            out["attention_mask"] = torch.ones(batch, seq, dtype=torch.long)
+        out.update({k: v() for k, v in extra.items()})
+        return out
+    return make
+
+
+def pixels(batch=2, size=224, channels=3):
+    return lambda: {"pixel_values": torch.randn(batch, channels, size, size)}
+
+
+def audio(batch=2, samples=16000):
+    return lambda: {"input_values": torch.randn(batch, samples)}
+
+
+# ------------------------------------------------------------------------------------- timm
+for _n, _b, _s in (("skresnet18", 2, 224), ("tresnet_m", 2, 224), ("twins_svt_small", 2, 224),
+                   ("pit_xs_224", 2, 224), ("tnt_s_patch16_224", 1, 224), ("nest_tiny", 1, 224),
+                   ("volo_d1_224", 1, 224), ("eva02_tiny_patch14_224", 2, 224),
+                   ("efficientformerv2_s0", 2, 224), ("fastvit_sa12", 2, 256),
+                   ("inception_v4", 1, 299), ("xception41", 1, 299), ("repghostnet_050", 4, 224),
+                   ("tiny_vit_5m_224", 2, 224), ("maxxvit_rmlp_nano_rw_256", 1, 256),
+                   ("nextvit_small", 1, 224), ("focalnet_tiny_srf", 1, 224),
+                   ("hiera_tiny_224", 1, 224), ("vitamin_small_224", 1, 224),
+                   ("gcvit_xxtiny", 2, 224), ("mvitv2_tiny", 1, 224), ("halonet26t", 2, 256),
+                   ("botnet26t_256", 2, 256), ("lambda_resnet26t", 2, 256),
+                   ("inception_next_tiny", 1, 224), ("starnet_s1", 2, 224),
+                   ("mobilenetv4_hybrid_medium", 2, 224), ("swiftformer_xs", 2, 224),
+                   ("efficientvit_m0", 4, 224), ("cs3darknet_s", 2, 256),
+                   ("mambaout_femto", 2, 224), ("caformer_s18", 1, 224),
+                   ("regnetz_b16", 2, 224), ("gernet_s", 4, 224)):
+    timm_model(_n, _b, _s)
+
+# ------------------------------------------------------------------------------ torchvision
+tv_model("swin3d_t", (1, 3, 8, 112, 112), sub="video")
+
+
+class _Raft(torch.nn.Module):
+    """raft_small on two frames, 4 refinement iterations; the output is the last flow."""
+
+    def __init__(self):
+        super().__init__()
+        import torchvision
+        self.raft = torchvision.models.optical_flow.raft_small(weights=None)
+
+    def forward(self, a, b):
+        return self.raft(a, b, num_flow_updates=4)[-1]
+
+
+_add(ModelSpec("s_tv_raft_small", "survey", _Raft,
+               lambda: (torch.randn(1, 3, 128, 128), torch.randn(1, 3, 128, 128)), family="tv",
+               note="2 frames 128x128, 4 updates"))
+
+# --------------------------------------------------------------------------------- transformers
+_ENC = dict(hidden_size=256, num_hidden_layers=2, num_attention_heads=4, intermediate_size=1024,
+            vocab_size=1000, max_position_embeddings=512, hidden_dropout_prob=0.0,
+            attention_probs_dropout_prob=0.0)
+_DEC = dict(hidden_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            intermediate_size=512, vocab_size=1000, max_position_embeddings=512,
+            attention_dropout=0.0)
+
+hf_model("esm", "EsmModel", "EsmConfig", {**_ENC, "pad_token_id": 1, "mask_token_id": 2,
+                                           "position_embedding_type": "rotary"}, ids())
+hf_model("deberta", "DebertaModel", "DebertaConfig",
+         {**_ENC, "relative_attention": True, "pos_att_type": ["c2p", "p2c"],
+          "max_relative_positions": -1}, ids())
+hf_model("led", "LEDModel", "LEDConfig",
+         dict(d_model=256, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+              decoder_attention_heads=4, encoder_ffn_dim=512, decoder_ffn_dim=512,
+              vocab_size=1000, attention_window=64, max_encoder_position_embeddings=512,
+              max_decoder_position_embeddings=512, dropout=0.0, attention_dropout=0.0),
+         ids(decoder_input_ids=lambda: torch.randint(4, 1000, (2, 32))), "seq 128, window 64")
+hf_model("longformer", "LongformerModel", "LongformerConfig",
+         {**_ENC, "attention_window": 64, "pad_token_id": 1}, ids(), "seq 128, window 64")
+hf_model("prophetnet", "ProphetNetModel", "ProphetNetConfig",
+         dict(hidden_size=256, encoder_ffn_dim=512, decoder_ffn_dim=512, num_encoder_layers=2,
+              num_decoder_layers=2, num_encoder_attention_heads=4,
+              num_decoder_attention_heads=4, vocab_size=1000, dropout=0.0,
+              attention_dropout=0.0, activation_dropout=0.0, ngram=2),
+         ids(decoder_input_ids=lambda: torch.randint(4, 1000, (2, 32))))
+hf_model("bigbird", "BigBirdModel", "BigBirdConfig",
+         {**_ENC, "attention_type": "block_sparse", "block_size": 16, "num_random_blocks": 2},
+         ids(seq=256), "seq 256, block sparse (random blocks: eval mode only)")
+hf_model("nystromformer", "NystromformerModel", "NystromformerConfig",
+         {**_ENC, "num_landmarks": 32, "segment_means_seq_len": 128}, ids())
+hf_model("rembert", "RemBertModel", "RemBertConfig",
+         {**_ENC, "input_embedding_size": 128, "output_embedding_size": 256}, ids())
+hf_model("yoso", "YosoModel", "YosoConfig", {**_ENC, "use_expectation": True,
+                                              "use_fast_hash": False}, ids())
+hf_model("ibert", "IBertModel", "IBertConfig", {**_ENC, "quant_mode": False}, ids())
+hf_model("layoutlm", "LayoutLMModel", "LayoutLMConfig", _ENC,
+         ids(bbox=lambda: torch.randint(0, 500, (2, 128, 4)).sort(-1).values))
+hf_model("perceiver", "PerceiverModel", "PerceiverConfig",
+         dict(num_latents=64, d_latents=256, d_model=128, num_blocks=1,
+              num_self_attends_per_block=2, num_self_attention_heads=4,
+              num_cross_attention_heads=1, attention_probs_dropout_prob=0.0),
+         lambda: {"inputs": torch.randn(2, 128, 128)}, "64 latents over 128 inputs")
+hf_model("data2vec_audio", "Data2VecAudioModel", "Data2VecAudioConfig",
+         {**_ENC, "hidden_dropout": 0.0, "attention_dropout": 0.0, "feat_proj_dropout": 0.0,
+          "layerdrop": 0.0, "mask_time_prob": 0.0, "num_conv_pos_embeddings": 16,
+          "num_conv_pos_embedding_groups": 4}, audio(), "1 s of 16 kHz")
+hf_model("hubert", "HubertModel", "HubertConfig",
+         {**_ENC, "hidden_dropout": 0.0, "attention_dropout": 0.0, "feat_proj_dropout": 0.0,
+          "layerdrop": 0.0, "mask_time_prob": 0.0}, audio(), "1 s of 16 kHz")
+hf_model("sew", "SEWModel", "SEWConfig",
+         {**_ENC, "hidden_dropout": 0.0, "attention_dropout": 0.0, "feat_proj_dropout": 0.0,
+          "layerdrop": 0.0, "mask_time_prob": 0.0}, audio(), "1 s of 16 kHz")
+hf_model("segformer", "SegformerForSemanticSegmentation", "SegformerConfig",
+         dict(depths=[1, 1, 1, 1], hidden_sizes=[32, 64, 160, 256], decoder_hidden_size=256,
+              num_labels=19, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+              drop_path_rate=0.0, classifier_dropout_prob=0.0), pixels(2, 256), "b0 widths")
+hf_model("dpt", "DPTForDepthEstimation", "DPTConfig",
+         dict(hidden_size=192, num_hidden_layers=4, num_attention_heads=3,
+              intermediate_size=768, image_size=224, backbone_out_indices=[0, 1, 2, 3],
+              neck_hidden_sizes=[48, 96, 192, 384], fusion_hidden_size=64,
+              hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0), pixels(1, 224))
+hf_model("mobilevit", "MobileViTModel", "MobileViTConfig", {"hidden_dropout_prob": 0.0},
+         pixels(2, 256))
+hf_model("convnextv2", "ConvNextV2Model", "ConvNextV2Config",
+         dict(depths=[2, 2, 2, 2], hidden_sizes=[40, 80, 160, 320]), pixels(2, 224), "atto")
+hf_model("dinov2", "Dinov2Model", "Dinov2Config",
+         dict(hidden_size=384, num_hidden_layers=4, num_attention_heads=6, image_size=224,
+              patch_size=14), pixels(2, 224))
+hf_model("swinv2", "Swinv2Model", "Swinv2Config",
+         dict(embed_dim=48, depths=[2, 2, 2, 2], num_heads=[3, 6, 12, 24], window_size=7,
+              image_size=224), pixels(2, 224))
+hf_model("mamba", "MambaModel", "MambaConfig",
+         dict(hidden_size=256, num_hidden_layers=2, vocab_size=1000, state_size=16),
+         ids(mask=False), "pure-torch scan (no mamba_ssm kernels)")
+hf_model("rwkv", "RwkvModel", "RwkvConfig",
+         dict(hidden_size=256, num_hidden_layers=2, vocab_size=1000, context_length=256,
+              attention_hidden_size=256, intermediate_size=1024), ids(mask=False))
+hf_model("qwen2_moe", "Qwen2MoeModel", "Qwen2MoeConfig",
+         {**_DEC, "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 256,
+          "shared_expert_intermediate_size": 512}, ids(), "8 experts, top-2")
+hf_model("mixtral", "MixtralModel", "MixtralConfig",
+         {**_DEC, "num_local_experts": 4, "num_experts_per_tok": 2}, ids(), "4 experts, top-2")
+hf_model("stablelm", "StableLmModel", "StableLmConfig", _DEC, ids())
+hf_model("persimmon", "PersimmonModel", "PersimmonConfig",
+         {k: v for k, v in _DEC.items() if k != "num_key_value_heads"}, ids())
+
+
+# ------------------------------------------------------------------------------------ runner
+_LOG = {"breaks": re.compile(r"\[ember:graph_breaks\] (.*)"),
+        "fallback_log": re.compile(r"\[ember:fallbacks\] (.*)"),
+        "recompile_log": re.compile(r"\[ember:recompiles\] (.*)")}
+
+
+def _log_fields(path: str) -> dict:
+    out: dict[str, list[str]] = {k: [] for k in _LOG}
+    try:
+        with open(path, errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return out
+    for line in lines:
+        for key, rx in _LOG.items():
+            m = rx.search(line)
+            if m and m.group(1)[:400] not in out[key]:
+                out[key].append(m.group(1)[:400])
+    out["warnings"] = sorted({ln.strip()[:300] for ln in lines if "ember:" in ln
+                              and "Warning" in ln})[:8]
+    return out
+
+
+def run_one(name: str, mode: str, args) -> list[dict]:
+    env, _ = hygiene.child_env(1)
+    env["EMBER_LOGS"] = "graph_breaks,fallbacks,recompiles"
+    if args.no_speed_check:
+        env["EMBER_SPEED_CHECK"] = "0"
+    with tempfile.TemporaryDirectory(prefix="ember-survey-") as tmp:
+        out, log = os.path.join(tmp, "out.jsonl"), os.path.join(tmp, "log.txt")
+        cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--models", name,
+               "--modes", mode, "--reps", str(args.reps), "--out", out]
+        t0 = time.perf_counter()
+        with open(log, "w") as logf:
+            proc = subprocess.Popen(cmd, env=env, stdout=logf, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
+            try:
+                rc = proc.wait(timeout=args.timeout)
+                outcome = None if rc == 0 else f"crash: exit code {rc}"
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                outcome = f"timeout after {args.timeout} s"
+        records = []
+        if os.path.exists(out):
+            with open(out) as f:
+                records = [json.loads(line) for line in f if line.strip()]
+        have = {r["compiler"] for r in records}
+        for c in ("eager", "ember"):
+            if c not in have:
+                records.append({"model": name, "mode": mode, "compiler": c,
+                                "status": "timeout" if outcome and "timeout" in outcome
+                                else "crash", "error": f"{outcome}; {harness._tail(log)}"})
+        extra = _log_fields(log)
+        for r in records:
+            r.update(extra, subprocess_wall_s=round(time.perf_counter() - t0, 1),
+                     speed_check=not args.no_speed_check)
+        return records
+
+
+def _fmt(x) -> str:
+    return "-" if x is None else f"{x:.2g}"
+
+
+def _summary(recs: list[dict]) -> str:
+    e = next((r for r in recs if r["compiler"] == "ember"), {})
+    st = e.get("ember_stats", {}).get("counts", {}) if isinstance(e.get("ember_stats"), dict) \
+        else {}
+    sp = e.get("speedup")
+    return (f"{e.get('model')} {e.get('mode')}: {e.get('status')} graphs={e.get('graphs')} "
+            f"breaks={st.get('graph_breaks', 0)} fallbacks={st.get('fallbacks', 0)} "
+            f"rel_err={_fmt(e.get('rel_err'))} "
+            f"eager/ember={_fmt(sp)} "
+            f"{(e.get('error') or '')[:200]}")
+
+
+def table(paths: list[str]) -> str:
+    """A markdown table of the ember rows of JSON-lines files (a later file's row of a model and
+    mode replaces an earlier one's)."""
+    rows: dict = {}
+    eager: dict = {}
+    for path in paths:
+        with open(path) as f:
+            for line in f:
+                r = json.loads(line)
+                if r.get("compiler") == "ember":
+                    rows[(r["model"], r["mode"])] = r
+                elif r.get("compiler") == "eager":
+                    eager[(r["model"], r["mode"])] = r
+    out = ["| model | mode | status | path | graphs | breaks | fallbacks | max rel err | "
+           "eager/ember (min-max of rounds) | first break or error |", "|" + "---|" * 10]
+    for (model, mode), r in sorted(rows.items()):
+        counts = (r.get("ember_stats") or {}).get("counts", {})
+        te, tc = (eager.get((model, mode)) or {}).get("times") or [], r.get("times") or []
+        ratios = [a / b for a, b in zip(te, tc)]
+        spread = f" ({min(ratios):.2f}-{max(ratios):.2f})" if ratios else ""
+        why = (r.get("breaks") or [r.get("error") or ""])[0]
+        why = re.sub(r".*site-packages/", "", why).replace("|", "/")[:110]
+        out.append(f"| {model[2:]} | {mode} | {r.get('status')} | {r.get('backend') or '-'} | "
+                   f"{r.get('graphs')} | {counts.get('graph_breaks', 0)} | "
+                   f"{len(r.get('fallback_log') or [])} | {_fmt(r.get('rel_err'))} | "
+                   f"{_fmt(r.get('speedup'))}{spread} | {why} |")
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", default="")
+    p.add_argument("--modes", default="infer,train")
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--timeout", type=int, default=420)
+    p.add_argument("--out", default="")
+    p.add_argument("--list", action="store_true")
+    p.add_argument("--table", nargs="+", metavar="JSONL", help="print a markdown table of runs")
+    p.add_argument("--no-speed-check", action="store_true", help="EMBER_SPEED_CHECK=0")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    names = [n for n in args.models.split(",") if n] or list(SPECS)
+    names = [n if n in SPECS else f"s_{n}" for n in names]
+    if args.table:
+        print(table(args.table))
+        return 0
+    if args.list:
+        print("\n".join(f"{n}  ({SPECS[n].note})" for n in SPECS))
+        return 0
+    if args.worker:
+        hygiene.apply_threads()
+        with open(args.out, "a") as f:
+            def emit(rec):
+                f.write(json.dumps(rec, default=str) + "\n")
+                f.flush()
+            harness.measure(SPECS[names[0]], args.modes, ["ember"], args.reps, 1, "ember",
+                            "ember", False, emit)
+        return 0
+    for name in names:
+        for mode in args.modes.split(","):
+            recs = run_one(name, mode, args)
+            print(_summary(recs), flush=True)
+            if args.out:
+                with open(args.out, "a") as f:
+                    for r in recs:
+                        f.write(json.dumps(r, default=str) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
