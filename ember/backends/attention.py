@@ -1,19 +1,22 @@
 """Backend "ember": attention written out as matmul → scale → mask → softmax → matmul runs as
 one `F.scaled_dot_product_attention` call, so aot picks eager's fused CPU flash kernel for it.
 
-Why (docs/design/030-attention-form.md, benchmarks/attention_form.py): on this CPU the flash
+Why (docs/design/030-attention-form.md, benchmarks/attention_form.py): at inference the flash
 kernel beats two batched GEMMs around a fused scale+mask+softmax kernel at every measured shape
-(batch 1-8, heads 2-12, sequence 50-1024, head dim 32-128, causal or not, masked or not,
-inference and training), and never holds the B·H·Lq·Lk scores in memory. So the rule is: one
-attention form, the fused one, wherever eager's own `_fused_sdp_choice` would run it.
+(0.5-0.9x for the chain; batch 1-8, heads 2-12, sequence 50-1024, head dim 32-128) and never
+holds the B·H·Lq·Lk scores. In training, where autograd saves the chain's probabilities and the
+fused backward recomputes the scores, the chain as written measured 1.0-1.3x of flash up to 197
+keys with 8-12 heads and 0.7-1.0x at 512: `fused_wins` keeps it up to TRAIN_UNFUSED_MAX_KV keys.
+Wherever the rule says fused, the rewrite needs eager's own `_fused_sdp_choice` to agree.
 
 The torch-level chain matched (each intermediate used once, an eval-mode dropout aside):
 
-    s = q @ k.transpose(-2, -1)          # matmul / torch.matmul / Tensor.matmul, 4-D, same B, H
-    s = s * c  |  s / c                  # optional, c a Python number
-    s = s + mask                         # optional, a float mask of q's dtype, 2-4 dims
-    p = softmax(s, dim=-1)               # F.softmax / torch.softmax / Tensor.softmax
-    p = dropout(p, ..., training=False)  # optional, the identity
+    s = q @ kt                # matmul / torch.matmul / Tensor.matmul; 4-D, kt = k.transpose(-2,
+                              # -1) or any [B, H, D, Lk] tensor (LeViT's permuted k)
+    s = s * c  |  s / c       # optional, c a Python number
+    s = s + mask              # optional (either order), a float mask of q's dtype, 2-4 dims
+    p = softmax(s, dim=-1)    # F.softmax / torch.softmax / Tensor.softmax
+    p = dropout(p, ...)       # optional, when it is the identity (eval mode or p=0)
     o = p @ v
 
 becomes `o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=c or 1/c or 1)`.
@@ -26,12 +29,14 @@ produces it, or a rewritten copy.
 """
 from __future__ import annotations
 
+import dataclasses
 import operator
 
 import torch
 import torch.fx as fx
 import torch.nn.functional as F
 
+from ..aot.attention import eager_fuses
 from ..logging import get_logger
 from .freeze import copy_module
 
@@ -44,6 +49,20 @@ _MUL = (operator.mul, torch.mul, torch.Tensor.mul, torch.Tensor.__mul__)
 _DIV = (operator.truediv, torch.div, torch.true_divide, torch.Tensor.div, torch.Tensor.__truediv__)
 _ADD = (operator.add, torch.add, torch.Tensor.add, torch.Tensor.__add__)
 _DROPOUT = (F.dropout, torch.dropout, torch.nn.functional.dropout)
+
+
+#: a training graph keeps an explicit chain as written up to this many keys (module docstring)
+TRAIN_UNFUSED_MAX_KV = 256
+#: most B·H·Lq·Lk probabilities such a chain may save for its backward (64 MiB fp32)
+MAX_SAVED_SCORES = 1 << 24
+
+
+def fused_wins(query, key, training: bool) -> bool:
+    """The rule: whether attention on these shapes should run fused. Shapes and mode only."""
+    if not training:
+        return True
+    lk, scores = key.shape[-2], key.shape[-2] * query.shape[:-1].numel()
+    return lk > TRAIN_UNFUSED_MAX_KV or scores > MAX_SAVED_SCORES
 
 
 def enabled(options: dict) -> bool:
@@ -81,16 +100,14 @@ def _only_user(n: fx.Node):
     return users[0] if len(users) == 1 else None
 
 
-def _last_two_transposed(kt: fx.Node):
-    """k when kt is `k.transpose(-2, -1)` of a 4-D k (any spelling of the two dims), else None."""
-    if not _calls(kt, _TRANSPOSE) or len(kt.users) != 1:
+def _transposed_input(kt: fx.Node):
+    """k when kt is `k.transpose(-2, -1)` (any spelling of the last two of 4 dims), else None."""
+    if not _calls(kt, _TRANSPOSE) or len(kt.users) != 1 or not isinstance(kt.args[0], fx.Node):
         return None
-    k, d0, d1 = kt.args[0], _arg(kt, 1, "dim0"), _arg(kt, 2, "dim1")
-    v = _val(k)
-    if not (isinstance(v, torch.Tensor) and v.dim() == 4 and isinstance(d0, int)
-            and isinstance(d1, int)):
+    d0, d1 = _arg(kt, 1, "dim0"), _arg(kt, 2, "dim1")
+    if not (isinstance(d0, int) and isinstance(d1, int)):
         return None
-    return k if sorted((d0 % 4, d1 % 4)) == [2, 3] else None
+    return kt.args[0] if sorted((d0 % 4, d1 % 4)) == [2, 3] else None
 
 
 def _scalar_operand(n: fx.Node, ops):
@@ -105,9 +122,19 @@ def _scalar_operand(n: fx.Node, ops):
     return None
 
 
-def _match(sm: fx.Node):
-    """(q, k, v, mask, scale, output node, chain nodes) for the chain ending in softmax `sm`,
-    or None."""
+@dataclasses.dataclass
+class Chain:
+    q: fx.Node
+    kt: fx.Node                 # the right operand of q @ kt: [B, H, D, Lk]
+    v: fx.Node
+    mask: fx.Node | None
+    scale: float | None
+    out: fx.Node                # p @ v
+    nodes: list                 # what the sdpa call replaces, last user first
+
+
+def _match(sm: fx.Node) -> Chain | None:
+    """The chain ending in softmax `sm` (module docstring), or None."""
     x = sm.args[0] if sm.args else None
     if _arg(sm, 1, "dim") not in (-1, 3) or sm.kwargs.get("dtype") is not None or \
             not isinstance(x, fx.Node):
@@ -127,80 +154,82 @@ def _match(sm: fx.Node):
             x, scale = hit[0], (1.0 / hit[1] if invert else hit[1])
             break
     if not _calls(x, _MATMUL) or len(x.args) != 2 or x.kwargs or \
-            not isinstance(x.args[0], fx.Node):
+            not all(isinstance(a, fx.Node) for a in x.args):
         return None
     scores = x
     chain.append(scores)
     if any(len(n.users) != 1 for n in chain[1:]):
         return None                  # an intermediate someone else reads too
-    q, k = scores.args[0], _last_two_transposed(scores.args[1])
     source, pv = sm, _only_user(sm)
     if pv is not None and _identity_dropout(pv):        # a live eval-mode dropout between
         source, pv = pv, (next(iter(pv.users)) if len(pv.users) == 1 else None)
-    if k is None or not _calls(pv, _MATMUL) or len(pv.args) != 2 or pv.kwargs or \
+    if not _calls(pv, _MATMUL) or len(pv.args) != 2 or pv.kwargs or \
             pv.args[0] is not source or not isinstance(pv.args[1], fx.Node):
         return None
-    v = pv.args[1]
-    if not _fits(q, k, v, mask, scores, sm):
-        return None
-    return q, k, v, mask, scale, pv, [pv, *([source] if source is not sm else []), *chain,
-                                      scores.args[1]]
+    found = Chain(scores.args[0], scores.args[1], pv.args[1], mask, scale, pv,
+                  [pv, *([source] if source is not sm else []), *chain])
+    return found if _fits(found, scores, sm) else None
 
 
-def _fits(q, k, v, mask, scores, sm) -> bool:
+def _fits(c: Chain, scores, sm) -> bool:
     """Shapes, dtypes and devices that the fused CPU kernel takes as eager would."""
-    tq, tk, tv, ts, tp = map(_val, (q, k, v, scores, sm))
-    if not all(isinstance(t, torch.Tensor) for t in (tq, tk, tv, ts, tp)):
+    tq, tkt, tv, ts, tp = map(_val, (c.q, c.kt, c.v, scores, sm))
+    if not all(isinstance(t, torch.Tensor) for t in (tq, tkt, tv, ts, tp)):
         return False
     if any(t.dim() != 4 or t.dtype not in (torch.float32, torch.float64) or t.dtype != tq.dtype
-           or t.device.type not in ("cpu", "meta") for t in (tq, tk, tv, ts, tp)):
+           or t.device.type not in ("cpu", "meta") for t in (tkt, tv, ts, tp)) or tq.dim() != 4 or tq.device.type not in ("cpu", "meta"):
         return False
+    tk = tkt.transpose(-2, -1)
     if tq.shape[:2] != tk.shape[:2] or tk.shape[:3] != tv.shape[:3] or tq.shape[3] != tk.shape[3]:
-        return False
-    tm = _val(mask) if mask is not None else None
-    if mask is not None and not (isinstance(tm, torch.Tensor) and 2 <= tm.dim() <= 4 and
-                                 tm.dtype == tq.dtype and not tm.requires_grad):
         return False
     if any(isinstance(s, torch.SymInt) for t in (tq, tk, tv) for s in t.shape):
         return False
-    return _eager_fuses(tq, tk, tv, tm)
+    tm = _val(c.mask) if c.mask is not None else None
+    if c.mask is not None:
+        if not (isinstance(tm, torch.Tensor) and 2 <= tm.dim() <= 4 and tm.dtype == tq.dtype
+                and not tm.requires_grad and not any(isinstance(s, torch.SymInt) for s in tm.shape)):
+            return False
+        tm = tm.reshape([1] * (4 - tm.dim()) + list(tm.shape))
+    return fused_wins(tq, tk, training=ts.requires_grad) and eager_fuses(tq, tk, tv, tm)
 
 
-def _eager_fuses(q, k, v, mask) -> bool:
-    """Whether eager's sdpa would run these as its fused flash kernel (the question aot's tracer
-    asks again when it traces the call), on empty CPU tensors of the same layouts."""
-    from torch.nn.attention import SDPBackend
-
-    def real(t):
-        if t is None:
-            return None
-        r = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cpu")
-        return r.requires_grad_(t.requires_grad)
-    return torch._fused_sdp_choice(real(q), real(k), real(v), real(mask), 0.0, False) == \
-        int(SDPBackend.FLASH_ATTENTION)
+def _node(g: fx.Graph, target, args, value):
+    n = g.call_function(target, args)
+    n.meta["example_value"] = value
+    return n
 
 
 def fuse_attention(gm: fx.GraphModule, options: dict) -> fx.GraphModule:
     """`gm`, or a copy of it with each matched chain rewritten into one sdpa call."""
     if not enabled(options) or not any(_calls(n, _SOFTMAX) and _match(n) for n in gm.graph.nodes):
         return gm
-    gm, done = copy_module(gm), 0
-    for sm in [n for n in gm.graph.nodes if _calls(n, _SOFTMAX)]:
-        m = _match(sm)
-        if m is None:
+    gm, done, g = copy_module(gm), 0, None
+    g = gm.graph
+    for sm in [n for n in g.nodes if _calls(n, _SOFTMAX)]:
+        c = _match(sm)
+        if c is None:
             continue
-        q, k, v, mask, scale, pv, replaced = m
-        with gm.graph.inserting_before(pv):
-            out = gm.graph.call_function(
-                F.scaled_dot_product_attention, (q, k, v),
+        with g.inserting_before(c.out):
+            k = _transposed_input(c.kt)
+            if k is None:           # q @ kt with kt made otherwise (a permute): its transpose
+                k = _node(g, torch.transpose, (c.kt, -2, -1), _val(c.kt).transpose(-2, -1))
+            else:
+                c.nodes.append(c.kt)
+            mask = c.mask
+            if mask is not None and _val(mask).dim() < 4:   # [H, L, S] → [1, H, L, S]
+                tm = _val(mask)
+                shape = [1] * (4 - tm.dim()) + list(tm.shape)
+                mask = _node(g, torch.reshape, (mask, shape), tm.reshape(shape))
+            out = g.call_function(
+                F.scaled_dot_product_attention, (c.q, k, c.v),
                 {"attn_mask": mask, "dropout_p": 0.0, "is_causal": False,
-                 "scale": 1.0 if scale is None else scale})
-        out.meta = dict(pv.meta)
-        pv.replace_all_uses_with(out)
-        for n in replaced:          # last user first; dead eval dropouts go with their input
+                 "scale": 1.0 if c.scale is None else c.scale})
+        out.meta = dict(c.out.meta)
+        c.out.replace_all_uses_with(out)
+        for n in c.nodes:           # last user first; dead eval dropouts go with their input
             for u in [u for u in n.users if _identity_dropout(u) and not u.users]:
-                gm.graph.erase_node(u)
-            gm.graph.erase_node(n)
+                g.erase_node(u)
+            g.erase_node(n)
         done += 1
     gm.recompile()
     perf_log.info("attention: %d matmul-softmax-matmul chain(s) run as one fused sdpa", done)
