@@ -180,6 +180,9 @@ def _fits(c: Chain, scores, sm) -> bool:
            or t.device.type not in ("cpu", "meta") for t in (tkt, tv, ts, tp)) or tq.dim() != 4 or tq.device.type not in ("cpu", "meta"):
         return False
     tk = tkt.transpose(-2, -1)
+    if tp.shape != ts.shape or _val(c.out) is None or \
+            tuple(_val(c.out).shape) != (*tq.shape[:3], tv.shape[3]):
+        return False                # a mask that broadcasts the scores to a larger shape
     if tq.shape[:2] != tk.shape[:2] or tk.shape[:3] != tv.shape[:3] or tq.shape[3] != tk.shape[3]:
         return False
     if any(isinstance(s, torch.SymInt) for t in (tq, tk, tv) for s in t.shape):
@@ -199,9 +202,12 @@ def _node(g: fx.Graph, target, args, value):
     return n
 
 
-def fuse_attention(gm: fx.GraphModule, options: dict) -> fx.GraphModule:
-    """`gm`, or a copy of it with each matched chain rewritten into one sdpa call."""
-    if not enabled(options) or not any(_calls(n, _SOFTMAX) and _match(n) for n in gm.graph.nodes):
+def fuse_attention(gm: fx.GraphModule, example_inputs, options: dict) -> fx.GraphModule:
+    """`gm`, or a copy of it with each matched chain rewritten into one sdpa call (CPU graphs:
+    the rule was measured there, and example values are meta tensors without the device)."""
+    if not enabled(options) or any(isinstance(x, torch.Tensor) and x.device.type != "cpu"
+                                   for x in example_inputs) or \
+            not any(_calls(n, _SOFTMAX) and _match(n) for n in gm.graph.nodes):
         return gm
     gm, done, g = copy_module(gm), 0, None
     g = gm.graph

@@ -171,7 +171,7 @@ def _compile(gm, example_inputs, options, on_backward=None):
         if on_backward is not None:
             on_backward(compiled)
         return compiled
-    gm = fuse_attention(gm, options)     # explicit attention → the fused kernel (attention.py)
+    gm = fuse_attention(gm, example_inputs, options)     # explicit attention → the fused kernel (attention.py)
     with counters.timed("aot"), stage("aot"):
         compiled = aot_compile(gm, example_inputs, fw_compiler=compiler, bw_compiler=bw_compiler,
                                decompositions=get_decompositions())

@@ -134,7 +134,7 @@ def test_training_dropout_keeps_the_chain():
     m = Attention("mul", p=0.5).train()
     q, k, v = qkv(requires_grad=True)
     gm = _captured(m, q, k, v)
-    assert F.dropout in _targets(gm) and fuse_attention(gm, {}) is gm
+    assert F.dropout in _targets(gm) and fuse_attention(gm, [], {}) is gm
 
 
 def _captured(fn, *args):
@@ -172,15 +172,27 @@ def test_rewrite_where_eager_fuses():
 
     q, k, v = qkv()
     gm = _captured(f, q, k, v)
-    out = fuse_attention(gm, {})
+    out = fuse_attention(gm, [], {})
     assert out is not gm and F.scaled_dot_product_attention in _targets(out)
     assert not any(t in (torch.softmax, torch.Tensor.softmax) for t in _targets(out))
     torch.testing.assert_close(out(q, k, v)[0], f(q, k, v), **TOL)
 
     k1, v1 = k[:1], v[:1]
     gm = _captured(f, q, k1, v1)
-    assert fuse_attention(gm, {}) is gm
-    assert fuse_attention(_captured(f, q, k, v), {"attention": "as_written"}) is not None
+    assert fuse_attention(gm, [], {}) is gm
+    assert fuse_attention(gm := _captured(f, q, k, v), [], {"attention": "as_written"}) is gm
+
+
+def test_mask_broadcasting_the_scores_keeps_the_chain():
+    """A mask with more batch rows than q: the chain's output has the mask's batch, which the
+    fused call would not give."""
+    def f(q, k, v, mask):
+        return torch.softmax(q @ k.transpose(-2, -1) * 0.25 + mask, -1) @ v
+
+    q, k, v = (t[:1] for t in qkv())
+    mask = torch.randn(3, 1, L, L)
+    gm = _captured(f, q, k, v, mask)
+    assert fuse_attention(gm, [], {}) is gm
 
 
 def test_bad_option_value():
@@ -198,7 +210,7 @@ def test_permuted_keys_and_3d_bias():
     kp = k.permute(0, 1, 3, 2)
     bias = torch.randn(H, L, L)
     gm = _captured(f, q, kp, v, bias)
-    out = fuse_attention(gm, {})
+    out = fuse_attention(gm, [], {})
     assert F.scaled_dot_product_attention in _targets(out)
     torch.testing.assert_close(out(q, kp, v, bias)[0], f(q, kp, v, bias), **TOL)
     with torch.no_grad():
