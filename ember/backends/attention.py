@@ -158,7 +158,7 @@ def _match(sm: fx.Node) -> Chain | None:
         return None
     scores = x
     chain.append(scores)
-    if any(len(n.users) != 1 for n in chain[1:]):
+    if any(len(n.users) != 1 for n in chain[1:]) or mask in chain:
         return None                  # an intermediate someone else reads too
     source, pv = sm, _only_user(sm)
     if pv is not None and _identity_dropout(pv):        # a live eval-mode dropout between
