@@ -137,6 +137,9 @@ def _settings(backend, mode, fullgraph, dynamic, options, recompile_limit) -> Co
     if user_options.get("layout", "auto") not in (*LAYOUTS, False):
         raise ValueError(f"options layout={user_options['layout']!r}: valid values are "
                          f"{', '.join(LAYOUTS)}")
+    if user_options.get("attention", "auto") not in ("auto", "as_written", False):
+        raise ValueError(f"options attention={user_options['attention']!r}: valid values are "
+                         "auto, as_written")
     options = dict(user_options)
     if mode != "default":
         options.setdefault("mode", mode)  # backends see the mode as an option

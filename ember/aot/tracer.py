@@ -25,13 +25,13 @@ import sympy
 import torch
 import torch.fx as fx
 from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import (TorchDispatchMode, _disable_current_modes,
-                                          _get_current_dispatch_mode)
+from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
 from torch.utils._pytree import tree_flatten, tree_map
 
 from .. import regions, shapes
 from ..errors import InternalError, Unsupported
 from ..fallback import stage
+from .attention import cpu_sdpa
 from .functionalize import IDENTITY_VIEWS, SCATTER, SCATTER_MULTI, functional_variant, mutated_args
 
 aten = torch.ops.aten
@@ -700,8 +700,8 @@ class LiftTensorLiterals(TorchFunctionMode):
     """`torch.tensor(v, device=x.device)` inside traced code: the constructor runs with Python
     dispatch excluded, so on meta inputs it would make a meta tensor whose value the tracer never
     sees. Build the literal on the graph's real device instead; ops lift it as a constant.
-    Also picks eager's fused CPU attention kernel for sdpa (`_cpu_fused_sdpa`): composite ops
-    decompose above the dispatch mode, so this torch-function level is where to choose."""
+    Also chooses the form of CPU sdpa (attention.py, `cpu_sdpa`): composite ops decompose above
+    the dispatch mode, so this torch-function level is where to choose."""
 
     def __init__(self, tracer: Tracer):
         super().__init__()
@@ -715,7 +715,7 @@ class LiftTensorLiterals(TorchFunctionMode):
             # the real tensor itself: every op that uses it lifts it as a graph constant
             return func(*args, **{**kwargs, "device": self.tracer.device})
         if func is torch._C._nn.scaled_dot_product_attention and self.tracer.device.type == "cpu":
-            out = _cpu_fused_sdpa(*args, **kwargs)
+            out = cpu_sdpa(*args, **kwargs)
             if out is not None:
                 return out
         if func is torch.Tensor.__getitem__ or func is torch.Tensor.__setitem__:
@@ -731,37 +731,6 @@ class LiftTensorLiterals(TorchFunctionMode):
                 raise Unsupported(f"ember.aot: {getattr(func, '__name__', func)} needs tensor "
                                   f"values to know its output size ({e})") from e
             raise
-
-
-def _cpu_fused_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-                    enable_gqa=False):
-    """Eager runs CPU attention as one fused (flash) kernel when its checks pass; on meta tensors
-    sdpa always takes the math path (bmm, softmax, bmm: slower, other rounding). Ask eager's own
-    question with empty CPU tensors of the same layout, and call the fused kernel when eager would
-    (its backward is the fused backward, an extern too). None: let sdpa decompose."""
-    from torch.nn.attention import SDPBackend
-    if dropout_p != 0.0 or enable_gqa:
-        return None
-
-    def real(t):
-        if not isinstance(t, torch.Tensor):
-            return t
-        # (at the traced sizes: the choice depends on dtypes and layouts, not on the lengths)
-        r = torch.empty_strided([shapes.hint_int(n) for n in t.shape],
-                                [shapes.hint_int(n) for n in t.stride()], dtype=t.dtype, device="cpu")
-        return r.requires_grad_(t.requires_grad) if t.dtype.is_floating_point else r
-    with _disable_current_modes():      # real CPU tensors, not traced ones
-        choice = torch._fused_sdp_choice(real(query), real(key), real(value), real(attn_mask),
-                                         dropout_p, is_causal, scale=scale)
-    if choice != int(SDPBackend.FLASH_ATTENTION):
-        return None
-    if attn_mask is not None and attn_mask.dtype == torch.bool:
-        # as eager's sdpa does before the fused kernel: True keeps, False is -inf
-        attn_mask = torch.zeros(attn_mask.shape, dtype=query.dtype, device=attn_mask.device) \
-            .masked_fill(attn_mask.logical_not(), float("-inf"))
-    out, _ = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-        query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)
-    return out
 
 
 def _int_list(v) -> bool:

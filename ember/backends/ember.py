@@ -39,6 +39,7 @@ from ..runtime.cudagraphs import cudagraphify
 from ..runtime.pycode import compile_cached
 from ..schedule import ROW_LOCAL_MAX, ROW_LOCAL_MAX_TRITON, schedule
 from . import backend_cache, layout, split
+from .attention import fuse_attention
 from .freeze import copy_module, fold_batchnorm_per_call, freeze
 from .speed import speed_checked    # never slower than eager
 
@@ -191,6 +192,7 @@ def _compile(gm, example_inputs, options, on_backward=None):
         if on_backward is not None:
             on_backward(compiled)
         return compiled
+    gm = fuse_attention(gm, example_inputs, options)     # explicit attention → the fused kernel (attention.py)
     with counters.timed("aot"), stage("aot"):
         compiled = aot_compile(gm, example_inputs, fw_compiler=compiler, bw_compiler=bw_compiler,
                                decompositions=get_decompositions())
