@@ -1,5 +1,5 @@
 """CPU attention: eager's fused flash kernel vs the bmm form (two bmm around one scale+mask+
-softmax kernel), the measurements behind ember/backends/attention.py (docs/design/030-attention-form.md).
+softmax kernel), the measurements behind ember/backends/attention.py (docs/design/031-attention-form.md).
 
 Per shape [B, H, L, D] (q, k, v made as [B, L, H, D] and transposed, as a transformer's heads
 are), causal or not, with an additive padding mask [B, 1, 1, L] or none, the attention written

@@ -3,7 +3,7 @@
 Eager runs CPU attention as aten's fused flash kernel (and its fused backward) whenever its own
 checks pass; on meta tensors sdpa would always decompose into its math form (bmm, softmax, bmm),
 which measured 0.5-0.9x of the fused kernel at inference and 0.7-0.95x in training
-(docs/design/030-attention-form.md). `eager_fuses` asks eager's question; the backend's rewrite
+(docs/design/031-attention-form.md). `eager_fuses` asks eager's question; the backend's rewrite
 of explicit attention (backends/attention.py) asks it too.
 
 Consumes: the traced sdpa call's arguments (meta tensors). Produces: the fused call's output, or

@@ -1,7 +1,7 @@
 """Backend "ember": attention written out as matmul → scale → mask → softmax → matmul runs as
 one `F.scaled_dot_product_attention` call, so aot picks eager's fused CPU flash kernel for it.
 
-Why (docs/design/030-attention-form.md, benchmarks/attention_form.py): at inference the flash
+Why (docs/design/031-attention-form.md, benchmarks/attention_form.py): at inference the flash
 kernel beats two batched GEMMs around a fused scale+mask+softmax kernel at every measured shape
 (0.5-0.9x for the chain; batch 1-8, heads 2-12, sequence 50-1024, head dim 32-128) and never
 holds the B·H·Lq·Lk scores. In training, where autograd saves the chain's probabilities and the
