@@ -22,7 +22,8 @@ The torch-level chain matched (each intermediate used once, an eval-mode dropout
 becomes `o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=c or 1/c or 1)`.
 Not rewritten: other devices and dtypes, a softmax in another dtype, a mask that requires grad,
 a dropout that draws numbers (ember's RNG stream stays as it is), shapes eager's fused choice
-rejects. The values differ from the chain's only by rounding (flash sums in another order).
+rejects. The values differ from the chain's only by rounding (flash sums in another order); a query
+row masked wholly with -inf, where flash gives 0, is set back to the chain's NaN.
 
 Off: options={"attention": "as_written"} (or False). Consumes a torch-level fx.GraphModule;
 produces it, or a rewritten copy.
@@ -231,7 +232,16 @@ def fuse_attention(gm: fx.GraphModule, example_inputs, options: dict) -> fx.Grap
                 {"attn_mask": mask, "dropout_p": 0.0, "is_causal": False,
                  "scale": 1.0 if c.scale is None else c.scale})
         out.meta = dict(c.out.meta)
-        c.out.replace_all_uses_with(out)
+        result = out
+        if mask is not None:        # a row masked wholly with -inf: NaN as the chain's softmax
+            with g.inserting_before(c.out):     # (the fused kernel gives 0 there)
+                tm = _val(mask)
+                neg = _node(g, torch.isneginf, (mask,), torch.isneginf(tm))
+                dead = _node(g, torch.Tensor.all, (neg, -1, True), torch.isneginf(tm).all(-1, True))
+                result = _node(g, torch.where, (dead, float("nan"), out),
+                               torch.where(dead.meta["example_value"], float("nan"),
+                                           _val(c.out)))
+        c.out.replace_all_uses_with(result)
         for n in c.nodes:           # last user first; dead eval dropouts go with their input
             for u in [u for u in n.users if _identity_dropout(u) and not u.users]:
                 g.erase_node(u)

@@ -73,6 +73,27 @@ def test_inference_values_and_form(form, mask, attention):
     assert n == (1 if attention == "auto" else 2)      # flash, or bmm + bmm
 
 
+@pytest.mark.parametrize("shape", [(B, 1, 1, L), (B, 1, L, L), (L, L)])
+def test_row_masked_wholly_is_nan_as_eager(shape):
+    """softmax over a row of -inf is NaN in eager's chain; the fused kernel gives 0 there: the
+    rewrite puts eager's NaN back (rows of other batch entries and queries stay finite)."""
+    m = Attention("mul").eval()
+    q, k, v = qkv()
+    mask = torch.zeros(shape)
+    if len(shape) == 2:
+        mask[3] = float("-inf")                 # query 3 of every batch entry and head
+    elif shape[2] == 1:
+        mask[0] = float("-inf")                 # every query of batch entry 0
+    else:
+        mask[0, :, 3] = float("-inf")           # query 3 of batch entry 0
+    cm = ember.compile(copy.deepcopy(m), options={"speed_check": False})
+    with torch.no_grad():
+        ref = m(q, k, v, mask)
+        n = externs(lambda: torch.testing.assert_close(cm(q, k, v, mask), ref, equal_nan=True,
+                                                       **TOL))
+    assert ref.isnan().any() and not ref.isnan().all() and n == 1
+
+
 @pytest.mark.parametrize("attention", ["auto", "as_written"])
 @pytest.mark.parametrize("mask", ["none", "padding", "causal"])
 @pytest.mark.parametrize("n", [L, TRAIN_UNFUSED_MAX_KV + 8])
