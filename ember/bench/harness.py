@@ -232,13 +232,23 @@ def _in_child(fn):
     """fn() run in a forked child, or None when it raises or the child dies: eager
     channels-last can crash inside PyTorch (timm fastvit_t8's training backward segfaults in
     eager), which must not take the compilers' rows with it. Without the value the check is
-    stricter, not looser."""
+    stricter, not looser. Forked only from a single-threaded process (the bench worker), and
+    the child runs torch on one thread: a fork beside other threads, or entering the parent's
+    OpenMP pool, can deadlock the child (a pytest-xdist worker runs fn() in place)."""
     import pickle
+    import threading
+    if threading.active_count() > 1:
+        try:
+            return fn()
+        except Exception:  # noqa: BLE001 - as a failed child: no value
+            return None
     rd, wr = os.pipe()
     pid = os.fork()
     if pid == 0:                                # the child: write the pickled value, exit
         os.close(rd)
         try:
+            import torch
+            torch.set_num_threads(1)
             data = pickle.dumps(fn())
         except BaseException:  # noqa: BLE001 - reported to the parent as no value
             data = pickle.dumps(None)
