@@ -22,11 +22,8 @@ import argparse
 import json
 import os
 import re
-import signal
-import subprocess
 import sys
 import tempfile
-import time
 
 import torch
 
@@ -248,21 +245,7 @@ def run_one(name: str, mode: str, args) -> list[dict]:
         out, log = os.path.join(tmp, "out.jsonl"), os.path.join(tmp, "log.txt")
         cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--models", name,
                "--modes", mode, "--reps", str(args.reps), "--out", out]
-        t0 = time.perf_counter()
-        with open(log, "w") as logf:
-            proc = subprocess.Popen(cmd, env=env, stdout=logf, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True)
-            try:
-                rc = proc.wait(timeout=args.timeout)
-                outcome = None if rc == 0 else f"crash: exit code {rc}"
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-                outcome = f"timeout after {args.timeout} s"
-        records = []
-        if os.path.exists(out):
-            with open(out) as f:
-                records = [json.loads(line) for line in f if line.strip()]
+        records, outcome, wall = harness.run_worker(cmd, env, args.timeout, out, log)
         have = {r["compiler"] for r in records}
         for c in ("eager", "ember"):
             if c not in have:
@@ -271,7 +254,7 @@ def run_one(name: str, mode: str, args) -> list[dict]:
                                 else "crash", "error": f"{outcome}; {harness._tail(log)}"})
         extra = _log_fields(log)
         for r in records:
-            r.update(extra, subprocess_wall_s=round(time.perf_counter() - t0, 1),
+            r.update(extra, subprocess_wall_s=round(wall, 1),
                      speed_check=not args.no_speed_check)
         return records
 

@@ -482,6 +482,27 @@ def _tail(path: str, lines: int = 3) -> str:
     return " | ".join(text[-lines:])[-400:]
 
 
+def run_worker(cmd: list, env: dict, timeout: float, out: str, log: str):
+    """Run a worker command in its own session (output to `log`), killed after `timeout` s:
+    (the JSON records it wrote to `out`, None or what went wrong, wall seconds)."""
+    t0 = time.perf_counter()
+    with open(log, "w") as logf:
+        proc = subprocess.Popen(cmd, env=env, stdout=logf, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+        try:
+            rc = proc.wait(timeout=timeout)
+            outcome = None if rc == 0 else f"crash: exit code {rc}"
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            outcome = f"timeout after {timeout:.0f} s"
+    records = []
+    if os.path.exists(out):
+        with open(out) as f:
+            records = [json.loads(line) for line in f if line.strip()]
+    return records, outcome, time.perf_counter() - t0
+
+
 def run_one(spec, mode: str, opts, env: dict) -> list[dict]:
     """Run one (model, mode) in a subprocess; always returns one record per compiler."""
     names = ["eager"] + [c for c in opts.compilers if c != "eager"]
@@ -491,22 +512,7 @@ def run_one(spec, mode: str, opts, env: dict) -> list[dict]:
                "--mode", mode, "--compilers", ",".join(names), "--reps", str(opts.reps),
                "--warmup", str(opts.warmup), "--backend", opts.backend, "--front", opts.front,
                "--out", out] + (["--no-memory"] if opts.no_memory else [])
-        t0 = time.perf_counter()
-        with open(log, "w") as logf:
-            proc = subprocess.Popen(cmd, env=env, stdout=logf, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True)
-            try:
-                rc = proc.wait(timeout=opts.timeout)
-                outcome = None if rc == 0 else f"crash: exit code {rc}"
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-                outcome = f"timeout after {opts.timeout:.0f} s"
-        wall = time.perf_counter() - t0
-        records = []
-        if os.path.exists(out):
-            with open(out) as f:
-                records = [json.loads(line) for line in f if line.strip()]
+        records, outcome, wall = run_worker(cmd, env, opts.timeout, out, log)
         have = {r["compiler"] for r in records}
         status = "timeout" if outcome and outcome.startswith("timeout") else "crash"
         for c in names:
