@@ -7,6 +7,8 @@ enough work; contiguous inner loops get `#pragma omp simd` (with reduction claus
 accumulators); a kernel that is one big reduction to a scalar uses per-thread partials.
 Reductions down columns vectorize across a block of columns; long float sums are cascaded
 (LONG_SUM); layout conversions walk tiles (TILE). fp16/bf16 are accumulated in float.
+Loop planning (dim order and merging, tiles, pair splits) is in cpp_loops.py, accumulators and
+reduction clauses in cpp_reduce.py.
 
 Consumes: Kernel steps (schedule.fuse), buffers by name. Produces: C++ source + kernel argument
 lists (buffer names, in order) for the wrapper.
@@ -16,297 +18,26 @@ from __future__ import annotations
 import sympy
 import torch
 
-from ..loopir.index import SIZE_NAME, FloorDiv, ModularIndexing, hint, is_symbolic, numel, \
-    simplify_index, sym
-from ..loopir.ops import OpsHandler, compute_dtype, set_handler
+from ..loopir.index import SIZE_NAME, hint, is_symbolic, numel
+from ..loopir.ops import compute_dtype, set_handler
 from ..loopir.plan import Stage
 from .common import IndentedBuffer
-from .cpp_handler import CHECKED, CppHandler, CppVal, _blocks, _int, cexpr, ctype, literal
+from .cpp_handler import CHECKED, CppHandler, CppVal, _blocks, _int, cexpr, ctype
+from .cpp_loops import TILE, _coeff, _drop_simd_over_masked_ifs, _transposed_dim, collect, \
+    loop_var, plan_loops, split_pair
 from .cpp_prelude import PRELUDE
 from .cpp_ranges import split_points
+from .cpp_reduce import ARG, CASCADE_BLOCK, CASCADE_ROWS, PARALLEL_BLOCK, SIMD_RED, UDR, Span, \
+    _acc_value, _arg_better, _block_split, _cascaded, _combine, _flat, _for, _init, _red_clause, \
+    _update
 
 PARALLEL_MIN_WORK = 32768
 UNROLL = 2      # a pointwise kernel's innermost dim at most this long is unrolled (a pair)
 
 
-# --- reductions ----------------------------------------------------------------------------
-
-def _init(rtype, dt) -> str:
-    t = ctype(dt)
-    if rtype in ("sum", "any"):
-        return literal(0, dt)
-    if rtype == "prod":
-        return literal(1, dt)
-    if rtype in ("max", "argmax"):
-        return (f"-std::numeric_limits<{t}>::infinity()" if dt.is_floating_point
-                else f"std::numeric_limits<{t}>::lowest()")
-    if rtype in ("min", "argmin"):
-        return (f"std::numeric_limits<{t}>::infinity()" if dt.is_floating_point
-                else f"std::numeric_limits<{t}>::max()")
-    raise NotImplementedError(rtype)
-
-
-#: float32 sums over at least this many elements are cascaded: a float accumulator drifts by
-#: ~sqrt(n) ulps over n terms, and over a BatchNorm's 8x112x112 = 100k elements per channel that
-#: made ember's activations 20x less accurate than eager's (lraspp, mobilenet v3; ReLU masks flip
-#: at that level). A cascaded sum adds CASCADE_BLOCK elements at a time into a float (vector)
-#: accumulator that starts from zero, at float SIMD speed, and adds each block's sum into a
-#: double: the error is that of ~CASCADE_BLOCK / lanes float additions per lane, plus one
-#: rounding to float (ATen's sum does the same with float levels, its BatchNorm statistics
-#: accumulate in double). Converting every element to double instead ran 0.67-0.86x as fast.
-#: Short rows (softmax, LayerNorm) keep float accumulators, and so do bf16/fp16 results (float is
-#: already far finer than what they store).
-LONG_SUM = 4096
-#: elements per float block of a cascaded sum along a simd loop (8 lanes: 128 terms per lane)
-CASCADE_BLOCK = 1024
-#: rows per float block of a cascaded column sum (each column is one lane: terms per lane)
-CASCADE_ROWS = 128
-#: iterations per `omp for` block of a reduction to a scalar that is not cascaded
-PARALLEL_BLOCK = 4096
-
-
-def _cascaded(node, length) -> bool:
-    body = node.body
-    return (body.reduction_type == "sum" and body.src_dtype == torch.float32
-            and body.dtype == torch.float32 and hint(length) >= LONG_SUM)
-
-
-def _acc_value(acc, adt, dt) -> str:
-    return acc if adt == dt else f"static_cast<{ctype(dt)}>({acc})"
-
-
-class Span:
-    """A loop over [lo, hi) of a dim of `size` (one block of a blocked reduction): the loop var
-    still lies in [0, size), which is what index simplification and clamping assume."""
-
-    def __init__(self, lo: str, hi: str, size):
-        self.lo, self.hi, self.size = lo, hi, size
-
-
-def _for(v, size) -> str:
-    """The header of a loop over `size` (an int, a size expression or a Span)."""
-    lo, hi = (size.lo, size.hi) if isinstance(size, Span) else (0, _int(size))
-    return f"for (int64_t {v} = {lo}; {v} < {hi}; ++{v})"
-
-
-def _block_split(sizes, block: int) -> tuple[int, int]:
-    """(i, c): walk the loop nest `sizes` as blocks of about `block` iterations: dims before i
-    one by one, dim i in pieces of c, the dims after it (fewer than `block` iterations) whole."""
-    inner = 1
-    for i in range(len(sizes) - 1, -1, -1):
-        s = hint(sizes[i])
-        if inner * s >= block:
-            return i, -(-block // inner)
-        inner *= s
-    return 0, max(hint(sizes[0]), 1)
-
-
-def _update(rtype, acc, v, dt) -> str:
-    if rtype == "sum":
-        return f"{acc} += {v};"
-    if rtype == "prod":
-        return f"{acc} *= {v};"
-    if rtype == "any":
-        return f"{acc} = {acc} || {v};"
-    if rtype == "max":
-        return f"{acc} = ember::max_nan({acc}, {v});"
-    if rtype == "min":
-        return f"{acc} = ember::min_nan({acc}, {v});"
-    raise NotImplementedError(rtype)
-
-
-ARG = ("argmax", "argmin")
-
-
-def _arg_better(rtype, v, acc, dt) -> str:
-    """The test that value v replaces the running arg-reduction value acc: strictly better
-    (ties keep the first index), and the first NaN wins, as in eager. The common case (not
-    better) is one compare: `v > acc || (v != v && acc == acc)` let g++ put the NaN tests first,
-    a chain through acc 3.4x slower."""
-    cmp = ">" if rtype == "argmax" else "<"
-    if not dt.is_floating_point:
-        return f"{v} {cmp} {acc}"
-    worse = "<=" if rtype == "argmax" else ">="
-    return f"!({v} {worse} {acc}) && ({v} {cmp} {acc} || {acc} == {acc})"
-
-
-def _flat(rv, sizes):
-    """The row-major flat index of loop vars rv over `sizes` (an arg reduction's result)."""
-    flat, stride = sympy.Integer(0), sympy.Integer(1)
-    for r, s in zip(reversed(rv), reversed(sizes)):
-        flat, stride = flat + r * stride, stride * s
-    return cexpr(flat)
-
-
-def _combine(rtype, acc, part) -> str:
-    return {"sum": f"{acc} += {part};", "prod": f"{acc} *= {part};",
-            "any": f"{acc} = {acc} || {part};", "max": f"{acc} = ember::max_nan({acc}, {part});",
-            "min": f"{acc} = ember::min_nan({acc}, {part});"}[rtype]
-
-
-SIMD_RED = {"sum": "+", "prod": "*", "any": "||"}
-UDR = {"max": "emax", "min": "emin"}
-
-
-def _red_clause(rtypes_accs) -> str:
-    parts = []
-    for rtype, acc, dt in rtypes_accs:
-        if rtype in SIMD_RED:
-            parts.append(f"reduction({SIMD_RED[rtype]}:{acc})")
-        elif rtype in UDR and dt in (torch.float32, torch.float64):
-            parts.append(f"reduction({UDR[rtype]}:{acc})")
-        elif rtype in UDR:
-            parts.append(f"reduction({rtype}:{acc})")
-        else:
-            return None
-    return " ".join(parts)
-
-
-# --- loop planning: order and merge dims ---------------------------------------------------
-
-class IndexCollector(OpsHandler):
-    """Records every index expression a body uses (loads, stores, index_expr)."""
-
-    def __init__(self, ranges: dict):
-        self.exprs: list = []
-        self.stores: list = []
-        self.n = 0
-        self.ranges = ranges
-
-    def load(self, name, index):
-        self.exprs.append(simplify_index(sympy.expand(index), self.ranges))
-
-    def store(self, name, index, value):
-        index = simplify_index(sympy.expand(index), self.ranges)
-        self.exprs.append(index)
-        self.stores.append(index)
-
-    def index_expr(self, expr, dtype):
-        self.exprs.append(simplify_index(sympy.expand(expr), self.ranges))
-
-    def masked(self, mask, body, other):
-        return body()
-
-    def indirect_indexing(self, value, size, check=True):
-        self.n += 1
-        return sym(f"indirect{self.n}")
-
-    def default(self, name, *args, **kwargs):
-        return None
-
-
-def collect(fn, ranges: dict) -> IndexCollector:
-    """The index expressions `fn`'s body uses, simplified for loop vars in `ranges`."""
-    c = IndexCollector(ranges)
-    with set_handler(c):
-        fn()
-    return c
-
-
-def _coeff(e, v):
-    return e.coeff(v) if e.has(v) else 0
-
-
-def plan_loops(ranges, vars_, exprs, order=None):
-    """Loop nest (sizes, vars) after reordering dims by `order` and merging adjacent dims
-    that every index treats as one (coef[outer] == coef[inner] * size[inner], no div/mod).
-    Returns (sizes, vars, subs) where subs maps merged-away vars to 0 and the surviving var
-    of a group ranges over the product."""
-    dims = list(order if order is not None else range(len(ranges)))
-    opaque = set()
-    for e in exprs:
-        for f in e.atoms(FloorDiv, ModularIndexing):
-            opaque |= f.free_symbols
-    groups = []
-    for d in dims:
-        v = vars_[d]
-        if groups and v not in opaque and vars_[groups[-1][-1]] not in opaque:
-            last = vars_[groups[-1][-1]]
-            if all(_coeff(e, last) == _coeff(e, v) * ranges[d] for e in exprs):
-                groups[-1].append(d)
-                continue
-        groups.append([d])
-    sizes, out_vars, subs = [], [], {}
-    for g in groups:
-        sizes.append(numel([ranges[d] for d in g]))
-        out_vars.append(vars_[g[-1]])
-        for d in g[:-1]:
-            subs[vars_[d]] = sympy.Integer(0)
-    return sizes, out_vars, subs
-
-
-#: tile edge of a layout conversion (see _transposed_dim): a 32 x 32 float tile of the input is
-#: 64 cache lines, each reused from L1 while the tile is walked (benchmarks/kernel_ab.py: 32
-#: beat 16 and 64 on NCHW <-> NHWC of 8x128x28x28, 8x256x28x28 and 8x144x56x56)
-TILE = 32
-
-
-def _transposed_dim(sizes, lvars, exprs) -> int | None:
-    """The loop (not the innermost one, along which the store is contiguous) along which some
-    load is contiguous while it strides by at least TILE along the innermost one: a layout
-    conversion (NHWC <-> NCHW, a permute). Walked row by row, each of the innermost loop's loads
-    touches another cache line, and a line is reused only one outer iteration later, out of L1
-    once the inner loop is long (NHWC -> NCHW of 8x256x28x28 ran at ~4 ns an element)."""
-    if len(lvars) < 2 or any(is_symbolic(sz) for sz in sizes) or hint(sizes[-1]) < TILE:
-        return None
-    vi = lvars[-1]
-    for e in exprs:
-        c = _coeff(e, vi)
-        if not (isinstance(c, sympy.Integer) and abs(int(c)) >= TILE):
-            continue
-        for d, v in enumerate(lvars[:-1]):
-            if _coeff(e, v) == 1 and hint(sizes[d]) >= TILE:
-                return d
-
-
-def _drop_simd_over_masked_ifs(lines, start):
-    """g++ 12 miscompiles `#pragma omp simd` over a loop whose body loads the two halves of a
-    stride-2 group under `if (mask)` (constant_pad_nd of pairs: valid elements came out 0):
-    an unrolled pair loop with an `if`-form masked load loses its simd pragma (the branch-free
-    clamped form, which the unrolled loads normally take, is vectorized correctly)."""
-    body = lines[start:]
-    if not any(line.lstrip().startswith("if (") for line in body):
-        return
-    for i, line in enumerate(body, start):
-        if line.lstrip().startswith("#pragma omp") and "simd" in line:
-            kept = line.replace(" simd", "")
-            lines[i] = kept if kept.strip() != "#pragma omp" else ""
-
-
-def split_pair(outer, xv, exprs_of):
-    """A loop dim whose indices read it only as v // 2 and v % 2 (a pointwise op on the
-    flattened view of (..., n, 2) pairs: LLaMA's `view_as_real(x).flatten(3).type_as(q)`) is
-    split into v = 2*a + b, so the kernel loops over a and the pair b (unrolled, see generate)
-    with affine indices instead of dividing per element in a loop g++ does not vectorize.
-    `exprs_of(point, ranges)` collects the body's index expressions at loop point `point`.
-    Returns (ranges, loop vars, point) or None."""
-    c = exprs_of(xv, dict(zip(xv, outer)))
-    opaque = set()
-    for e in c.exprs:
-        for f in e.atoms(FloorDiv, ModularIndexing):
-            opaque |= f.free_symbols
-    for d, (v, n) in enumerate(zip(xv, outer)):
-        if v not in opaque or is_symbolic(n) or int(n) % 2 or int(n) < 4:
-            continue
-        a, b = loop_var(len(xv)), loop_var(len(xv) + 1)
-        ranges = list(outer[:d]) + [sympy.Integer(int(n) // 2), sympy.Integer(2)] + \
-            list(outer[d + 1:])
-        lv = list(xv[:d]) + [a, b] + list(xv[d + 1:])
-        point = list(xv[:d]) + [2 * a + b] + list(xv[d + 1:])
-        split = exprs_of(point, dict(zip(lv, ranges)))
-        if not any(f.has(a) or f.has(b) for e in split.exprs
-                   for f in e.atoms(FloorDiv, ModularIndexing)):
-            return ranges, lv, point
-    return None
-
-
 # --- kernels -------------------------------------------------------------------------------
 
 ROW_STACK_MAX = 16384    # elements of a row scratch kept on the stack (longer: RowScratch)
-
-
-def loop_var(i):
-    return sym(f"v{i}")
 
 
 class KernelCodegen:

@@ -16,7 +16,8 @@ import torch
 
 from ..loopir.index import SIZE_NAME, hint, is_symbolic, numel
 from ..loopir.ops import set_handler
-from .cpp import _coeff, collect, kernel_args
+from .cpp import kernel_args
+from .cpp_loops import _coeff, collect
 from .triton import (INT32_LIMIT, MAX_PERSISTENT, OUTER_PERSISTENT_MAX, PRELUDE, TritonHandler,
                      TritonKernelSource, TVal, _decode, _full2, _loop_var, _open_rloop, _reads,
                      _row_rnumel, _size)

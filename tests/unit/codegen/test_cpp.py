@@ -9,7 +9,8 @@ import torch
 
 from ember.loopir.index import FloorDiv, ModularIndexing, sym
 from ember.loopir.ops import ops
-from ember.codegen.cpp import cexpr, generate_tu, plan_loops
+from ember.codegen.cpp import cexpr, generate_tu
+from ember.codegen.cpp_loops import plan_loops
 from ember.loopir.nodes import ComputedBuffer, InputBuffer, Pointwise, Reduction
 from ember.runtime.build import CXX, FLAGS, build, load
 from ember.schedule.deps import node_deps

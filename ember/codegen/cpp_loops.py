@@ -1,0 +1,150 @@
+"""C++ loop planning: the index expressions a kernel body uses (IndexCollector), dim
+reordering and merging (plan_loops), layout-conversion tiles, and the split of (n, 2) pair dims.
+Used by cpp.py and triton_kernel.py."""
+from __future__ import annotations
+
+import sympy
+
+from ..loopir.index import FloorDiv, ModularIndexing, hint, is_symbolic, numel, simplify_index, sym
+from ..loopir.ops import OpsHandler, set_handler
+
+
+def loop_var(i):
+    return sym(f"v{i}")
+
+
+
+class IndexCollector(OpsHandler):
+    """Records every index expression a body uses (loads, stores, index_expr)."""
+
+    def __init__(self, ranges: dict):
+        self.exprs: list = []
+        self.stores: list = []
+        self.n = 0
+        self.ranges = ranges
+
+    def load(self, name, index):
+        self.exprs.append(simplify_index(sympy.expand(index), self.ranges))
+
+    def store(self, name, index, value):
+        index = simplify_index(sympy.expand(index), self.ranges)
+        self.exprs.append(index)
+        self.stores.append(index)
+
+    def index_expr(self, expr, dtype):
+        self.exprs.append(simplify_index(sympy.expand(expr), self.ranges))
+
+    def masked(self, mask, body, other):
+        return body()
+
+    def indirect_indexing(self, value, size, check=True):
+        self.n += 1
+        return sym(f"indirect{self.n}")
+
+    def default(self, name, *args, **kwargs):
+        return None
+
+
+def collect(fn, ranges: dict) -> IndexCollector:
+    """The index expressions `fn`'s body uses, simplified for loop vars in `ranges`."""
+    c = IndexCollector(ranges)
+    with set_handler(c):
+        fn()
+    return c
+
+
+def _coeff(e, v):
+    return e.coeff(v) if e.has(v) else 0
+
+
+def plan_loops(ranges, vars_, exprs, order=None):
+    """Loop nest (sizes, vars) after reordering dims by `order` and merging adjacent dims
+    that every index treats as one (coef[outer] == coef[inner] * size[inner], no div/mod).
+    Returns (sizes, vars, subs) where subs maps merged-away vars to 0 and the surviving var
+    of a group ranges over the product."""
+    dims = list(order if order is not None else range(len(ranges)))
+    opaque = set()
+    for e in exprs:
+        for f in e.atoms(FloorDiv, ModularIndexing):
+            opaque |= f.free_symbols
+    groups = []
+    for d in dims:
+        v = vars_[d]
+        if groups and v not in opaque and vars_[groups[-1][-1]] not in opaque:
+            last = vars_[groups[-1][-1]]
+            if all(_coeff(e, last) == _coeff(e, v) * ranges[d] for e in exprs):
+                groups[-1].append(d)
+                continue
+        groups.append([d])
+    sizes, out_vars, subs = [], [], {}
+    for g in groups:
+        sizes.append(numel([ranges[d] for d in g]))
+        out_vars.append(vars_[g[-1]])
+        for d in g[:-1]:
+            subs[vars_[d]] = sympy.Integer(0)
+    return sizes, out_vars, subs
+
+
+#: tile edge of a layout conversion (see _transposed_dim): a 32 x 32 float tile of the input is
+#: 64 cache lines, each reused from L1 while the tile is walked (benchmarks/kernel_ab.py: 32
+#: beat 16 and 64 on NCHW <-> NHWC of 8x128x28x28, 8x256x28x28 and 8x144x56x56)
+TILE = 32
+
+
+def _transposed_dim(sizes, lvars, exprs) -> int | None:
+    """The loop (not the innermost one, along which the store is contiguous) along which some
+    load is contiguous while it strides by at least TILE along the innermost one: a layout
+    conversion (NHWC <-> NCHW, a permute). Walked row by row, each of the innermost loop's loads
+    touches another cache line, and a line is reused only one outer iteration later, out of L1
+    once the inner loop is long (NHWC -> NCHW of 8x256x28x28 ran at ~4 ns an element)."""
+    if len(lvars) < 2 or any(is_symbolic(sz) for sz in sizes) or hint(sizes[-1]) < TILE:
+        return None
+    vi = lvars[-1]
+    for e in exprs:
+        c = _coeff(e, vi)
+        if not (isinstance(c, sympy.Integer) and abs(int(c)) >= TILE):
+            continue
+        for d, v in enumerate(lvars[:-1]):
+            if _coeff(e, v) == 1 and hint(sizes[d]) >= TILE:
+                return d
+
+
+def _drop_simd_over_masked_ifs(lines, start):
+    """g++ 12 miscompiles `#pragma omp simd` over a loop whose body loads the two halves of a
+    stride-2 group under `if (mask)` (constant_pad_nd of pairs: valid elements came out 0):
+    an unrolled pair loop with an `if`-form masked load loses its simd pragma (the branch-free
+    clamped form, which the unrolled loads normally take, is vectorized correctly)."""
+    body = lines[start:]
+    if not any(line.lstrip().startswith("if (") for line in body):
+        return
+    for i, line in enumerate(body, start):
+        if line.lstrip().startswith("#pragma omp") and "simd" in line:
+            kept = line.replace(" simd", "")
+            lines[i] = kept if kept.strip() != "#pragma omp" else ""
+
+
+def split_pair(outer, xv, exprs_of):
+    """A loop dim whose indices read it only as v // 2 and v % 2 (a pointwise op on the
+    flattened view of (..., n, 2) pairs: LLaMA's `view_as_real(x).flatten(3).type_as(q)`) is
+    split into v = 2*a + b, so the kernel loops over a and the pair b (unrolled, see generate)
+    with affine indices instead of dividing per element in a loop g++ does not vectorize.
+    `exprs_of(point, ranges)` collects the body's index expressions at loop point `point`.
+    Returns (ranges, loop vars, point) or None."""
+    c = exprs_of(xv, dict(zip(xv, outer)))
+    opaque = set()
+    for e in c.exprs:
+        for f in e.atoms(FloorDiv, ModularIndexing):
+            opaque |= f.free_symbols
+    for d, (v, n) in enumerate(zip(xv, outer)):
+        if v not in opaque or is_symbolic(n) or int(n) % 2 or int(n) < 4:
+            continue
+        a, b = loop_var(len(xv)), loop_var(len(xv) + 1)
+        ranges = list(outer[:d]) + [sympy.Integer(int(n) // 2), sympy.Integer(2)] + \
+            list(outer[d + 1:])
+        lv = list(xv[:d]) + [a, b] + list(xv[d + 1:])
+        point = list(xv[:d]) + [2 * a + b] + list(xv[d + 1:])
+        split = exprs_of(point, dict(zip(lv, ranges)))
+        if not any(f.has(a) or f.has(b) for e in split.exprs
+                   for f in e.atoms(FloorDiv, ModularIndexing)):
+            return ranges, lv, point
+    return None
