@@ -8,6 +8,8 @@ Environment (read when asked, so tests can set them with monkeypatch):
                    loading the backend's product from the cache dir (backends/backend_cache.py)
   EMBER_STRICT     "1": internal errors raise instead of falling back to eager
   EMBER_PROGRESS   "0": no live progress line on a TTY
+  EMBER_PROFILE    "1": generated kernels show in torch.profiler tables by name (the "profile"
+                   backend option)
 """
 from __future__ import annotations
 
@@ -65,6 +67,10 @@ def strict() -> bool:
 
 def progress() -> bool:
     return _flag("EMBER_PROGRESS", default=True)
+
+
+def profile_kernels() -> bool:
+    return _flag("EMBER_PROFILE")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -82,6 +82,9 @@ def _on_resolved_negs(fn, positions):
 
 def _ember_backend(gm, example_inputs, **kwargs):
     options = kwargs.get("options") or {}
+    if "profile" not in options and config.profile_kernels():
+        options = {**options, "profile": True}      # part of both cache keys, as an option
+        kwargs = {**kwargs, "options": options}
     _refuse_implicit_autocast(gm)
     if split.data_dependent(gm):    # Dynamo's unbacked sizes: compiled around the data reads
         return split.split_at_data(gm, lambda g, ex: _ember_backend(g, ex, **kwargs)).forward
@@ -256,7 +259,8 @@ def compile_aten_graph(gm, example_inputs, *, options=None):
             return run
         with stage("codegen"):
             source, sigs = generate_tu(plan.kernels, plan.deps, plan.buffers)
-            wrapper = WrapperCodegen(plan, sigs, mutations=mutations)
+            wrapper = WrapperCodegen(plan, sigs, mutations=mutations,
+                                     profile=options.get("profile", False))
             wsrc = wrapper.generate()
         stats = {"graph": next(_ids), **stats}
         with _lock:

@@ -277,7 +277,7 @@ def compile_plan(plan, devices: set, options, stats: dict):
                                                               MAX_PERSISTENT)),
                                interpret=interpret)
     sigs = {s.name: s.args for s in sources}
-    wrapper = WrapperCodegen(plan, sigs, pointers=False)
+    wrapper = WrapperCodegen(plan, sigs, pointers=False, profile=options.get("profile", False))
     wsrc = wrapper.generate()
     msrc = module_source(sources) if sources else ""
     gid = next(_ids)

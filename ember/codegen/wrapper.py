@@ -104,7 +104,16 @@ def memo_view(views, slot, base, size, stride, offset):
 def wrapper_globals() -> dict:
     """What every generated wrapper reads besides its kernels and aten ops."""
     return {"torch": torch, "empty_strided": torch.empty_strided,
-            "as_strided": torch.as_strided, "_view": memo_view}
+            "as_strided": torch.as_strided, "_view": memo_view,
+            "_rf": torch.profiler.record_function}
+
+
+def profile_label(kernel) -> str:
+    """A kernel's name in torch.profiler tables (options={"profile": True}): the kernel and the
+    graph nodes its buffers were realized at (EMBER_DEBUG_DIR has its source by that name)."""
+    origins = list(dict.fromkeys(n.origin for n in kernel.nodes if n.origin))
+    shown = ", ".join(origins[:4]) + (f" +{len(origins) - 4}" if len(origins) > 4 else "")
+    return f"ember {kernel.name}: {shown}" if shown else f"ember {kernel.name}"
 
 
 class WrapperCodegen:
@@ -112,8 +121,10 @@ class WrapperCodegen:
     input after the call (aot's input mutations); the wrapper may then compute such an output
     in the input's own memory."""
 
-    def __init__(self, plan, signatures, *, pointers: bool = True, mutations=None):
+    def __init__(self, plan, signatures, *, pointers: bool = True, mutations=None,
+                 profile: bool = False):
         self.inputs, self.steps, self.plan = plan.inputs, plan.steps, plan
+        self.profile = profile      # each kernel call inside a torch.profiler.record_function
         self.signatures, self.buffers, self.outputs = signatures, plan.buffers, plan.outputs
         self.pointers = pointers    # C++ kernels take data_ptr()s; Triton kernels the tensors
         self.globals: dict = wrapper_globals()
@@ -371,7 +382,11 @@ class WrapperCodegen:
                 return
             args = ", ".join(n if SIZE_NAME.fullmatch(n) or not self.pointers else f"{n}.data_ptr()"
                              for n in self.signatures[step.name])
-            code.writeline(f"{step.name}({args})")
+            if self.profile:
+                code.writeline(f"with _rf({profile_label(step)!r}):")
+                code.writeline(f"    {step.name}({args})")
+            else:
+                code.writeline(f"{step.name}({args})")
             return
         args = [self.value(a) for a in node.args]
         kwargs = [f"{k}={self.value(v)}" for k, v in node.kwargs.items()]

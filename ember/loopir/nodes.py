@@ -76,6 +76,7 @@ class InputBuffer(Buffer):
 @dataclasses.dataclass(eq=False)
 class ComputedBuffer(Buffer):
     body: Any = None                # Pointwise | Reduction
+    origin: str = ""                # the graph node lowered when it was realized (profile labels)
 
     @property
     def kind(self) -> str:

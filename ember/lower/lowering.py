@@ -92,7 +92,8 @@ class GraphLowering:
     def add_computed(self, body, dtype=None, stride=None) -> ComputedBuffer:
         size = as_sizes(body.size)
         stride = tuple(stride) if stride is not None else contiguous_strides(size)
-        buf = ComputedBuffer(self.new_name(), dtype or body.dtype, size, stride, body=body)
+        buf = ComputedBuffer(self.new_name(), dtype or body.dtype, size, stride, body=body,
+                             origin=getattr(self.current_node, "name", ""))
         self.nodes.append(buf)
         return buf
 
