@@ -14,6 +14,7 @@ import copy
 import dataclasses
 import operator
 import types
+import weakref
 
 import torch
 import torch.utils._pytree as pytree
@@ -155,6 +156,25 @@ _DECORATOR_KINDS = ("grad", "grad_set", "inference", "autocast")
 
 def _all_const(vals) -> bool:
     return all(isinstance(v, ObjV) for v in vals)
+
+
+def _call_weakref(tr, ref, source) -> V:
+    """`ref()` on a weak reference the frame reads (torch's RNN modules keep weak refs to their
+    weights and check `ref() is weight` on every call): the referent, read through the call
+    in the guards, which check it is the very object the trace saw (a tensor: the same one as
+    the trace's other reads of it)."""
+    from .sources import CallSource
+    obj, src = ref(), CallSource(source)
+    if obj is None:
+        tr.guard("NONE", src, None)
+        return ObjV(None, src)
+    v = tr.wrap(obj, src)
+    if isinstance(v, TensorV):
+        if v.source is not None and v.source.expr() != src.expr():
+            tr.guard("ALIAS", src, v.source)
+    else:
+        tr.guard("ID", src, obj)
+    return v
 
 
 def compiled_by_torch(f) -> bool:
@@ -318,6 +338,8 @@ def call_obj(tr, fn: ObjV, args: list, kwargs: dict) -> V:
         raise tr.unsupported(f"call to builtin {getattr(f, '__qualname__', f)!r}")
     if isinstance(f, _AUTOCAST_CLASSES):
         return ContextV("autocast_obj", (f,))
+    if type(f) is weakref.ReferenceType and fn.source is not None and not args and not kwargs:
+        return _call_weakref(tr, f, fn.source)
     c = getattr(type(f), "__call__", None)
     if isinstance(c, types.FunctionType):
         return call(tr, ObjV(c), [fn] + list(args), kwargs)
