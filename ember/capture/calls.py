@@ -633,12 +633,18 @@ def _new_module(tr, cls, args, kwargs) -> V:
     built for real at trace time from constant arguments, so calling it inlines as usual. The
     trace cannot write its attributes (it has no source); residual code that needs it makes a
     new one with the same arguments, as eager does per call."""
-    if not _torch_nn_construction(cls) or not (_all_const(args) and _all_const(kwargs.values())):
+    from .builtins import real
+    try:     # constants, or tuples of them (HF Canine's ConstantPad1d((beg, end), 0))
+        a_real = [real(tr, a) for a in args]
+        k_real = {k: real(tr, v) for k, v in kwargs.items()}
+    except Unsupported:
+        a_real = None
+    if not _torch_nn_construction(cls) or a_real is None:
         raise tr.unsupported(f"creating a {cls.__name__} module inside the traced code",
                              hint="only modules whose construction is torch.nn's own, with "
                                   "constant arguments, are built here")
     with torch.random.fork_rng(devices=[]):    # a module with weights would draw from the RNG
-        m = cls(*[a.value for a in args], **{k: v.value for k, v in kwargs.items()})
+        m = cls(*a_real, **k_real)
     if next(m.parameters(), None) is not None or \
             any(b is not None for b in m._buffers.values()) or m._modules:
         raise tr.unsupported(f"creating a {cls.__name__} module with state inside the traced code")

@@ -956,6 +956,22 @@ def test_stateless_module_made_in_traced_code():
     no_recompiles_no_fallbacks()
 
 
+def pad_made_inside(x, total):
+    beg = total // 2
+    pad = nn.ConstantPad1d((beg, total - beg), 0.5)     # HF Canine's ConvProjection
+    return pad(x).relu(), pad
+
+
+def test_stateless_module_made_from_a_tuple_built_in_the_trace():
+    x = torch.randn(2, 3, 6)
+    cf = ember.compile(pad_made_inside, backend=BACKEND)
+    for total in (3, 3, 4):
+        (got, mod), (exp, _) = cf(x, total), pad_made_inside(x, total)
+        torch.testing.assert_close(got, exp)
+        assert type(mod) is nn.ConstantPad1d and mod.padding == (total // 2, total - total // 2)
+    counts(lambda x, total: pad_made_inside(x, total)[0], x, 3, graphs=1, breaks=0)
+
+
 class SiLUAct(nn.Module):
     """transformers' SiLUActivation: no __init__ of its own; ACT2FN["silu"] makes one per call."""
 
