@@ -749,6 +749,12 @@ def call_builtin_method(tr, recv: V, name: str, args, kwargs) -> V:
         if name == "numpy" and not args and set(kwargs) <= {"force"}:
             force = kwargs.get("force", ObjV(False))
             return ndarrays.from_tensor(tr, recv, isinstance(force, ObjV) and bool(force.value))
+        if name == "requires_grad_" and len(args) + len(kwargs) <= 1:
+            from .attrs import set_requires_grad
+            flag = (args or list(kwargs.values()) or [ObjV(True)])[0]
+            if isinstance(flag, ObjV) and isinstance(flag.value, bool):
+                set_requires_grad(tr, recv, flag.value, "Tensor.requires_grad_()")
+                return recv
         if name in _TENSOR_BLOCKED and not args and not kwargs and \
                 (x := numbers.value_of(tr, recv, name)) is not None:
             return tr.const_value(x)        # a tensor made from numbers (numbers.py)
