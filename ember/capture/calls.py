@@ -456,6 +456,12 @@ def call_module(tr, mv: ObjV, args, kwargs) -> V:
         untraceable_hooks
     if isinstance(m, LazyModuleMixin) and hasattr(m, "_initialize_hook"):
         _materialize_lazy(tr, m, args, kwargs)
+    if isinstance(m, torch.nn.RNNBase):
+        raise tr.unsupported(
+            f"a torch.nn.{type(m).__name__} module: recurrent modules run eagerly, as under "
+            "Dynamo (allow_rnn=False); traced, the aten op unrolls its time loop into per-step "
+            "kernels, whose compile time grows with the sequence (timm's Sequencer: > 7 min)",
+            hint="intended: the module runs as eager PyTorch, the code around it is compiled")
     why = untraceable_hooks(m)
     if why is not None:
         raise tr.unsupported(why, hint="that module runs eagerly; forward and full backward "
