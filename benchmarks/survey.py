@@ -2,8 +2,10 @@
 
     PYTHONPATH=. python benchmarks/survey.py --list
     PYTHONPATH=. python benchmarks/survey.py --table run1.jsonl run2.jsonl
-    PYTHONPATH=. python benchmarks/survey.py [--models a,b] [--modes infer,train] [--timeout 420] \
-        [--reps 3] --out benchmarks/results/survey2_<tag>.jsonl
+    PYTHONPATH=. python benchmarks/survey.py [--models a,b | --suite survey3] [--modes infer,train] \
+        [--timeout 420] [--reps 3] --out benchmarks/results/survey2_<tag>.jsonl
+
+Two sets: `survey` (63 models, survey2) and `survey3` (38 more: timm, torchvision, HF).
 
 PYTHONPATH picks the ember tree measured (the workers inherit it). One subprocess per (model, mode) with a timeout (a crash or hang is a row, the run goes on), the
 timing-hygiene environment of `ember bench` (1 thread, tuned glibc malloc) and
