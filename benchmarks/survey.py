@@ -2,8 +2,10 @@
 
     PYTHONPATH=. python benchmarks/survey.py --list
     PYTHONPATH=. python benchmarks/survey.py --table run1.jsonl run2.jsonl
-    PYTHONPATH=. python benchmarks/survey.py [--models a,b] [--modes infer,train] [--timeout 420] \
-        [--reps 3] --out benchmarks/results/survey2_<tag>.jsonl
+    PYTHONPATH=. python benchmarks/survey.py [--models a,b | --suite survey3] [--modes infer,train] \
+        [--timeout 420] [--reps 3] --out benchmarks/results/survey2_<tag>.jsonl
+
+Two sets: `survey` (63 models, survey2) and `survey3` (38 more: timm, torchvision, HF).
 
 PYTHONPATH picks the ember tree measured (the workers inherit it). One subprocess per (model, mode) with a timeout (a crash or hang is a row, the run goes on), the
 timing-hygiene environment of `ember bench` (1 thread, tuned glibc malloc) and
@@ -42,29 +44,30 @@ def _images(shape):
     return lambda: (torch.randn(*shape),)
 
 
-def timm_model(name: str, batch: int = 2, size: int = 224, **kw):
+def timm_model(name: str, batch: int = 2, size: int = 224, suite: str = "survey", **kw):
     def build():
         import timm
         return timm.create_model(name, pretrained=False, **kw)
-    _add(ModelSpec(f"s_timm_{name}", "survey", build, _images((batch, 3, size, size)),
+    _add(ModelSpec(f"s_timm_{name}", suite, build, _images((batch, 3, size, size)),
                    family="timm", note=f"batch {batch}, {size}x{size}"))
 
 
-def tv_model(name: str, shape, sub: str = "", **kw):
+def tv_model(name: str, shape, sub: str = "", suite: str = "survey", **kw):
     def build():
         import torchvision
         mod = getattr(torchvision.models, sub) if sub else torchvision.models
         return getattr(mod, name)(weights=None, **kw)
-    _add(ModelSpec(f"s_tv_{name}", "survey", build, _images(shape), family="tv",
+    _add(ModelSpec(f"s_tv_{name}", suite, build, _images(shape), family="tv",
                    note="x".join(map(str, shape))))
 
 
-def hf_model(name: str, model_cls: str, config_cls: str, config: dict, inputs, note: str = ""):
+def hf_model(name: str, model_cls: str, config_cls: str, config: dict, inputs, note: str = "",
+             suite: str = "survey"):
     def build():
         import transformers
         cfg = getattr(transformers, config_cls)(**config)
         return getattr(transformers, model_cls)(cfg)
-    _add(ModelSpec(f"s_hf_{name}", "survey", build, lambda: (), kwargs=inputs, family="hf",
+    _add(ModelSpec(f"s_hf_{name}", suite, build, lambda: (), kwargs=inputs, family="hf",
                    note=note))
 
 
@@ -213,6 +216,62 @@ hf_model("persimmon", "PersimmonModel", "PersimmonConfig",
          {k: v for k, v in _DEC.items() if k != "num_key_value_heads"}, ids())
 
 
+# ----------------------------------------------------------- survey3: 36 more models, none tuned for
+_S3 = "survey3"
+for _n, _b, _s in (("sequencer2d_s", 1, 224), ("convit_tiny", 2, 224), ("cait_xxs24_224", 2, 224),
+                   ("xcit_nano_12_p16_224", 2, 224), ("visformer_tiny", 2, 224),
+                   ("gmlp_ti16_224", 2, 224), ("resnetv2_50x1_bit", 1, 224),
+                   ("ese_vovnet19b_dw", 2, 224), ("coatnet_nano_rw_224", 1, 224),
+                   ("davit_tiny", 1, 224), ("pvt_v2_b0", 2, 224), ("efficientvit_b0", 2, 224),
+                   ("ghostnetv2_100", 2, 224), ("hgnetv2_b0", 2, 224), ("mobilevitv2_050", 2, 256),
+                   ("mixer_s16_224", 2, 224), ("vit_relpos_small_patch16_224", 1, 224)):
+    timm_model(_n, _b, _s, suite=_S3)
+tv_model("googlenet", (2, 3, 224, 224), suite=_S3, aux_logits=False, init_weights=False)
+tv_model("inception_v3", (1, 3, 299, 299), suite=_S3, aux_logits=False, init_weights=False)
+_GPT = dict(n_embd=256, n_layer=2, n_head=4, vocab_size=1000, n_positions=512, rotary_dim=32,
+            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+for _name, _model, _cfg, _inputs, _note in (
+        ("splinter", "SplinterModel", _ENC, ids(), ""),
+        ("mra", "MraModel", _ENC, ids(), "multi-resolution attention"),
+        ("convbert", "ConvBertModel", _ENC, ids(), ""),
+        ("canine", "CanineModel", {**_ENC, "num_hash_buckets": 1000}, ids(seq=256, mask=False),
+         "characters, seq 256"),
+        ("funnel", "FunnelModel", dict(d_model=256, n_head=4, d_head=64, d_inner=1024,
+                                       block_sizes=[1, 1, 1], vocab_size=1000, hidden_dropout=0.0,
+                                       attention_dropout=0.0, activation_dropout=0.0), ids(), ""),
+        ("xlnet", "XLNetModel", dict(d_model=256, n_layer=2, n_head=4, d_inner=1024,
+                                     vocab_size=1000, dropout=0.0), ids(), ""),
+        ("fnet", "FNetModel", dict(hidden_size=256, num_hidden_layers=2, intermediate_size=1024,
+                                   vocab_size=1000, max_position_embeddings=512,
+                                   hidden_dropout_prob=0.0), ids(mask=False), "FFT mixing"),
+        ("phi3", "Phi3Model", {**_DEC, "pad_token_id": 0}, ids(), ""),
+        ("gemma2", "Gemma2Model", {**_DEC, "head_dim": 64, "sliding_window": 64}, ids(),
+         "sliding window 64, soft-capping"),
+        ("olmo", "OlmoModel", _DEC, ids(), ""),
+        ("cohere", "CohereModel", _DEC, ids(), ""),
+        ("olmoe", "OlmoeModel", {**_DEC, "num_experts": 8, "num_experts_per_tok": 2}, ids(),
+         "8 experts, top-2"),
+        ("gpt_neox", "GPTNeoXModel", dict(hidden_size=256, num_hidden_layers=2,
+                                          num_attention_heads=4, intermediate_size=1024,
+                                          vocab_size=1000, max_position_embeddings=512), ids(), ""),
+        ("codegen", "CodeGenModel", _GPT, ids(), ""),
+        ("falcon", "FalconModel", dict(hidden_size=256, num_hidden_layers=2, num_attention_heads=4,
+                                       vocab_size=1000, alibi=True, multi_query=True,
+                                       new_decoder_architecture=False, hidden_dropout=0.0,
+                                       attention_dropout=0.0), ids(), "alibi, multi-query"),
+        ("bloom", "BloomModel", dict(hidden_size=256, n_layer=2, n_head=4, vocab_size=1000,
+                                     hidden_dropout=0.0, attention_dropout=0.0), ids(), "alibi"),
+        ("siglip_vision", "SiglipVisionModel", dict(hidden_size=256, num_hidden_layers=2,
+                                                    num_attention_heads=4, intermediate_size=1024,
+                                                    image_size=224, patch_size=16),
+         pixels(2, 224), ""),
+        ("mobilevitv2", "MobileViTV2Model", {}, pixels(2, 256), ""),
+        ("wavlm", "WavLMModel", {**_ENC, "hidden_dropout": 0.0, "attention_dropout": 0.0,
+                                 "feat_proj_dropout": 0.0, "layerdrop": 0.0,
+                                 "mask_time_prob": 0.0}, audio(), "1 s of 16 kHz")):
+    hf_model(_name, _model, _model.replace("Model", "Config"), _cfg, _inputs, _note, suite=_S3)
+
+
 # ------------------------------------------------------------------------------------ runner
 _LOG = {"breaks": re.compile(r"\[ember:graph_breaks\] (.*)"),
         "fallback_log": re.compile(r"\[ember:fallbacks\] (.*)"),
@@ -307,6 +366,7 @@ def table(paths: list[str]) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", default="")
+    p.add_argument("--suite", default="", help="only this suite's models (survey, survey3)")
     p.add_argument("--modes", default="infer,train")
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--timeout", type=int, default=420)
@@ -316,13 +376,14 @@ def main(argv=None) -> int:
     p.add_argument("--no-speed-check", action="store_true", help="EMBER_SPEED_CHECK=0")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    names = [n for n in args.models.split(",") if n] or list(SPECS)
+    names = [n for n in args.models.split(",") if n] or [
+        n for n, s in SPECS.items() if not args.suite or s.suite == args.suite]
     names = [n if n in SPECS else f"s_{n}" for n in names]
     if args.table:
         print(table(args.table))
         return 0
     if args.list:
-        print("\n".join(f"{n}  ({SPECS[n].note})" for n in SPECS))
+        print("\n".join(f"{n}  ({SPECS[n].note})" for n in names))
         return 0
     if args.worker:
         hygiene.apply_threads()

@@ -157,8 +157,13 @@ class _Chooser:
             return self._decide(args)
 
     def _eager(self, *args):
-        # gm.forward: GraphModule.__call__ would run global module hooks on the graph itself
-        if self.training:
+        # gm.forward: GraphModule.__call__ would run global module hooks on the graph itself.
+        # With grad enabled and an input that requires grad, an inference runtime's graph is one
+        # no gradient flows through, but its views of such inputs must stay views autograd
+        # tracks (made under no_grad, DeBERTa's `q /= scale` on one raised, and a use of one
+        # lost its gradient): only a graph no autograd can reach runs under no_grad
+        if self.training or torch.is_grad_enabled() and any(
+                isinstance(a, torch.Tensor) and a.requires_grad for a in args):
             return self.gm.forward(*args)
         with torch.no_grad():
             return self.gm.forward(*args)

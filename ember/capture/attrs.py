@@ -400,11 +400,34 @@ def _store_tensor_attr(tr, t: TensorV, name: str, value: V) -> None:
         if not ok:
             raise tr.unsupported("assigning a .grad of another shape, dtype or device",
                                  hint="fails eagerly")
+    elif name == "requires_grad" and isinstance(value, ObjV) and isinstance(value.value, bool):
+        set_requires_grad(tr, t, value.value, "attribute write 'requires_grad'")
+        return
     elif hasattr(torch.Tensor, name):
         raise tr.unsupported(f"attribute write {name!r} on a tensor (a torch.Tensor attribute)")
     tr.overlay[(id(t), name)] = value
     tr.keepalive.append(t)
     tr.effects.append(("setattr", t, name, value, False))
+
+
+def set_requires_grad(tr, t: TensorV, flag: bool, what: str) -> None:
+    """`t.requires_grad = flag` / `t.requires_grad_(flag)`. The flag already so: nothing to do
+    (an input's flag is guarded; HF re-freezes frozen weights). A floating tensor made in the
+    trace, while grad mode is off: nothing downstream records autograd, so only the tensor's own
+    flag changes; it is set on the real tensor after the graph, and later reads in the trace
+    see it (HF MRA's `torch.zeros_like(q).requires_grad_()` at inference). Anything else changes
+    the autograd graph mid-trace (a new leaf, an input that starts or stops needing grad),
+    which aot does not model: a graph break, as in Dynamo."""
+    current = _tensor_attr(tr, t, "requires_grad")
+    if isinstance(current, ObjV) and current.value == flag:
+        return
+    if not (flag and t.source is None and not torch.is_grad_enabled() and
+            (t.meta.is_floating_point() or t.meta.is_complex())):
+        raise tr.unsupported(f"{what} on a tensor: it changes the autograd graph mid-trace",
+                             hint="the write runs eagerly, between two graphs")
+    tr.overlay[(id(t), "requires_grad")] = ObjV(True)
+    tr.keepalive.append(t)
+    tr.effects.append(("setattr", t, "requires_grad", ObjV(True), False))
 
 
 def delete_attr(tr, obj_v: V, name: str) -> None:

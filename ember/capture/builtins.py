@@ -490,16 +490,28 @@ def _enumerate(tr, args, kwargs):
 
 @builtin(zip)
 def _zip(tr, args, kwargs):
-    if kwargs.get("strict") is not None and real(tr, kwargs["strict"]):
-        raise tr.unsupported("zip(strict=True)")
-    if _lazy(args):
+    """zip; with strict=True, the ValueError eager raises (at the step that finds one argument
+    exhausted before the others)."""
+    from .interpreter import TracedRaise
+    strict = kwargs.get("strict") is not None and bool(real(tr, kwargs["strict"]))
+
+    def unequal(i, side):
+        first = f"arguments 1-{i}" if i > 1 else "argument 1"
+        return TracedRaise(ValueError(f"zip() argument {i + 1} is {side} than {first}"))
+    if _lazy(args) or strict:
         its = [as_iter(tr, a) for a in args]
 
         def next_tuple(tr):
             out = []
-            for it in its:          # as zip does: stops at the first exhausted one
+            for i, it in enumerate(its):     # as zip does: stops at the first exhausted one
                 x = step(tr, it)
                 if x is STOP:
+                    if strict and i:
+                        raise unequal(i, "shorter")
+                    if strict:
+                        for j, rest in enumerate(its[1:], 1):
+                            if step(tr, rest) is not STOP:
+                                raise unequal(j, "longer")
                     return STOP
                 out.append(x)
             return TupleV(out)

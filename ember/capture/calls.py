@@ -14,6 +14,7 @@ import copy
 import dataclasses
 import operator
 import types
+import weakref
 
 import torch
 import torch.utils._pytree as pytree
@@ -155,6 +156,25 @@ _DECORATOR_KINDS = ("grad", "grad_set", "inference", "autocast")
 
 def _all_const(vals) -> bool:
     return all(isinstance(v, ObjV) for v in vals)
+
+
+def _call_weakref(tr, ref, source) -> V:
+    """`ref()` on a weak reference the frame reads (torch's RNN modules keep weak refs to their
+    weights and check `ref() is weight` on every call): the referent, read through the call
+    in the guards, which check it is the very object the trace saw (a tensor: the same one as
+    the trace's other reads of it)."""
+    from .sources import CallSource
+    obj, src = ref(), CallSource(source)
+    if obj is None:
+        tr.guard("NONE", src, None)
+        return ObjV(None, src)
+    v = tr.wrap(obj, src)
+    if isinstance(v, TensorV):
+        if v.source is not None and v.source.expr() != src.expr():
+            tr.guard("ALIAS", src, v.source)
+    else:
+        tr.guard("ID", src, obj)
+    return v
 
 
 def compiled_by_torch(f) -> bool:
@@ -318,6 +338,8 @@ def call_obj(tr, fn: ObjV, args: list, kwargs: dict) -> V:
         raise tr.unsupported(f"call to builtin {getattr(f, '__qualname__', f)!r}")
     if isinstance(f, _AUTOCAST_CLASSES):
         return ContextV("autocast_obj", (f,))
+    if type(f) is weakref.ReferenceType and fn.source is not None and not args and not kwargs:
+        return _call_weakref(tr, f, fn.source)
     c = getattr(type(f), "__call__", None)
     if isinstance(c, types.FunctionType):
         return call(tr, ObjV(c), [fn] + list(args), kwargs)
@@ -434,6 +456,12 @@ def call_module(tr, mv: ObjV, args, kwargs) -> V:
         untraceable_hooks
     if isinstance(m, LazyModuleMixin) and hasattr(m, "_initialize_hook"):
         _materialize_lazy(tr, m, args, kwargs)
+    if isinstance(m, torch.nn.RNNBase):
+        raise tr.unsupported(
+            f"a torch.nn.{type(m).__name__} module: recurrent modules run eagerly, as under "
+            "Dynamo (allow_rnn=False); traced, the aten op unrolls its time loop into per-step "
+            "kernels, whose compile time grows with the sequence (timm's Sequencer: > 7 min)",
+            hint="intended: the module runs as eager PyTorch, the code around it is compiled")
     why = untraceable_hooks(m)
     if why is not None:
         raise tr.unsupported(why, hint="that module runs eagerly; forward and full backward "
@@ -611,12 +639,18 @@ def _new_module(tr, cls, args, kwargs) -> V:
     built for real at trace time from constant arguments, so calling it inlines as usual. The
     trace cannot write its attributes (it has no source); residual code that needs it makes a
     new one with the same arguments, as eager does per call."""
-    if not _torch_nn_construction(cls) or not (_all_const(args) and _all_const(kwargs.values())):
+    from .builtins import real
+    try:     # constants, or tuples of them (HF Canine's ConstantPad1d((beg, end), 0))
+        a_real = [real(tr, a) for a in args]
+        k_real = {k: real(tr, v) for k, v in kwargs.items()}
+    except Unsupported:
+        a_real = None
+    if not _torch_nn_construction(cls) or a_real is None:
         raise tr.unsupported(f"creating a {cls.__name__} module inside the traced code",
                              hint="only modules whose construction is torch.nn's own, with "
                                   "constant arguments, are built here")
     with torch.random.fork_rng(devices=[]):    # a module with weights would draw from the RNG
-        m = cls(*[a.value for a in args], **{k: v.value for k, v in kwargs.items()})
+        m = cls(*a_real, **k_real)
     if next(m.parameters(), None) is not None or \
             any(b is not None for b in m._buffers.values()) or m._modules:
         raise tr.unsupported(f"creating a {cls.__name__} module with state inside the traced code")
@@ -721,6 +755,12 @@ def call_builtin_method(tr, recv: V, name: str, args, kwargs) -> V:
         if name == "numpy" and not args and set(kwargs) <= {"force"}:
             force = kwargs.get("force", ObjV(False))
             return ndarrays.from_tensor(tr, recv, isinstance(force, ObjV) and bool(force.value))
+        if name == "requires_grad_" and len(args) + len(kwargs) <= 1:
+            from .attrs import set_requires_grad
+            flag = (args or list(kwargs.values()) or [ObjV(True)])[0]
+            if isinstance(flag, ObjV) and isinstance(flag.value, bool):
+                set_requires_grad(tr, recv, flag.value, "Tensor.requires_grad_()")
+                return recv
         if name in _TENSOR_BLOCKED and not args and not kwargs and \
                 (x := numbers.value_of(tr, recv, name)) is not None:
             return tr.const_value(x)        # a tensor made from numbers (numbers.py)

@@ -348,6 +348,8 @@ def _producers(items, depths, sources, start: int, want: int, seen=None) -> set 
                 if more is None:
                     return None
                 found |= more
+            if k and depths[k - 1] is None:
+                return found or None      # no fall-through: dead code above (a resume prologue)
             continue
         if not isinstance(it, bc.Instr):
             continue                      # TryBegin / TryEnd markers

@@ -151,6 +151,20 @@ class DictEntrySource(Source):
         return f"{self.base.name()}.{self.key}"
 
 
+class CallSource(Source):
+    """`base()`: what a weak reference the frame reads points to (a weakref.ref is called)."""
+    __slots__ = ("base",)
+
+    def __init__(self, base: Source):
+        self.base, self.structural = base, False
+
+    def expr(self):
+        return f"{self.base.expr()}()"
+
+    def name(self):
+        return f"{self.base.name()}()"
+
+
 class ItemSource(Source):
     """`base[key]`. Structural only where the container cannot change under a snapshot: a tuple
     (`frozen`), or one of a module's own tables (`_modules`, ...), whose version a snapshot

@@ -34,9 +34,33 @@ def ones(size, *, dtype=None, layout=None, device=None, pin_memory=None):
 
 def _like(value):
     def fn(self, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
-        return _strided_like(self, _full(self.shape, value, _dt(dtype, self), _dev(device, self)),
-                             memory_format)
+        return _filled_like(self, value, _dt(dtype, self), _dev(device, self), memory_format)
     return fn
+
+
+def _dense_order(t):
+    """`t`'s dims outermost first when it is dense and non-overlapping in a permuted order
+    (not contiguous), else None: eager's *_like with preserve_format then keeps its strides."""
+    if any(not isinstance(n, int) for n in (*t.shape, *t.stride())) or t.is_contiguous():
+        return None
+    order = sorted(range(t.dim()), key=lambda d: (t.stride(d), t.shape[d]), reverse=True)
+    expect = 1
+    for d in reversed(order):
+        if t.shape[d] != 1 and t.stride(d) != expect:
+            return None
+        expect *= t.shape[d]
+    return order
+
+
+def _filled_like(self, value, dtype, device, memory_format):
+    """full(self.shape, value) in the layout eager's *_like gives: a permuted dense input's
+    strides (HF MRA views the permute of a zeros_like of a transpose: made contiguous, the
+    view failed in the trace), channels_last, or an explicit memory format."""
+    order = _dense_order(self) if memory_format in (None, torch.preserve_format) else None
+    if order is not None and not channels_last(self):
+        out = _full([self.shape[d] for d in order], value, dtype, device)
+        return aten.permute.default(out, [order.index(d) for d in range(self.dim())])
+    return _strided_like(self, _full(self.shape, value, dtype, device), memory_format)
 
 
 def _strided_like(self, out, memory_format):
@@ -55,13 +79,16 @@ register(aten.ones_like.default)(_like(1))
 @register(aten.full_like.default)
 def full_like(self, fill_value, *, dtype=None, layout=None, device=None, pin_memory=None,
               memory_format=None):
-    return _strided_like(self, _full(self.shape, fill_value, _dt(dtype, self), _dev(device, self)),
-                         memory_format)
+    return _filled_like(self, fill_value, _dt(dtype, self), _dev(device, self), memory_format)
 
 
 @register(aten.empty_like.default)
 def empty_like(self, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
     dt, dev = _dt(dtype, self), _dev(device, self)
+    order = _dense_order(self) if memory_format in (None, torch.preserve_format) else None
+    if order is not None and not channels_last(self):
+        out = aten.empty.memory_format([self.shape[d] for d in order], dtype=dt, device=dev)
+        return aten.permute.default(out, [order.index(d) for d in range(self.dim())])
     if memory_format in (None, torch.preserve_format) and channels_last(self):
         memory_format = torch.channels_last
     if memory_format in (None, torch.preserve_format):

@@ -268,3 +268,29 @@ def test_eval_mode_dropout_is_not_random():
     assert not random(lambda x: torch.dropout(x, 0.1, False))
     assert random(lambda x: torch.rand_like(x))
     assert not random(lambda x: F.normalize(x, dim=-1))         # not "normal"
+
+
+def _heads(x):
+    return x.view(2, 3, 2, 4).permute(0, 2, 1, 3)      # DeBERTa's transpose_for_scores
+
+
+def test_eager_choice_keeps_autograd_of_views_of_inputs(monkeypatch):
+    """A graph of views of an input that requires grad: no gradient flows through the graph
+    itself (aot's inference runtime, its outputs rebuilt as views), yet its outputs must stay
+    views autograd tracks. The eager path ran it under no_grad: DeBERTa's `q /= scale` on such
+    an output raised "A view was created in no_grad mode", and a plain use lost its gradient."""
+    monkeypatch.setattr(speed, "_time_both", _timings(2.0, 1.0, []))
+    lin = nn.Linear(8, 8)
+    x = torch.randn(2, 3, 8)
+    f = ember.compile(_heads)
+    for _ in range(3):
+        q = f(lin(x))
+        q /= 2.0
+        (q * q).sum().backward()
+    assert [d["choice"] for d in speed.DECISIONS] == ["eager"]
+    got = lin.weight.grad.clone()
+    lin.weight.grad = None
+    q = _heads(lin(x))
+    q /= 2.0
+    (q * q).sum().backward()
+    torch.testing.assert_close(got, 3 * lin.weight.grad)

@@ -291,11 +291,42 @@ def try_helper_raises(x):
 def test_break_inside_helper_called_in_try(capsys):
     compare(capsys, try_helper_raises, X)
     assert stat("recompiles") == 0, ember.stats()
-    e = counts(try_helper_raises, X, graphs=1, breaks=1)      # y.sin(); the rest is eager
+    # y.sin(); the rest is eager, its call to loud_raiser dispatched: that breaks at its print
+    e = counts(try_helper_raises, X, graphs=1, breaks=2)
     b = e.breaks[0]                                            # at the outermost call
     assert (os.path.basename(b.filename), b.lineno) == (HERE, line_of(try_helper_raises,
                                                                       "loud_raiser(y)")), b
     assert "print" in b.reason, b.reason
+    assert (e.breaks[1].lineno, e.breaks[1].kind) == (line_of(loud_raiser), "call"), e.breaks
+
+
+def inner_with_break(x, scale=1.0):
+    y = x.sin() * scale
+    print("inner", y.shape)  # BREAK
+    return y.cos() + 1
+
+
+def wrapper_try_finally(fn, *args, **kwargs):
+    """The shape of transformers' config-default wrappers: the call in a try/finally, with
+    `*args, **kwargs` (CALL_FUNCTION_EX)."""
+    state = [0]
+    try:
+        state[0] = 1
+        out = fn(*args, **kwargs)
+    finally:
+        state[0] = 0
+    return out * 2
+
+
+def test_break_in_call_inside_try_finally_still_compiles_the_callee(capsys):
+    """A break inside `fn`, called in a try block: the wrapper's rest runs eagerly from the
+    call, and the call itself goes through the dispatcher, so `fn` compiles as its own root
+    (two graphs around its print). The rest's resume prologue jumps over dead code into the
+    call: routing it once found no callable there, and `fn` ran wholly eagerly."""
+    compare(capsys, wrapper_try_finally, inner_with_break, X, scale=2.0)
+    no_recompiles_no_fallbacks()
+    e = counts(wrapper_try_finally, inner_with_break, X, graphs=2, breaks=2, scale=2.0)
+    assert e.ops_per_graph == [2, 2], e
 
 
 def loop_print(x):
@@ -923,6 +954,22 @@ def test_stateless_module_made_in_traced_code():
     torch.testing.assert_close(cg, g)
     counts(loss_only, logits, labels, graphs=1, breaks=0)
     no_recompiles_no_fallbacks()
+
+
+def pad_made_inside(x, total):
+    beg = total // 2
+    pad = nn.ConstantPad1d((beg, total - beg), 0.5)     # HF Canine's ConvProjection
+    return pad(x).relu(), pad
+
+
+def test_stateless_module_made_from_a_tuple_built_in_the_trace():
+    x = torch.randn(2, 3, 6)
+    cf = ember.compile(pad_made_inside, backend=BACKEND)
+    for total in (3, 3, 4):
+        (got, mod), (exp, _) = cf(x, total), pad_made_inside(x, total)
+        torch.testing.assert_close(got, exp)
+        assert type(mod) is nn.ConstantPad1d and mod.padding == (total // 2, total - total // 2)
+    counts(lambda x, total: pad_made_inside(x, total)[0], x, 3, graphs=1, breaks=0)
 
 
 class SiLUAct(nn.Module):

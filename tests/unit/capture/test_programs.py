@@ -440,6 +440,29 @@ def test_tuple_unpack_star_and_zip_enumerate():
     check(f, x3)
 
 
+def test_zip_strict_one_graph_and_its_errors():
+    """zip(strict=True) (torch.nn.RNNBase._update_flat_weights, which timm's Sequencer runs):
+    equal lengths trace as zip; unequal lengths raise eager's ValueError, caught in the trace."""
+    def f(x, ws):
+        out = x
+        for w, k in zip(ws, (1.0, 2.0), strict=True):
+            out = out * w + k
+        return out
+
+    check(f, x3, [x3, x3 + 1])
+
+    def g(x, *lists):         # each call a new cache (reset): one graph each
+        try:
+            return [x * len(t) for t in zip(*lists, strict=True)]
+        except ValueError as e:
+            return [x * len(str(e)), str(e)]
+
+    for lists in (([1], [1, 2]), ([1, 2], [1]), ([1], [1], [1, 2]), ([1, 2], [1, 2], [1]),
+                  ([1, 2], [1, 2], [1, 2])):
+        ember.reset()
+        check(g, x3, *lists)
+
+
 def test_isinstance_and_type_checks():
     def f(x, y):
         if isinstance(x, torch.Tensor) and not isinstance(y, torch.Tensor):

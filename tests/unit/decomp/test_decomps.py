@@ -472,3 +472,20 @@ def test_channels_last_input_gives_eager_layout(op, args):
     assert got.stride() == ref.stride(), (got.stride(), ref.stride())
     torch.testing.assert_close(got, ref, rtol=1e-10, atol=1e-12)
     assert not mode.non_prims(), sorted(map(str, mode.non_prims()))
+
+
+@pytest.mark.parametrize("op,extra", [(aten.zeros_like.default, ()), (aten.ones_like.default, ()),
+                                      (aten.full_like.default, (2.5,)),
+                                      (aten.empty_like.default, ())], ids=str)
+def test_like_of_a_permuted_dense_input_keeps_its_strides(op, extra):
+    """Eager's *_like (preserve_format) of a dense permuted input keeps its strides; HF MRA
+    views the permute of `zeros_like(transpose)`, which failed in aot when made contiguous."""
+    x = r(2, 4, 6, 5).transpose(1, 2)
+    ref = op(x, *extra)
+    with DecompMode() as mode:
+        got = DECOMPS[op](x, *extra)
+    assert got.stride() == ref.stride(), (got.stride(), ref.stride())
+    if op is not aten.empty_like.default:
+        torch.testing.assert_close(got, ref)
+    assert not mode.non_prims(), sorted(map(str, mode.non_prims()))
+    got.permute(0, 2, 1, 3).view(2, 6, 20)            # as eager allows
