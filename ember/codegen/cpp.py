@@ -26,10 +26,10 @@ from .cpp_handler import CHECKED, CppHandler, CppVal, _blocks, _int, cexpr, ctyp
 from .cpp_loops import TILE, _coeff, _drop_simd_over_masked_ifs, _transposed_dim, collect, \
     loop_var, plan_loops, split_pair
 from .cpp_prelude import PRELUDE
-from .cpp_ranges import split_points
+from .cpp_ranges import split_points, unswitch
 from .cpp_reduce import ARG, CASCADE_BLOCK, CASCADE_ROWS, PARALLEL_BLOCK, SIMD_RED, UDR, Span, \
-    _acc_value, _arg_better, _block_split, _cascaded, _combine, _flat, _for, _init, _red_clause, \
-    _update
+    _acc_value, _arg_better, _block_split, _cascaded, _combine, _count, _flat, _for, _init, \
+    _red_clause, _update
 
 PARALLEL_MIN_WORK = 32768
 UNROLL = 2      # a pointwise kernel's innermost dim at most this long is unrolled (a pair)
@@ -116,10 +116,8 @@ class KernelCodegen:
                 _drop_simd_over_masked_ifs(code.lines, start)
             elif d is not None:
                 self._tiled(sizes, lvars, d, parallel, body=store)
-            elif (segments := self._segments(sizes, lvars, store)) is not None:
-                self._split(sizes, lvars, segments, parallel, store)
             else:
-                self._loops(sizes, lvars, parallel, simd_last=True, body=store)
+                self._unswitched(sizes, lvars, parallel, work, store)
             h.subs = {}
             h.ranges = self.outer_ranges
         elif self._column_reduction_ok(xv):
@@ -347,9 +345,9 @@ class KernelCodegen:
                 else:
                     collapse = 1
                     limit = n - 1 if simd_last else n
-                    prod = hint(size)
+                    prod = _count(size)
                     while prod < 64 and collapse < limit:
-                        prod *= hint(ranges[collapse])
+                        prod *= _count(ranges[collapse])
                         collapse += 1
                     pragma = "#pragma omp parallel for" + (
                         f" collapse({collapse})" if collapse > 1 else "")
@@ -408,6 +406,38 @@ class KernelCodegen:
         self._loops([sizes[i] for i in outer] + [-(-hint(sz) // TILE) for _, sz in tiled],
                     [lvars[i] for i in outer] + blk, parallel, simd_last=False, body=tile)
 
+    def _unswitched(self, sizes, lvars, parallel, work, store):
+        """A pointwise loop nest, once per combination of the segments of its outer loops between
+        which index compares change value (cpp_ranges.unswitch), each copy with those compares
+        decided (so its simd loop loads only the branch it uses), its innermost loop split
+        likewise (_split). A segment of one iteration is no loop: its var is a constant there
+        (a stack's part keeps the whole simd loop parallel). Symbolic sizes: one nest."""
+        h = self.h
+        outer = {v: n for v, n in zip(lvars[:-1], sizes[:-1]) if h.ranges.get(v) == n}
+        combos = None
+        if outer and not any(is_symbolic(n) for n in sizes):
+            combos = unswitch(store, outer, h.ranges, h.subs)
+        subs = h.subs
+        for spans in combos or [{}]:
+            h.spans = dict(spans)
+            h.subs = {**subs, **{v: sympy.Integer(lo) for v, (lo, hi) in spans.items()
+                                 if hi - lo == 1}}
+            keep = [i for i, v in enumerate(lvars) if v not in h.subs]
+            csizes = [Span(str(spans[lvars[i]][0]), str(spans[lvars[i]][1]), sizes[i])
+                      if lvars[i] in spans else sizes[i] for i in keep]
+            cvars = [lvars[i] for i in keep]
+            par = parallel
+            if spans:       # this copy's share of the work
+                share = numel([hi - lo for lo, hi in spans.values()]) / numel(
+                    [sizes[lvars.index(v)] for v in spans])
+                par = parallel and hint(work) * share >= PARALLEL_MIN_WORK
+            segments = self._segments(csizes, cvars, store)
+            if segments is not None:
+                self._split(csizes, cvars, segments, par, store)
+            else:
+                self._loops(csizes, cvars, par, simd_last=True, body=store)
+        h.spans, h.subs = {}, subs
+
     def _segments(self, sizes, lvars, store):
         """The segments of the innermost loop between which the body's index compares change
         (cat or pad along the contiguous dim, cpp_ranges), when that loop is one dim unmerged."""
@@ -419,12 +449,13 @@ class KernelCodegen:
     def _split(self, sizes, lvars, segments, parallel, store):
         """The innermost loop as one simd loop per segment, each with its compares decided."""
         h, v, n = self.h, lvars[-1], sizes[-1]
+        outer = h.spans
 
         def inner(par=False):
             for lo, hi in segments:
-                h.spans = {v: (lo, hi)}
+                h.spans = {**outer, v: (lo, hi)}
                 self._loops([Span(str(lo), str(hi), n)], [v], par, simd_last=True, body=store)
-            h.spans = {}
+            h.spans = outer
         if len(sizes) == 1:
             inner(parallel)
         else:
