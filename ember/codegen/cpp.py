@@ -117,7 +117,8 @@ class KernelCodegen:
             elif d is not None:
                 self._tiled(sizes, lvars, d, parallel, body=store)
             else:
-                self._unswitched(sizes, lvars, parallel, work, store)
+                self._unswitched(sizes, lvars, lvars[:-1], parallel, work, store,
+                                 self._pointwise_nest(store))
             h.subs = {}
             h.ranges = self.outer_ranges
         elif self._column_reduction_ok(xv):
@@ -152,8 +153,16 @@ class KernelCodegen:
                         self._stage(stages.pop(0), xv, m, parallel_inner=False, pre=stage.nodes)
                     else:
                         self._stage(stage, xv, m, parallel_inner=False)
+            def rows():     # every stage's body, for the compares on the row vars
+                for st in k.stages:
+                    rv = [loop_var(m + i) for i in range(len(st.inner))]
+                    for n in st.nodes:
+                        (n.reduction_value(xv, rv) if st.kind == "reduction"
+                         else n.store_pointwise(xv + rv))
             if m:
-                self._loops(outer, xv, parallel, simd_last=False, body=body)
+                self._unswitched(outer, xv, xv, parallel, work, rows,
+                                 lambda sizes, lvars, par: self._loops(
+                                     sizes, lvars, par, simd_last=False, body=body))
             else:
                 body()
         code.level -= 1
@@ -406,17 +415,18 @@ class KernelCodegen:
         self._loops([sizes[i] for i in outer] + [-(-hint(sz) // TILE) for _, sz in tiled],
                     [lvars[i] for i in outer] + blk, parallel, simd_last=False, body=tile)
 
-    def _unswitched(self, sizes, lvars, parallel, work, store):
-        """A pointwise loop nest, once per combination of the segments of its outer loops between
-        which index compares change value (cpp_ranges.unswitch), each copy with those compares
-        decided (so its simd loop loads only the branch it uses), its innermost loop split
-        likewise (_split). A segment of one iteration is no loop: its var is a constant there
-        (a stack's part keeps the whole simd loop parallel). Symbolic sizes: one nest."""
+    def _unswitched(self, sizes, lvars, split, parallel, work, store, emit):
+        """A loop nest, emitted once per combination of the segments of its loops `split` (the
+        outer ones) between which index compares change value (cpp_ranges.unswitch), each copy
+        with those compares decided, so its simd loops load only the branch they use.
+        `emit(sizes, vars, parallel)` writes one copy; `store()` runs the whole body. A segment of
+        one iteration is no loop: its var is a constant there (each part of a stack keeps the
+        whole simd loop, parallel). Symbolic sizes: one nest, as before."""
         h = self.h
-        outer = {v: n for v, n in zip(lvars[:-1], sizes[:-1]) if h.ranges.get(v) == n}
+        dims = {v: n for v, n in zip(lvars, sizes) if v in split and h.ranges.get(v) == n}
         combos = None
-        if outer and not any(is_symbolic(n) for n in sizes):
-            combos = unswitch(store, outer, h.ranges, h.subs)
+        if dims and not any(is_symbolic(n) for n in sizes):
+            combos = unswitch(store, dims, h.ranges, h.subs)
         subs = h.subs
         for spans in combos or [{}]:
             h.spans = dict(spans)
@@ -425,18 +435,23 @@ class KernelCodegen:
             keep = [i for i, v in enumerate(lvars) if v not in h.subs]
             csizes = [Span(str(spans[lvars[i]][0]), str(spans[lvars[i]][1]), sizes[i])
                       if lvars[i] in spans else sizes[i] for i in keep]
-            cvars = [lvars[i] for i in keep]
             par = parallel
             if spans:       # this copy's share of the work
                 share = numel([hi - lo for lo, hi in spans.values()]) / numel(
                     [sizes[lvars.index(v)] for v in spans])
                 par = parallel and hint(work) * share >= PARALLEL_MIN_WORK
-            segments = self._segments(csizes, cvars, store)
-            if segments is not None:
-                self._split(csizes, cvars, segments, par, store)
-            else:
-                self._loops(csizes, cvars, par, simd_last=True, body=store)
+            emit(csizes, [lvars[i] for i in keep], par)
         h.spans, h.subs = {}, subs
+
+    def _pointwise_nest(self, store):
+        """emit() for _unswitched: the innermost loop split where compares change along it."""
+        def emit(sizes, lvars, parallel):
+            segments = self._segments(sizes, lvars, store)
+            if segments is not None:
+                self._split(sizes, lvars, segments, parallel, store)
+            else:
+                self._loops(sizes, lvars, parallel, simd_last=True, body=store)
+        return emit
 
     def _segments(self, sizes, lvars, store):
         """The segments of the innermost loop between which the body's index compares change

@@ -137,6 +137,20 @@ def test_stack_of_8_one_load_per_simd_loop(dirs, dim):
     assert loops and all(len(_loads(b)) == 1 for b in loops), loops
 
 
+def test_row_kernel_over_a_cat_of_rows(dirs):
+    # softmax over the last dim of a cat along dim 1 (ViT's cls token + patches, then a norm):
+    # the row kernel's loops are unswitched on the row var, each copy reads one input
+    a, b = torch.randn(2, 3, 40), torch.randn(2, 5, 40)
+    a[1, 2, 7] = float("nan")
+
+    def f(x, y):
+        return torch.cat([x, y * 2], 1).softmax(-1)
+    got = ember.compile(f, options={"speed_check": False})(a, b)
+    torch.testing.assert_close(got, f(a, b), equal_nan=True)
+    loops = _simd_loops(_kernels(dirs))
+    assert [len(_loads(b)) for b in loops] == [1, 0, 0, 1, 0, 0], loops
+
+
 def test_big_channel_cat_copies_stay_parallel(dirs):
     xs = [torch.randn(8, 16, 28, 28) for _ in range(4)]
 
