@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import sympy
 
-from ..loopir.index import simplify_index
+from ..loopir.index import FloorDiv, ModularIndexing, simplify_index
 from ..loopir.ops import OpsHandler, set_handler
 
 CMP = ("lt", "le", "gt", "ge", "eq", "ne")
@@ -42,9 +42,26 @@ def affine(e):
     return int(rest), {v: int(c) for v, c in coeffs.items()}
 
 
+def _fixed(e, spans: dict):
+    """e with the vars of one-value spans substituted, or None where that would divide a
+    negative value (C++ truncates where sympy floors; such an index is masked off anyway)."""
+    fixed = {v: sympy.Integer(lo) for v, (lo, hi) in spans.items() if hi - lo == 1}
+    if not fixed or not e.free_symbols & fixed.keys():
+        return e
+    for f in e.atoms(FloorDiv, ModularIndexing):
+        arg = f.args[0].xreplace(fixed)
+        if arg.is_Integer and arg < 0:
+            return None
+    return e.xreplace(fixed)
+
+
 def bounds(e, ranges: dict, spans: dict):
     """[lo, hi] of an affine e for vars in spans ({var: (lo, hi)}, hi exclusive) or in ranges
-    ({var: size}, from 0), or None when e is not affine or a var's range is unknown."""
+    ({var: size}, from 0), or None when e is not affine or a var's range is unknown. Vars of
+    one-value spans are substituted first (a div or mod of them is then a number)."""
+    e = _fixed(e, spans)
+    if e is None:
+        return None
     a = affine(e)
     if a is None:
         return None
@@ -102,8 +119,17 @@ class SplitPoints(OpsHandler):
             return None
         k = b[1] if isinstance(b, tuple) and b[0] == "c" else b
         k = int(k) if isinstance(k, sympy.Integer) else k
+        if isinstance(k, bool) or not isinstance(k, int):
+            return None
         form = affine(a[1])
-        if form is None or len(form[1]) != 1 or isinstance(k, bool) or not isinstance(k, int):
+        if form is None:
+            # a div or mod of one short loop var (a flattened stack's pair index): split it
+            # into single values, which later copies substitute (see unswitch)
+            (var, *more) = a[1].free_symbols or (None,)
+            if not more and not self.unit and self.sizes.get(var, MAX_SEGMENTS + 1) <= MAX_SEGMENTS:
+                self.points[var].update(range(1, self.sizes[var]))
+            return None
+        if len(form[1]) != 1:
             return None
         (var, c), = form[1].items()
         if var not in self.sizes or (self.unit and c not in (1, -1)):

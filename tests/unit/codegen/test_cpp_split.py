@@ -225,3 +225,21 @@ def test_unswitch_bound():
     assert len(combos) == 6 and all(set(c) == {vs[0], vs[2]} for c in combos), combos
     assert sorted({c[vs[0]] for c in combos}) == [(0, 4), (4, 8), (8, 10)]
     assert sorted({c[vs[2]] for c in combos}) == [(0, 1), (1, 9)]
+
+
+def test_div_mod_of_a_short_var_split_into_values_and_folded():
+    import sympy
+    from ember.codegen import cpp_ranges
+    from ember.loopir.index import FloorDiv, ModularIndexing
+    from ember.loopir.ops import ops
+    v = sympy.Symbol("v0", integer=True, nonnegative=True)
+
+    def body():
+        ops.ge(ops.index_expr(ModularIndexing(v, 1, 2), torch.int64), ops.constant(1, torch.int64))
+    assert cpp_ranges.unswitch(body, {v: 4}, {v: 4}, {}) == [{v: (i, i + 1)} for i in range(4)]
+    assert cpp_ranges.unswitch(body, {v: 9}, {v: 9}, {}) is None      # longer: keeps the select
+    # in a one-value segment a div or mod of the var is a number, unless its argument is
+    # negative there (C++ truncates where sympy floors: left undecided)
+    assert cpp_ranges.bounds(FloorDiv(v, 2) - 1, {v: 4}, {v: (3, 4)}) == (0, 0)
+    assert cpp_ranges.bounds(ModularIndexing(v - 1, 1, 2), {v: 4}, {v: (0, 1)}) is None
+    assert cpp_ranges.bounds(FloorDiv(v, 2), {v: 4}, {v: (1, 3)}) is None
