@@ -217,6 +217,32 @@ simple("head_split_transpose", lambda m, x: x.view(x.shape[0], x.shape[1], 12, 6
        lambda s: [seq(s)])
 simple("reflect_pad", lambda m, x: F.pad(x, (3, 3, 3, 3), mode="reflect"), lambda s: [img(s)])
 
+# cat / pad / stack along outer dims (selects on a var the simd loop does not move) -----------
+def _parts(n, c, hw=56):
+    return lambda s_: [img(s_, c=c, hw=hw) for _ in range(n)]
+
+
+simple("cat2_channels_relu", lambda m, *xs: torch.cat(xs, 1).relu(), _parts(2, 64))      # UNet skip
+simple("cat4_channels_relu", lambda m, *xs: torch.cat(xs, 1).relu(), _parts(4, 32))      # Inception
+simple("cat16_channels_relu", lambda m, *xs: torch.cat(xs, 1).relu(), _parts(16, 16, hw=28))  # DenseNet
+simple("pad_h_relu", lambda m, x: F.pad(x, (0, 0, 2, 2)).relu(), lambda s: [img(s)])
+simple("stack8_dim1", lambda m, *xs: torch.stack(xs, 1) * 0.5,
+       lambda s: [seq(s, t=256, h=96) for _ in range(8)])
+
+
+def _selective_scan(m, a, bu, c):  # HF Mamba's pure-torch scan (slow_forward), T steps
+    state = torch.zeros(a.shape[0], a.shape[1], a.shape[3])
+    outs = []
+    for i in range(a.shape[2]):
+        state = a[:, :, i] * state + bu[:, :, i]
+        outs.append(torch.matmul(state, c[:, i, :].unsqueeze(-1))[:, :, 0])
+    return torch.stack(outs, -1)
+
+
+simple("mamba_selective_scan", _selective_scan,
+       lambda s: [torch.rand(2, S(512, s), 128, 16), torch.randn(2, S(512, s), 128, 16),
+                  torch.randn(2, 128, 16)])
+
 # gathers / scatters -------------------------------------------------------------------------
 simple("embedding_bert", lambda m, i: m.e(i), lambda s: [torch.randint(0, 30522, (S(8, s), S(512, s)))],
        mods=lambda s: {"e": nn.Embedding(30522, 768)})

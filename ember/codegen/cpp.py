@@ -7,6 +7,9 @@ enough work; contiguous inner loops get `#pragma omp simd` (with reduction claus
 accumulators); a kernel that is one big reduction to a scalar uses per-thread partials.
 Reductions down columns vectorize across a block of columns; long float sums are cascaded
 (LONG_SUM); layout conversions walk tiles (TILE). fp16/bf16 are accumulated in float.
+Index compares of a cat/pad/stack are decided per loop segment (cpp_ranges): the innermost loop
+is split into segments side by side, outer loops are unswitched (the nest once per segment
+combination, docs/design/033-unswitching.md).
 Loop planning (dim order and merging, tiles, pair splits) is in cpp_loops.py, accumulators and
 reduction clauses in cpp_reduce.py.
 
@@ -26,10 +29,10 @@ from .cpp_handler import CHECKED, CppHandler, CppVal, _blocks, _int, cexpr, ctyp
 from .cpp_loops import TILE, _coeff, _drop_simd_over_masked_ifs, _transposed_dim, collect, \
     loop_var, plan_loops, split_pair
 from .cpp_prelude import PRELUDE
-from .cpp_ranges import split_points
+from .cpp_ranges import split_points, unswitch
 from .cpp_reduce import ARG, CASCADE_BLOCK, CASCADE_ROWS, PARALLEL_BLOCK, SIMD_RED, UDR, Span, \
-    _acc_value, _arg_better, _block_split, _cascaded, _combine, _flat, _for, _init, _red_clause, \
-    _update
+    _acc_value, _arg_better, _block_split, _cascaded, _combine, _count, _flat, _for, _init, \
+    _red_clause, _update
 
 PARALLEL_MIN_WORK = 32768
 UNROLL = 2      # a pointwise kernel's innermost dim at most this long is unrolled (a pair)
@@ -116,10 +119,9 @@ class KernelCodegen:
                 _drop_simd_over_masked_ifs(code.lines, start)
             elif d is not None:
                 self._tiled(sizes, lvars, d, parallel, body=store)
-            elif (segments := self._segments(sizes, lvars, store)) is not None:
-                self._split(sizes, lvars, segments, parallel, store)
             else:
-                self._loops(sizes, lvars, parallel, simd_last=True, body=store)
+                self._unswitched(sizes, lvars, lvars[:-1], parallel, work, store,
+                                 self._pointwise_nest(store))
             h.subs = {}
             h.ranges = self.outer_ranges
         elif self._column_reduction_ok(xv):
@@ -154,8 +156,16 @@ class KernelCodegen:
                         self._stage(stages.pop(0), xv, m, parallel_inner=False, pre=stage.nodes)
                     else:
                         self._stage(stage, xv, m, parallel_inner=False)
+            def rows():     # every stage's body, for the compares on the row vars
+                for st in k.stages:
+                    rv = [loop_var(m + i) for i in range(len(st.inner))]
+                    for n in st.nodes:
+                        (n.reduction_value(xv, rv) if st.kind == "reduction"
+                         else n.store_pointwise(xv + rv))
             if m:
-                self._loops(outer, xv, parallel, simd_last=False, body=body)
+                self._unswitched(outer, xv, xv, parallel, work, rows,
+                                 lambda sizes, lvars, par: self._loops(
+                                     sizes, lvars, par, simd_last=False, body=body))
             else:
                 body()
         code.level -= 1
@@ -347,9 +357,9 @@ class KernelCodegen:
                 else:
                     collapse = 1
                     limit = n - 1 if simd_last else n
-                    prod = hint(size)
+                    prod = _count(size)
                     while prod < 64 and collapse < limit:
-                        prod *= hint(ranges[collapse])
+                        prod *= _count(ranges[collapse])
                         collapse += 1
                     pragma = "#pragma omp parallel for" + (
                         f" collapse({collapse})" if collapse > 1 else "")
@@ -408,6 +418,44 @@ class KernelCodegen:
         self._loops([sizes[i] for i in outer] + [-(-hint(sz) // TILE) for _, sz in tiled],
                     [lvars[i] for i in outer] + blk, parallel, simd_last=False, body=tile)
 
+    def _unswitched(self, sizes, lvars, split, parallel, work, store, emit):
+        """A loop nest, emitted once per combination of the segments of its loops `split` (the
+        outer ones) between which index compares change value (cpp_ranges.unswitch), each copy
+        with those compares decided, so its simd loops load only the branch they use.
+        `emit(sizes, vars, parallel)` writes one copy; `store()` runs the whole body. A segment of
+        one iteration is no loop: its var is a constant there (each part of a stack keeps the
+        whole simd loop, parallel). Symbolic sizes: one nest, as before."""
+        h = self.h
+        dims = {v: n for v, n in zip(lvars, sizes) if v in split and h.ranges.get(v) == n}
+        combos = None
+        if dims and not any(is_symbolic(n) for n in sizes):
+            combos = unswitch(store, dims, h.ranges, h.subs)
+        subs = h.subs
+        for spans in combos or [{}]:
+            h.spans = dict(spans)
+            h.subs = {**subs, **{v: sympy.Integer(lo) for v, (lo, hi) in spans.items()
+                                 if hi - lo == 1}}
+            keep = [i for i, v in enumerate(lvars) if v not in h.subs]
+            csizes = [Span(str(spans[lvars[i]][0]), str(spans[lvars[i]][1]), sizes[i])
+                      if lvars[i] in spans else sizes[i] for i in keep]
+            par = parallel
+            if spans:       # this copy's share of the work
+                share = numel([hi - lo for lo, hi in spans.values()]) / numel(
+                    [sizes[lvars.index(v)] for v in spans])
+                par = parallel and hint(work) * share >= PARALLEL_MIN_WORK
+            emit(csizes, [lvars[i] for i in keep], par)
+        h.spans, h.subs = {}, subs
+
+    def _pointwise_nest(self, store):
+        """emit() for _unswitched: the innermost loop split where compares change along it."""
+        def emit(sizes, lvars, parallel):
+            segments = self._segments(sizes, lvars, store)
+            if segments is not None:
+                self._split(sizes, lvars, segments, parallel, store)
+            else:
+                self._loops(sizes, lvars, parallel, simd_last=True, body=store)
+        return emit
+
     def _segments(self, sizes, lvars, store):
         """The segments of the innermost loop between which the body's index compares change
         (cat or pad along the contiguous dim, cpp_ranges), when that loop is one dim unmerged."""
@@ -419,12 +467,13 @@ class KernelCodegen:
     def _split(self, sizes, lvars, segments, parallel, store):
         """The innermost loop as one simd loop per segment, each with its compares decided."""
         h, v, n = self.h, lvars[-1], sizes[-1]
+        outer = h.spans
 
         def inner(par=False):
             for lo, hi in segments:
-                h.spans = {v: (lo, hi)}
+                h.spans = {**outer, v: (lo, hi)}
                 self._loops([Span(str(lo), str(hi), n)], [v], par, simd_last=True, body=store)
-            h.spans = {}
+            h.spans = outer
         if len(sizes) == 1:
             inner(parallel)
         else:

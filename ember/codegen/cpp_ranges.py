@@ -3,10 +3,16 @@
 A cat or a pad along a dim compares that dim's index with constants (`ops.index_expr(v) >= 2048`)
 and selects between masked bodies. Along the contiguous `omp simd` loop the vectorized code then
 evaluates every input's body for every element, masked (chunk's backward `cat` ran both SiLU
-gradients per element). `split_points` finds where such compares change value along the innermost
-loop var, the kernel loop is emitted as one loop per segment between them (cpp.py), and
-`decide` lets the handler fold each compare to a constant inside a segment (cpp_handler.py), so
-each segment keeps only its own body.
+gradients per element). `split_points` finds where such compares change value along a loop var,
+the kernel loop is emitted as one loop per segment between them (cpp.py), and `decide` lets the
+handler fold each compare to a constant inside a segment (cpp_handler.py), so each segment keeps
+only its own body.
+
+Along the innermost loop the segments are simd loops side by side. A compare on an *outer* loop
+var (cat along channels of NCHW, pad of H, a stack, the where-trees of a scan's up/down sweeps)
+does not change along the simd loop, but its select still evaluates every branch there (a 4-part
+channel cat loaded 4 values per element): `unswitch` splits such outer loops too, and the kernel
+emits its loop nest once per combination of their segments (bounded by MAX_UNSWITCH).
 
 Consumes: index expressions (sympy) and loop ranges. Produces: split points, decided compares.
 """
@@ -14,13 +20,16 @@ from __future__ import annotations
 
 import sympy
 
-from ..loopir.index import simplify_index
+from ..loopir.index import FloorDiv, ModularIndexing, simplify_index
 from ..loopir.ops import OpsHandler, set_handler
 
 CMP = ("lt", "le", "gt", "ge", "eq", "ne")
 SWAP = {"lt": "gt", "le": "ge", "gt": "lt", "ge": "le", "eq": "eq", "ne": "ne"}
 #: a split loop has at most this many segments (a many-way cat keeps its masks)
 MAX_SEGMENTS = 8
+#: an unswitched loop nest is emitted at most this many times (one per combination of the outer
+#: dims' segments); beyond it the dims with the most segments keep their selects
+MAX_UNSWITCH = 16
 
 
 def affine(e):
@@ -33,9 +42,26 @@ def affine(e):
     return int(rest), {v: int(c) for v, c in coeffs.items()}
 
 
+def _fixed(e, spans: dict):
+    """e with the vars of one-value spans substituted, or None where that would divide a
+    negative value (C++ truncates where sympy floors; such an index is masked off anyway)."""
+    fixed = {v: sympy.Integer(lo) for v, (lo, hi) in spans.items() if hi - lo == 1}
+    if not fixed or not e.free_symbols & fixed.keys():
+        return e
+    for f in e.atoms(FloorDiv, ModularIndexing):
+        arg = f.args[0].xreplace(fixed)
+        if arg.is_Integer and arg < 0:
+            return None
+    return e.xreplace(fixed)
+
+
 def bounds(e, ranges: dict, spans: dict):
     """[lo, hi] of an affine e for vars in spans ({var: (lo, hi)}, hi exclusive) or in ranges
-    ({var: size}, from 0), or None when e is not affine or a var's range is unknown."""
+    ({var: size}, from 0), or None when e is not affine or a var's range is unknown. Vars of
+    one-value spans are substituted first (a div or mod of them is then a number)."""
+    e = _fixed(e, spans)
+    if e is None:
+        return None
     a = affine(e)
     if a is None:
         return None
@@ -63,12 +89,13 @@ def decide(cmp: str, lo: int, hi: int, k) -> bool | None:
 
 
 class SplitPoints(OpsHandler):
-    """Runs a body and collects the values of `var` in (0, size) where a compare of an index
-    `var + c` or `-var + c` with a constant changes value."""
+    """Runs a body and collects, for each loop var in `sizes` ({var: size}), the values in
+    (0, size) where a compare of an index `c*var + c0` (integers c, c0; with `unit`, c = +-1)
+    with a constant changes value."""
 
-    def __init__(self, var, size: int, ranges: dict, subs: dict):
-        self.var, self.size, self.ranges, self.subs = var, size, ranges, subs
-        self.points: set[int] = set()
+    def __init__(self, sizes: dict, ranges: dict, subs: dict, unit: bool = False):
+        self.sizes, self.ranges, self.subs, self.unit = sizes, ranges, subs, unit
+        self.points: dict = {v: set() for v in sizes}
 
     def index_expr(self, expr, dtype):
         return ("idx", simplify_index(sympy.expand(expr), self.ranges).xreplace(self.subs))
@@ -92,27 +119,80 @@ class SplitPoints(OpsHandler):
             return None
         k = b[1] if isinstance(b, tuple) and b[0] == "c" else b
         k = int(k) if isinstance(k, sympy.Integer) else k
-        form = affine(a[1])
-        if form is None or set(form[1]) != {self.var} or isinstance(k, bool) \
-                or not isinstance(k, int) or form[1][self.var] not in (1, -1):
+        if isinstance(k, bool) or not isinstance(k, int):
             return None
-        c0, c = form[0], form[1][self.var]
-        # the compare changes value between var = p - 1 and var = p
-        t = k - c0 if c == 1 else c0 - k
-        pts = {"lt": [t if c == 1 else t + 1], "ge": [t if c == 1 else t + 1],
-               "le": [t + 1 if c == 1 else t], "gt": [t + 1 if c == 1 else t],
-               "eq": [t, t + 1], "ne": [t, t + 1]}[name]
-        self.points.update(p for p in pts if 0 < p < self.size)
+        form = affine(a[1])
+        if form is None:
+            # a div or mod of one short loop var (a flattened stack's pair index): split it
+            # into single values, which later copies substitute (see unswitch)
+            (var, *more) = a[1].free_symbols or (None,)
+            if not more and not self.unit and self.sizes.get(var, MAX_SEGMENTS + 1) <= MAX_SEGMENTS:
+                self.points[var].update(range(1, self.sizes[var]))
+            return None
+        if len(form[1]) != 1:
+            return None
+        (var, c), = form[1].items()
+        if var not in self.sizes or (self.unit and c not in (1, -1)):
+            return None
+        # `c*var + c0 cmp k` is monotone in var: it changes value where `c*var + c0 >= K`
+        # starts (c > 0) or stops (c < 0) holding, K = k (lt, ge) or k + 1 (le, gt); eq and ne
+        # change around the one var value with c*var + c0 == k, if there is one
+        c0 = form[0]
+        if name in ("eq", "ne"):
+            pts = [(k - c0) // c, (k - c0) // c + 1] if (k - c0) % c == 0 else []
+        else:
+            big = k + 1 if name in ("le", "gt") else k
+            pts = [-((c0 - big) // c)] if c > 0 else [(c0 - big) // -c + 1]
+        self.points[var].update(p for p in pts if 0 < p < self.sizes[var])
         return None
+
+
+def _segments(points: set, size: int) -> list[tuple[int, int]] | None:
+    if not points or len(points) >= MAX_SEGMENTS:
+        return None
+    edges = [0] + sorted(points) + [size]
+    return list(zip(edges[:-1], edges[1:]))
 
 
 def split_points(store_fn, var, size, ranges: dict, subs: dict) -> list[tuple[int, int]] | None:
     """Segments [(lo, hi)] of the innermost loop (var over `size`) between which the body's
-    index compares change value, or None when there are none (or too many)."""
-    h = SplitPoints(var, int(size), ranges, subs)
+    index compares change value, or None when there are none (or too many). Only compares of
+    `var + c` or `-var + c`: a strided window's loads are gathers in the simd loop either way."""
+    h = SplitPoints({var: int(size)}, ranges, subs, unit=True)
     with set_handler(h):
         store_fn()
-    if not h.points or len(h.points) >= MAX_SEGMENTS:
+    return _segments(h.points[var], int(size))
+
+
+def unswitch(store_fn, sizes: dict, ranges: dict, subs: dict) -> list[dict] | None:
+    """The combinations of segments of the loops in `sizes` ({var: size}, outer loops with
+    constant sizes) between which the body's index compares change value: a list of
+    {var: (lo, hi)}, one per copy of the loop nest to emit, or None when no compare is on them.
+    At most MAX_UNSWITCH copies: dims are taken fewest segments first while the count fits.
+    A segment of one value fixes its var, and a copy that fixes a new var is looked at again
+    with it substituted: a compare of `2*a + b` (a stack's pairs, flattened) is on `a` alone
+    once `b` is fixed (dims left out for the bound stay out)."""
+    done, todo = [], [({}, True, set())]
+    while todo:
+        c, look, skip = todo.pop(0)
+        fixed = {v: sympy.Integer(lo) for v, (lo, hi) in c.items() if hi - lo == 1}
+        if not look:
+            done.append(c)
+            continue
+        h = SplitPoints({v: int(n) for v, n in sizes.items() if v not in c and v not in skip},
+                        ranges, {**subs, **fixed})
+        with set_handler(h):
+            store_fn()
+        split = [(v, seg) for v in h.sizes if (seg := _segments(h.points[v], h.sizes[v]))]
+        kids = [c]
+        for v, seg in sorted(split, key=lambda vs: len(vs[1])):
+            if len(done) + len(todo) + len(kids) * len(seg) > MAX_UNSWITCH:
+                skip = skip | {v}
+                continue
+            kids = [{**k, v: s} for k in kids for s in seg]
+        todo += [(k, k is not c and sum(hi - lo == 1 for lo, hi in k.values()) > len(fixed),
+                  skip) for k in kids]
+    if done == [{}]:
         return None
-    edges = [0] + sorted(h.points) + [int(size)]
-    return list(zip(edges[:-1], edges[1:]))
+    order = list(sizes)
+    return sorted(done, key=lambda c: [c.get(v, (0, 0)) for v in order])

@@ -60,6 +60,18 @@ class Span:
     def __init__(self, lo: str, hi: str, size):
         self.lo, self.hi, self.size = lo, hi, size
 
+    def count(self) -> int:
+        """Its iterations when lo and hi are numbers (a segment of a split loop), else the
+        dim's size (a hint for parallelization, not a bound)."""
+        if self.lo.lstrip("-").isdigit() and self.hi.lstrip("-").isdigit():
+            return int(self.hi) - int(self.lo)
+        return hint(self.size)
+
+
+def _count(size) -> int:
+    """Iterations of a loop over `size` (an int, a size expression or a Span), as a hint."""
+    return size.count() if isinstance(size, Span) else hint(size)
+
 
 def _for(v, size) -> str:
     """The header of a loop over `size` (an int, a size expression or a Span)."""

@@ -10,6 +10,7 @@ import torch
 from ember.loopir.index import FloorDiv, ModularIndexing, sym
 from ember.loopir.ops import ops
 from ember.codegen.cpp import cexpr, generate_tu
+from ember.codegen import cpp_ranges
 from ember.codegen.cpp_loops import plan_loops
 from ember.loopir.nodes import ComputedBuffer, InputBuffer, Pointwise, Reduction
 from ember.runtime.build import CXX, FLAGS, build, load
@@ -296,8 +297,11 @@ def test_masked_load_with_invariant_mask_vectorizes(tmp_path, monkeypatch):
     """#24: a load contiguous in the simd dim under a mask that does not move with it (channels-
     last pooling, padding of outer dims) is branch-free: its clamped base and the mask are
     hoisted before the simd loop, the select is ember::pick, and g++ vectorizes the loop (the
-    `if` form it replaces never vectorized). Values, NaN and the -inf edge match."""
+    `if` form it replaces never vectorized). Values, NaN and the -inf edge match. (This mask is
+    on an outer loop var, which is unswitched when it can be (test_cpp_split.py): here the
+    unswitch bound is 1 copy, the form kept beyond the bound.)"""
     monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(cpp_ranges, "MAX_UNSWITCH", 1)
     n, w, c = 3, 9, 40
     x = InputBuffer("arg0", torch.float32, (n, w, c), (w * c, c, 1), position=0)
     steps, src, fns, sigs = _compile([_window_max_cl(x, n, w, c, float("-inf"))], [x])
