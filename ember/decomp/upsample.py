@@ -67,10 +67,13 @@ def _linear_coords(isize, osize, align_corners, scale, dtype, device):
     else:
         src = aten.sub.Tensor(aten.mul.Tensor(aten.add.Tensor(i, 0.5), s), 0.5)
         src = aten.maximum.default(src, aten.full.default([], 0.0, dtype=dtype, device=device))
-    lo = to(src, torch.int64)
+    # src >= 0, so floor is ATen's truncation; the weight then needs no float -> int -> float
+    # per element (which does not vectorize where the weight is inlined)
+    lo_f = aten.floor.default(src)
+    lo = to(lo_f, torch.int64)
     hi = aten.minimum.default(aten.add.Tensor(lo, 1),
                               aten.full.default([], isize - 1, dtype=torch.int64, device=device))
-    lam = aten.sub.Tensor(src, to(lo, dtype))
+    lam = aten.sub.Tensor(src, lo_f)
     lam = aten.minimum.default(aten.maximum.default(lam, aten.full.default([], 0.0, dtype=dtype, device=device)),
                                aten.full.default([], 1.0, dtype=dtype, device=device))
     return lo, hi, lam
@@ -78,6 +81,10 @@ def _linear_coords(isize, osize, align_corners, scale, dtype, device):
 
 @register(aten.upsample_bilinear2d.default)
 def upsample_bilinear2d(input, output_size, align_corners, scales_h=None, scales_w=None):
+    """Separable, as ATen's kernel weighs it: rows interpolated along H (contiguous loads at two
+    source rows), then along W from that row. With the kernel backend's row gather
+    (schedule/fuse.py) the second pass reads the first's row in the cache: one pass over the
+    input, and the per-column indices and weights are small tables (lower: _index_table)."""
     if not input.is_floating_point():
         return NotImplemented
     dtype = opmath_dtype(input.dtype)
@@ -85,16 +92,12 @@ def upsample_bilinear2d(input, output_size, align_corners, scales_h=None, scales
     oh, ow = output_size
     h0, h1, lh = _linear_coords(H, oh, align_corners, scales_h, dtype, input.device)
     w0, w1, lw = _linear_coords(W, ow, align_corners, scales_w, dtype, input.device)
-    h0, h1, lh = (aten.unsqueeze.default(t, -1) for t in (h0, h1, lh))
     lead = [None] * (input.dim() - 2)
     x = to(input, dtype)
-
-    def at(h, w):
-        return aten._unsafe_index.Tensor(x, lead + [h, w])
-
-    top = aten.add.Tensor(at(h0, w0), aten.mul.Tensor(aten.sub.Tensor(at(h0, w1), at(h0, w0)), lw))
-    bot = aten.add.Tensor(at(h1, w0), aten.mul.Tensor(aten.sub.Tensor(at(h1, w1), at(h1, w0)), lw))
-    out = aten.add.Tensor(top, aten.mul.Tensor(aten.sub.Tensor(bot, top), lh))
+    top, bot = (aten._unsafe_index.Tensor(x, lead + [h]) for h in (h0, h1))
+    rows = aten.add.Tensor(top, aten.mul.Tensor(aten.sub.Tensor(bot, top), aten.unsqueeze.default(lh, -1)))
+    left, right = (aten._unsafe_index.Tensor(rows, lead + [None, w]) for w in (w0, w1))
+    out = aten.add.Tensor(left, aten.mul.Tensor(aten.sub.Tensor(right, left), lw))
     return in_format_of(to(out, input.dtype), input)
 
 

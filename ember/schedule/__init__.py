@@ -16,7 +16,8 @@ from .memory import ROW_LOCAL_MAX, ROW_LOCAL_MAX_TRITON, can_write_in_place, mar
     plan_memory, step_reads, step_writes
 
 
-def schedule(lowered, *, fusion: bool = True, row_local_max: int = ROW_LOCAL_MAX) -> Plan:
+def schedule(lowered, *, fusion: bool = True, row_local_max: int = ROW_LOCAL_MAX,
+             row_gather: bool = False) -> Plan:
     deps = {n.name: node_deps(n) for n in lowered.nodes}
     out_names = {o.buffer.name for o in lowered.outputs if isinstance(o, TensorArg)}
     nodes = _dce(lowered.nodes, deps, out_names)
@@ -25,7 +26,7 @@ def schedule(lowered, *, fusion: bool = True, row_local_max: int = ROW_LOCAL_MAX
         buffers[n.name] = n
         for o in getattr(n, "outputs", []):
             buffers[o.name] = o
-    steps = fuse(nodes, deps, enable=fusion)
+    steps = fuse(nodes, deps, enable=fusion, row_gather=row_gather)
     mark_locals(steps, deps, keep=out_names, row_local_max=row_local_max)
     memory = plan_memory(steps, deps, out_names)
     reads = tuple(tuple(step_reads(s, deps)) for s in steps)
