@@ -2,6 +2,8 @@
 index_put and pointwise math; index formulas follow ATen's UpSample.h."""
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ._util import in_format_of, opmath_dtype, to
@@ -56,12 +58,15 @@ def upsample_nearest2d_backward(grad_output, output_size, input_size, scales_h=N
     return to(out, grad_output.dtype)
 
 
-def _linear_coords(isize, osize, align_corners, scale, dtype, device):
+def _src_scale(isize, osize, align_corners, scale):
     if align_corners:
-        s = (isize - 1.0) / (osize - 1.0) if osize > 1 else 0.0
-    else:
-        s = 1.0 / scale if scale is not None and scale > 0 else isize / osize
-    i = aten.arange.start_step(0, osize, 1, dtype=dtype, device=device)
+        return (isize - 1.0) / (osize - 1.0) if osize > 1 else 0.0
+    return 1.0 / scale if scale is not None and scale > 0 else isize / osize
+
+
+def _coords_at(i, isize, s, align_corners):
+    """ATen's linear source index at output positions `i` (float): (lo, hi, weight of hi)."""
+    dtype, device = i.dtype, i.device
     if align_corners:
         src = aten.mul.Tensor(i, s)
     else:
@@ -77,6 +82,11 @@ def _linear_coords(isize, osize, align_corners, scale, dtype, device):
     lam = aten.minimum.default(aten.maximum.default(lam, aten.full.default([], 0.0, dtype=dtype, device=device)),
                                aten.full.default([], 1.0, dtype=dtype, device=device))
     return lo, hi, lam
+
+
+def _linear_coords(isize, osize, align_corners, scale, dtype, device):
+    i = aten.arange.start_step(0, osize, 1, dtype=dtype, device=device)
+    return _coords_at(i, isize, _src_scale(isize, osize, align_corners, scale), align_corners)
 
 
 @register(aten.upsample_bilinear2d.default)
@@ -106,3 +116,61 @@ def upsample_bilinear2d_vec(input, output_size, align_corners, scale_factors):
     osize = _out_size(input, output_size, scale_factors)
     sh, sw = (scale_factors if scale_factors else (None, None))
     return upsample_bilinear2d(input, osize, align_corners, sh, sw)
+
+
+# output positions a source position may receive gradient from, at most (more: the aten kernel)
+_MAX_TAPS = 16
+
+
+def _linear_backward_pass(g, dim, isize, osize, align_corners, scale):
+    """The gradient of one linear pass along `dim` (size osize in g) as a gather: source
+    position j sums g at the K output positions base(j) + k whose lo or hi is j, weighted as in
+    the forward pass (the weights are recomputed by the forward's own formula, so positions the
+    window over-covers get weight 0). None when the taps are too many."""
+    s = _src_scale(isize, osize, align_corners, scale)
+    if s <= 0:
+        return None
+    taps = math.ceil(2 / s) + 3
+    if taps > _MAX_TAPS:
+        return None
+    dtype, device = g.dtype, g.device
+    j = aten.arange.start_step(0, isize, 1, dtype=dtype, device=device)
+    first = aten.sub.Tensor(j, 1.0 if align_corners else 0.5)
+    first = aten.div.Tensor(first, s) if align_corners else aten.sub.Tensor(aten.div.Tensor(first, s), 0.5)
+    base = aten.sub.Tensor(to(aten.floor.default(first), torch.int64), 1)
+    ji = aten.arange.start_step(0, isize, 1, dtype=torch.int64, device=device)
+    zero = aten.full.default([], 0, dtype=torch.int64, device=device)
+    last = aten.full.default([], osize - 1, dtype=torch.int64, device=device)
+    lead = [None] * (g.dim() - 2)
+    out = None
+    for k in range(taps):
+        o = aten.add.Tensor(base, k)
+        valid = aten.logical_and.default(aten.ge.Scalar(o, 0), aten.le.Scalar(o, osize - 1))
+        oc = aten.minimum.default(aten.maximum.default(o, zero), last)
+        lo, hi, lam = _coords_at(to(oc, dtype), isize, s, align_corners)
+        w = aten.add.Tensor(aten.mul.Tensor(to(aten.eq.Tensor(lo, ji), dtype), aten.rsub.Scalar(lam, 1.0)),
+                            aten.mul.Tensor(to(aten.eq.Tensor(hi, ji), dtype), lam))
+        w = aten.where.self(valid, w, aten.full.default([], 0.0, dtype=dtype, device=device))
+        if dim == -2:
+            term = aten.mul.Tensor(aten._unsafe_index.Tensor(g, lead + [oc]), aten.unsqueeze.default(w, -1))
+        else:
+            term = aten.mul.Tensor(aten._unsafe_index.Tensor(g, lead + [None, oc]), w)
+        out = term if out is None else aten.add.Tensor(out, term)
+    return out
+
+
+@register(aten.upsample_bilinear2d_backward.default)
+def upsample_bilinear2d_backward(grad_output, output_size, input_size, align_corners, scales_h=None,
+                                 scales_w=None):
+    """Separable and gathered (ATen scatters each output's four weights, one element at a
+    time): along H over whole rows, then along W from the row just computed (row gather)."""
+    if not grad_output.is_floating_point():
+        return NotImplemented
+    H, W = input_size[-2], input_size[-1]
+    oh, ow = output_size
+    g = to(grad_output, opmath_dtype(grad_output.dtype))
+    rows = _linear_backward_pass(g, -2, H, oh, align_corners, scales_h)
+    out = None if rows is None else _linear_backward_pass(rows, -1, W, ow, align_corners, scales_w)
+    if out is None:
+        return NotImplemented
+    return in_format_of(to(out, grad_output.dtype), grad_output)

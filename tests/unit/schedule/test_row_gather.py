@@ -108,3 +108,26 @@ def test_row_gather_predicate():
     assert not row_gather(v2 + 1 + 56 * v1 + 6272 * v0, write, 2, (56,), (56,), {})     # shifted
     assert not row_gather(ind + 56 * v1 + 6272 * v0, 2 * v2 + 112 * v1 + 12544 * v0, 2, (112,),
                           (56,), {ind: 56})                                              # not dense
+
+
+@pytest.mark.parametrize("align", [False, True])
+@pytest.mark.parametrize("shape,kw", [
+    ((2, 3, 7, 9), {"scale_factor": 2}),
+    ((2, 3, 8, 10), {"size": (13, 21)}),
+    ((1, 4, 11, 6), {"scale_factor": 1.7}),
+    ((2, 3, 16, 20), {"size": (9, 7)}),
+])
+def test_bilinear_backward_gathered_against_eager(shape, kw, align):
+    # the gradient as a gather over each source position's window of output positions (ATen
+    # scatters): values as eager's, no aten fallback, the W pass a row gather of the H pass
+    aten = torch.ops.aten
+    x = torch.randn(*shape)
+    out = F.interpolate(x, mode="bilinear", align_corners=align, **kw)
+    scales = [kw["scale_factor"]] * 2 if "scale_factor" in kw else [None, None]
+
+    def f(g):
+        return aten.upsample_bilinear2d_backward(g, list(out.shape[-2:]), list(x.shape), align, *scales)
+    stats = check(f, torch.randn_like(out), atol=1e-5, rtol=1e-5)
+    assert not stats["fallbacks"], stats
+    plan, _ = _plan(f, torch.randn_like(out), row_gather=True)
+    assert any(len(k.stages) == 2 and k.row_local for k in plan.kernels)
