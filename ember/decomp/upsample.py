@@ -128,7 +128,9 @@ def _linear_backward_pass(g, dim, isize, osize, align_corners, scale):
     the forward pass (the weights are recomputed by the forward's own formula, so positions the
     window over-covers get weight 0). None when the taps are too many."""
     s = _src_scale(isize, osize, align_corners, scale)
-    if s <= 0:
+    if not 0 < s <= 1:
+        # (downsampling: ATen's scatter of the smaller grad_output costs less per source
+        # position than this gather's ceil(2/s) + 3 taps; bilinear_down2 train 1.47 -> 0.94)
         return None
     taps = math.ceil(2 / s) + 3
     if taps > _MAX_TAPS:

@@ -128,6 +128,9 @@ def test_bilinear_backward_gathered_against_eager(shape, kw, align):
     def f(g):
         return aten.upsample_bilinear2d_backward(g, list(out.shape[-2:]), list(x.shape), align, *scales)
     stats = check(f, torch.randn_like(out), atol=1e-5, rtol=1e-5)
+    if out.shape[-1] < x.shape[-1]:     # downsampling keeps ATen's scatter (cheaper there)
+        assert stats["fallbacks"] == ["aten.upsample_bilinear2d_backward.default"], stats
+        return
     assert not stats["fallbacks"], stats
     plan, _ = _plan(f, torch.randn_like(out), row_gather=True)
     assert any(len(k.stages) == 2 and k.row_local for k in plan.kernels)
