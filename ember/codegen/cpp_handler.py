@@ -105,6 +105,22 @@ class CppVal:
         return self.code
 
 
+def index_type(buffers: dict) -> str:
+    """C++ type of a gather's index: int32_t when every buffer spans under 2^31 elements (then
+    every partial sum of an in-bounds index does too), else int64_t. g++ 12 vectorizes a load
+    through a 32-bit index (vgatherdps) but not one through a 64-bit index ("no vectype": a
+    bilinear upsampling or gather_last loop ran scalar)."""
+    for b in buffers.values():
+        size, stride = getattr(b, "size", None), getattr(b, "stride", None)
+        if size is None:
+            continue
+        if stride is None or any(map(is_symbolic, tuple(size) + tuple(stride))):
+            return "int64_t"
+        if 1 + sum((int(n) - 1) * abs(int(st)) for n, st in zip(size, stride) if int(n) > 0) >= 2 ** 31:
+            return "int64_t"
+    return "int32_t"
+
+
 def _is_int(dtype) -> bool:
     return not dtype.is_floating_point and dtype != torch.bool
 
@@ -158,6 +174,7 @@ class CppHandler:
         self.writes: set = set()      # buffers the kernel stores (their loads are not hoisted)
         self.spans: dict = {}         # loop var -> (lo, hi): the segment of a split loop
         self.known: dict = {}         # temporary or literal -> its index expr or constant
+        self.index_t = index_type(buffers)   # a gather's index (indirect_indexing)
 
     def simple(self, index):
         return simplify_index(sympy.expand(index), self.ranges)
@@ -431,18 +448,26 @@ class CppHandler:
     def indirect_indexing(self, value, size, check=True):
         self.need_if = True
         v = self._as(value, torch.int64)
-        name = self.fresh("idx")
         n = _int(size)
+        key = ("indirect", str(v), n, check)    # one wrap/check per index (bilinear: 4 loads, 2 indices)
+        if key in self.cse:
+            return sym(self.cse[key])
+        name = self.fresh("idx")
+        self.cse[key] = name
         idx = f"{v} < 0 ? {v} + {n} : {v}"
-        if not check:
-            self.code.writeline(f"int64_t {name} = {idx};")
+        it = self.index_t       # (wrapped and checked as int64, then narrowed: in [0, n) now)
+        if not check and self.simd is not None and self.is_invariant(str(v)):
+            self.hoisted.writeline(f"const {it} {name} = {idx};")   # (a wrap cannot fault)
+            self.invariant.add(name)
+        elif not check:
+            self.code.writeline(f"{it} {name} = {idx};")
         elif self.simd is not None and self.load_mask is None and self.is_invariant(str(v)):
             # the same index along the simd loop (an embedding row): checked once before it
-            self.hoisted.writeline(f"const int64_t {name} = ember::bound({idx}, {n});")
+            self.hoisted.writeline(f"const {it} {name} = ember::bound({idx}, {n});")
             self.invariant.add(name)
         elif self.simd_oob is None:
             # eager raises IndexError: outside the dim, the kernel flags it and reads index 0
-            self.code.writeline(f"int64_t {name} = ember::bound({idx}, {n});")
+            self.code.writeline(f"{it} {name} = ember::bound({idx}, {n});")
         else:
             # the same, branch-free in an omp simd loop (a gather still vectorizes): the lanes
             # OR into the loop's flag, checked after it (KernelCodegen._loops)
@@ -452,7 +477,7 @@ class CppHandler:
             self.code.writeline(f"const bool {name}_out = static_cast<uint64_t>({name}_w) >= "
                                 f"static_cast<uint64_t>({n});")
             self.code.writeline(f"{flag} |= {name}_out;")
-            self.code.writeline(f"int64_t {name} = {name}_out ? 0 : {name}_w;")
+            self.code.writeline(f"{it} {name} = {name}_out ? 0 : {name}_w;")
         return sym(name)
 
     def __getattr__(self, name):

@@ -18,6 +18,7 @@ class NodeDeps:
     reads: dict            # buffer name -> set of index exprs (None for externs: whole buffer)
     write_index: object    # sympy expr in v-vars (None for externs)
     indirect: bool = False
+    ind_sizes: dict = dataclasses.field(default_factory=dict)   # indirect index symbol -> its dim size
 
 
 @dataclasses.dataclass

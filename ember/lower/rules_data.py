@@ -20,7 +20,7 @@ from ..loopir.ops import compute_dtype, ops
 from ..loopir.nodes import InputBuffer, Pointwise
 from .index_prop import constant_value, static_index, window_preimage
 from .ir import (Pending, Reindex, SHAPE_ENV, TensorValue, View, as_size, as_sizes, meta_strided,
-                 meta_view, view_impl)
+                 meta_view, view_chain, view_impl)
 from .rules import RULES, broadcast_loader, out_meta, rule
 from ..errors import Unsupported
 
@@ -439,6 +439,9 @@ def index(ctx, node, x, indices, check=True):
     lx = x.loader()
     loaders = {i: broadcast_loader(indices[i], bshape) for i in pos}
     direct = {i: static_index(loaders[i], bshape, x.size[i]) for i in pos}
+    for i in pos:
+        if direct[i] is None and _index_table(ctx, indices[i], size):
+            loaders[i] = broadcast_loader(indices[i], bshape)
 
     def inner(idx):
         bidx = list(idx[start:start + nb])
@@ -454,6 +457,22 @@ def index(ctx, node, x, indices, check=True):
                 full.append(next(rest))
         return lx(full)
     return Pending(Pointwise(size, out.dtype, inner))
+
+
+def _index_table(ctx, index, out_size) -> bool:
+    """Realize a computed index tensor (an interpolation's source positions, cast from float math
+    of an arange) that the gather reads broadcast, at least twice per element: inlined, its body
+    ran per gathered element, and g++ does not vectorize a float -> int64 cast next to a gather
+    (bilinear upsampling at 0.7x eager). Stored once, it is an int64 table like ATen's
+    per-output index/weight tables. Returns whether it realized one."""
+    base = view_chain(index)[0] if isinstance(index, Reindex) else index
+    if not isinstance(base, Pending) or base.realized is not None or \
+            any(is_symbolic(s) for s in tuple(base.size) + tuple(out_size)):
+        return False
+    if math.prod(int(s) for s in out_size) < 2 * math.prod(int(s) for s in base.size):
+        return False
+    ctx.realize(base)
+    return True
 
 
 @rule(aten._unsafe_index.Tensor)

@@ -13,7 +13,7 @@ import itertools
 
 import sympy
 
-from ..loopir.index import sym
+from ..loopir.index import is_symbolic, sym
 from ..loopir.ops import OpsHandler, set_handler
 from ..loopir.plan import NodeDeps
 
@@ -23,6 +23,7 @@ class DepsHandler(OpsHandler):
         self.reads: dict = {}
         self.writes: dict = {}
         self.indirect = False
+        self.ind_sizes: dict = {}
         self._ids = itertools.count()
 
     def load(self, name, index):
@@ -35,7 +36,9 @@ class DepsHandler(OpsHandler):
 
     def indirect_indexing(self, value, size, check=True):
         self.indirect = True
-        return sym(f"ind{next(self._ids)}")
+        s = sym(f"ind{next(self._ids)}")
+        self.ind_sizes[s] = size
+        return s
 
     def masked(self, mask, body, other):
         return body()
@@ -63,7 +66,47 @@ def node_deps(node) -> NodeDeps:
         else:
             node.reduction_value(xv, loop_vars(len(node.rranges), len(xv)))
             write = sympy.expand(node.store_index(xv))
-    return NodeDeps(h.reads, write, h.indirect)
+    return NodeDeps(h.reads, write, h.indirect, h.ind_sizes)
+
+
+def row_gather(read, write, outer: int, reader_inner, writer_inner, ind_sizes) -> bool:
+    """Does `read` (by a node looping over outer dims + `reader_inner`) fall in the row that
+    `write` (by a node over the same outer dims + `writer_inner`) stores in the same outer
+    iteration? The writer must store its row densely (row-major over its inner dims) and the
+    read's part along the inner dims, indirect indices included (in [0, size): wrapped and
+    checked), must lie in [0, row) for every index. Once the writer's stage has run, a later
+    stage may then read any element of it (a separable interpolation: the second pass gathers
+    from the row the first just computed)."""
+    if read is None or write is None or not writer_inner:
+        return False
+    inner_w = loop_vars(len(writer_inner), outer)
+    inner_r = loop_vars(len(reader_inner), outer)
+    zero_w = {v: 0 for v in inner_w}
+    w_outer = write.xreplace(zero_w)
+    row, dense = 1, sympy.Integer(0)
+    for v, n in reversed(list(zip(inner_w, writer_inner))):
+        if is_symbolic(n):
+            return False
+        dense += v * row
+        row *= int(n)
+    if sympy.expand(write - w_outer - dense) != 0:
+        return False
+    ranges = dict(zip(inner_r, reader_inner))
+    ranges.update(ind_sizes)
+    offset = sympy.expand(read - w_outer)       # the read's position in the writer's row
+    if not offset.free_symbols <= set(ranges):
+        return False
+    lo = hi = 0
+    for term in sympy.Add.make_args(offset):
+        coef, rest = term.as_coeff_Mul()
+        if coef.is_Integer and rest == 1:
+            lo, hi = lo + int(coef), hi + int(coef)
+            continue
+        if not (coef.is_Integer and rest in ranges) or is_symbolic(ranges[rest]):
+            return False
+        span = int(coef) * (int(ranges[rest]) - 1)
+        lo, hi = lo + min(span, 0), hi + max(span, 0)
+    return 0 <= lo and hi < row
 
 
 def tensor_args(node):

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import sympy
 
+from ..loopir.index import is_symbolic
 from ..loopir.plan import ExternStep, Kernel, Stage
-from .deps import loop_vars
+from .deps import loop_vars, row_gather as row_gather_at
 
 
 def _placement(kernel: Kernel, node):
@@ -37,11 +38,20 @@ def _placement(kernel: Kernel, node):
     return None
 
 
-def fuse(nodes, deps: dict, *, enable: bool = True) -> list:
+ROW_GATHER_MAX = 16384     # elements of a row a kernel is split for (see _row_split)
+
+
+def fuse(nodes, deps: dict, *, enable: bool = True, row_gather: bool = False) -> list:
+    """`row_gather` (C++ only: a Triton stage's lanes do not see each other's stores): a
+    pointwise node may read a pointwise buffer of the kernel anywhere in the row that buffer's
+    stage stored in the same outer iteration (deps.row_gather), in a later stage; a pure
+    pointwise kernel is split to the outer dims the two share for it (a separable
+    interpolation: the rows interpolated along H, then gathered along W in the cache)."""
     steps: list = []
     where: dict = {}          # buffer name -> step index
     writer: dict = {}         # buffer name -> node
     stage_of: dict = {}       # buffer name -> Stage
+    gathered: set = set()     # kernels with a row-gather stage: no reductions join them
     count = 0
     for node in nodes:
         d = deps[node.name]
@@ -57,15 +67,31 @@ def fuse(nodes, deps: dict, *, enable: bool = True) -> list:
             if not isinstance(k, Kernel):
                 continue
             place = _placement(k, node)
-            if place is None:
+            rows = None
+            if place is None and row_gather:
+                rows = _row_split(k, node)
+                place = None if rows is None else ("pointwise", tuple(node.ranges[rows:]), None)
+            if place is None or (node.kind != "pointwise" and q in gathered):
                 continue
             kind, inner, resplit = place
             inner_if_resplit = inner
             own = [b for b in d.reads if where.get(b) == q]
-            ok = True
+            ok = rows is None or bool(own)
+            from_rows = set()     # stages this node reads rows of at other indices
             for b in own:
                 w = writer[b]
                 w_inner = node.rranges if resplit is not None else stage_of[b].inner
+                write = deps[w.name].write_index
+                if rows is not None:
+                    w_inner = tuple(k.outer[rows:])
+                if row_gather and node.kind == "pointwise" and w.kind == "pointwise" and \
+                        resplit is None and all(st.kind == "pointwise" for st in k.stages) and any(idx != write for idx in d.reads[b]) and \
+                        all(row_gather_at(idx, write, len(k.outer) if rows is None else rows,
+                                          inner, w_inner, d.ind_sizes) for idx in d.reads[b]):
+                    from_rows.add(id(stage_of[b]))
+                    continue
+                if rows is not None:
+                    ok = False
                 # (a pointwise value over leading inner dims only, a LayerNorm's mean and
                 # rstd or a GroupNorm's per-channel scale, is read by a later stage of the same
                 # outer iteration that loops over more dims, when that stage stores along its
@@ -87,9 +113,15 @@ def fuse(nodes, deps: dict, *, enable: bool = True) -> list:
                 k.outer = resplit
                 for s in k.stages:
                     s.inner = inner
+            if rows is not None:
+                for s in k.stages:
+                    s.inner = tuple(k.outer[rows:])
+                k.outer = tuple(k.outer[:rows])
+            if from_rows:
+                gathered.add(q)
             last = k.stages[-1]
-            if last.kind == kind and tuple(last.inner) == tuple(inner) and not (
-                    kind == "reduction" and any(stage_of.get(b) is last for b in d.reads)):
+            if last.kind == kind and tuple(last.inner) == tuple(inner) and id(last) not in from_rows \
+                    and not (kind == "reduction" and any(stage_of.get(b) is last for b in d.reads)):
                 last.nodes.append(node)
                 stage = last
             else:
@@ -106,6 +138,24 @@ def fuse(nodes, deps: dict, *, enable: bool = True) -> list:
             count += 1
             where[node.name], writer[node.name], stage_of[node.name] = len(steps) - 1, node, stage
     return steps
+
+
+def _row_split(kernel: Kernel, node):
+    """For a pointwise node whose loops are not the pure pointwise one-stage `kernel`'s: the
+    number of leading dims the two share (a row split of the kernel), or None."""
+    if node.kind != "pointwise" or not kernel.pure_pointwise or len(kernel.stages) != 1:
+        return None
+    p = 0
+    for a, b in zip(kernel.outer, node.ranges):
+        if a != b:
+            break
+        p += 1
+    row = 1
+    for n in kernel.outer[p:]:
+        row = row * n
+    # (a row that stays in the cache between the stages; a longer one is better stored)
+    return p if 0 < p < len(kernel.outer) and not is_symbolic(row) and row <= ROW_GATHER_MAX \
+        else None
 
 
 def _walks_rows(node, d) -> bool:

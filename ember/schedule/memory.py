@@ -11,7 +11,7 @@ from __future__ import annotations
 from ..loopir.index import contiguous_strides, is_symbolic
 from ..loopir.ops import compute_dtype
 from ..loopir.plan import ExternStep, Kernel, MemoryPlan
-from .deps import tensor_args
+from .deps import row_gather, tensor_args
 
 
 # elements of a per-thread row scratch: a longer row (softmax over a 32000 vocabulary) stays in
@@ -56,7 +56,7 @@ def mark_locals(steps, deps, keep: set, row_local_max: int = ROW_LOCAL_MAX) -> N
             rs = readers.get(n.name, [])
             if not rs:
                 continue
-            ok = all(j == i and all(idx == deps[n.name].write_index
+            ok = all(j == i and all(idx == deps[n.name].write_index or _gathers_row(step, stage_of, n, r, idx, deps)
                                     for idx in deps[r.name].reads[n.name]) for j, r in rs)
             if ok and n.kind == "pointwise" and not all(
                     stage_of[r.name] is stage_of[n.name] for _, r in rs):
@@ -77,6 +77,15 @@ def mark_locals(steps, deps, keep: set, row_local_max: int = ROW_LOCAL_MAX) -> N
                 step.local.add(n.name)
         if isinstance(step, Kernel) and step.row_local:
             step.row_home = row_homes(step, deps)
+
+
+def _gathers_row(kernel, stage_of, writer, reader, idx, deps) -> bool:
+    """A read by a later stage anywhere in the row `writer` stored in this outer iteration
+    (schedule/fuse.py, row_gather): the row scratch is indexed by the read's inner part."""
+    sw, sr = stage_of[writer.name], stage_of[reader.name]
+    return sw is not sr and kernel.stages.index(sr) > kernel.stages.index(sw) and row_gather(
+        idx, deps[writer.name].write_index, len(kernel.outer), sr.inner, sw.inner,
+        deps[reader.name].ind_sizes)
 
 
 def row_homes(kernel, deps) -> dict:

@@ -397,7 +397,7 @@ def test_gather_index_checks_raise_index_error_and_keep_loops_vectorizable(tmp_p
             if per_element:
                 assert re.search(r"#pragma omp simd reduction\(\|:oob\d+\)", src), src
             else:
-                assert re.search(r"const int64_t idx\d+ = ember::bound\(.*\n\s*#pragma omp simd",
+                assert re.search(r"const int(?:32|64)_t idx\d+ = ember::bound\(.*\n\s*#pragma omp simd",
                                  src), src
             bad = idx.clone()
             bad.view(-1)[5] = size                       # one element just past the end

@@ -212,6 +212,8 @@ CASES = {
     aten.upsample_nearest2d.default: [(img, [12, 9])],
     aten.upsample_nearest2d_backward.default: [(r(2, 4, 12, 9), [12, 9], [2, 4, 6, 6])],
     aten.upsample_bilinear2d.default: [(img, [12, 9], False), (img, [4, 11], True)],
+    aten.upsample_bilinear2d_backward.default: [(r(2, 4, 12, 9), [12, 9], [2, 4, 6, 6], False),
+                                                (r(2, 4, 7, 11), [7, 11], [2, 4, 6, 6], True)],
     # foreach / in-place
     aten._foreach_add.List: [([x34, r(5)], [g34, r(5)])],
     aten._foreach_mul.Scalar: [([x34, r(5)], 3.0)],
