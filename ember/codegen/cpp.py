@@ -167,7 +167,13 @@ class KernelCodegen:
         sizes = "".join(f", int64_t {n}" for n in self.size_params)
         return text.replace("/*SIZES*/", sizes, 1)
 
+    #: columns per block of a column reduction: the fewest, and all a symbolic count gets
     COLUMN_BLOCK = 64
+    #: the most: a block as wide as the row (up to this) reads each row of a row-major matrix
+    #: as one contiguous run; 64-column blocks stepped a row stride (3 KB for LayerNorm(768)'s
+    #: weight gradient) per 256 bytes, and that kernel ran as long as the input gradient's,
+    #: which reads twice the data
+    COLUMN_BLOCK_MAX = 1024
 
     def _column_reduction_ok(self, xv) -> bool:
         """Reduction stages (and pointwise stages before and after them) whose loads run contiguously along
@@ -214,9 +220,19 @@ class KernelCodegen:
         k, h = self.kernel, self.h
         code = h.code
         m = len(xv)
-        B = self.COLUMN_BLOCK
         L = k.outer[-1]
-        nblk = _blocks(L, B)
+        B = self.COLUMN_BLOCK
+        if not is_symbolic(L) and hint(L) > B:
+            B = min(-(-hint(L) // 16) * 16, self.COLUMN_BLOCK_MAX)
+        self.column_capacity = B
+        width = str(B)
+        if B > self.COLUMN_BLOCK and m == 1 and parallel:
+            # the blocks are the parallel loop: as wide as gives each thread one, not narrower
+            # than COLUMN_BLOCK (read at run time: the kernel is cached across thread counts)
+            width = "cw"
+            code.writeline(f"const int64_t cw = std::min<int64_t>({B}, std::max<int64_t>("
+                           f"{self.COLUMN_BLOCK}, ({_int(L)} / omp_get_max_threads() + 15) / 16 * 16));")
+        nblk = _blocks(L, B) if width == str(B) else f"({_int(L)} + cw - 1) / cw"
         saved = h.push()
         for i, (size, v) in enumerate(zip(k.outer[:-1], xv[:-1])):
             if i == 0 and parallel:
@@ -229,7 +245,7 @@ class KernelCodegen:
         code.writeline(f"for (int64_t blk = 0; blk < {nblk}; ++blk)")
         code.writeline("{")
         code.level += 1
-        code.writeline(f"int64_t lo = blk * {B}, n = std::min<int64_t>({B}, {_int(L)} - lo);")
+        code.writeline(f"int64_t lo = blk * {width}, n = std::min<int64_t>({width}, {_int(L)} - lo);")
 
         def lanes(body, simd=True, keep_stored=False):
             """for j in the block (xv[-1] = lo + j): body(). Its temporaries end with the loop;
@@ -285,7 +301,7 @@ class KernelCodegen:
                 adt = torch.float64 if _cascaded(n, numel(st.inner)) else dt
                 acc = h.fresh("acc")
                 code.writeline(f"{ctype(adt)} {acc}[{B}];")
-                code.writeline(f"for (int64_t j = 0; j < {B}; ++j) {acc}[j] = {_init(rt, adt)};")
+                code.writeline(f"for (int64_t j = 0; j < n; ++j) {acc}[j] = {_init(rt, adt)};")
                 if rt in ARG:
                     code.writeline(f"int64_t {acc}_i[{B}] = {{}};")
                 accs.append((n, acc, rt, dt))
@@ -301,7 +317,7 @@ class KernelCodegen:
                 depth += 1
                 for acc, dt in cascade:
                     code.writeline(f"{ctype(dt)} {acc}_b[{B}];")
-                    code.writeline(f"for (int64_t j = 0; j < {B}; ++j) {acc}_b[j] = {_init('sum', dt)};")
+                    code.writeline(f"for (int64_t j = 0; j < n; ++j) {acc}_b[j] = {_init('sum', dt)};")
                 inner_depth = open_loops([span] + list(st.inner[i + 1:]), rv[i:])
 
             def update(accs=accs, rv=rv, inner=st.inner):
@@ -347,13 +363,13 @@ class KernelCodegen:
         test_cpp_var_pairs.py measures the three)."""
         h = self.h
         code = h.code
-        B = self.COLUMN_BLOCK
+        B = self.column_capacity
         s_node = st.nodes[0]
         dt = s_node.body.src_dtype
         ct = ctype(dt)
         s, q, mu, cnt, nb, w = (h.fresh(p) for p in ("acc", "acc", "mean", "cnt", "nb", "w"))
         code.writeline(f"double {q}[{B}], {mu}[{B}];")
-        code.writeline(f"for (int64_t j = 0; j < {B}; ++j) {q}[j] = {mu}[j] = 0.0;")
+        code.writeline(f"for (int64_t j = 0; j < n; ++j) {q}[j] = {mu}[j] = 0.0;")
         code.writeline(f"double {cnt} = 0.0;")
         i, c = _block_split(st.inner, CASCADE_ROWS)
         depth = open_loops(st.inner[:i], rv[:i])
@@ -362,7 +378,7 @@ class KernelCodegen:
         rows = _int(numel(st.inner[i + 1:]))
         code.writeline(f"double {nb} = double({span.hi} - {span.lo}) * {rows};")
         code.writeline(f"{ct} {s}_b[{B}], {s}_c[{B}], {s}_r[{B}], {q}_b[{B}];")
-        code.writeline(f"for (int64_t j = 0; j < {B}; ++j) {s}_b[j] = {s}_r[j] = {q}_b[j] = 0;")
+        code.writeline(f"for (int64_t j = 0; j < n; ++j) {s}_b[j] = {s}_r[j] = {q}_b[j] = 0;")
         blocked = [span] + list(st.inner[i + 1:])
 
         def value():
