@@ -33,6 +33,7 @@ from .cpp_ranges import split_points, unswitch
 from .cpp_reduce import ARG, CASCADE_BLOCK, CASCADE_ROWS, PARALLEL_BLOCK, SIMD_RED, UDR, Span, \
     _acc_value, _arg_better, _block_split, _cascaded, _combine, _count, _flat, _for, _init, \
     _red_clause, _update
+from .welford import find_welford
 
 PARALLEL_MIN_WORK = 32768
 UNROLL = 2      # a pointwise kernel's innermost dim at most this long is unrolled (a pair)
@@ -176,7 +177,13 @@ class KernelCodegen:
         sizes = "".join(f", int64_t {n}" for n in self.size_params)
         return text.replace("/*SIZES*/", sizes, 1)
 
+    #: columns per block of a column reduction: the fewest, and all a symbolic count gets
     COLUMN_BLOCK = 64
+    #: the most: a block as wide as the row (up to this) reads each row of a row-major matrix
+    #: as one contiguous run; 64-column blocks stepped a row stride (3 KB for LayerNorm(768)'s
+    #: weight gradient) per 256 bytes, and that kernel ran as long as the input gradient's,
+    #: which reads twice the data
+    COLUMN_BLOCK_MAX = 1024
 
     def _column_reduction_ok(self, xv) -> bool:
         """Reduction stages (and pointwise stages before and after them) whose loads run contiguously along
@@ -223,9 +230,19 @@ class KernelCodegen:
         k, h = self.kernel, self.h
         code = h.code
         m = len(xv)
-        B = self.COLUMN_BLOCK
         L = k.outer[-1]
-        nblk = _blocks(L, B)
+        B = self.COLUMN_BLOCK
+        if not is_symbolic(L) and hint(L) > B:
+            B = min(-(-hint(L) // 16) * 16, self.COLUMN_BLOCK_MAX)
+        self.column_capacity = B
+        width = str(B)
+        if B > self.COLUMN_BLOCK and m == 1 and parallel:
+            # the blocks are the parallel loop: as wide as gives each thread one, not narrower
+            # than COLUMN_BLOCK (read at run time: the kernel is cached across thread counts)
+            width = "cw"
+            code.writeline(f"const int64_t cw = std::min<int64_t>({B}, std::max<int64_t>("
+                           f"{self.COLUMN_BLOCK}, ({_int(L)} / omp_get_max_threads() + 15) / 16 * 16));")
+        nblk = _blocks(L, B) if width == str(B) else f"({_int(L)} + cw - 1) / cw"
         saved = h.push()
         for i, (size, v) in enumerate(zip(k.outer[:-1], xv[:-1])):
             if i == 0 and parallel:
@@ -238,7 +255,7 @@ class KernelCodegen:
         code.writeline(f"for (int64_t blk = 0; blk < {nblk}; ++blk)")
         code.writeline("{")
         code.level += 1
-        code.writeline(f"int64_t lo = blk * {B}, n = std::min<int64_t>({B}, {_int(L)} - lo);")
+        code.writeline(f"int64_t lo = blk * {width}, n = std::min<int64_t>({width}, {_int(L)} - lo);")
 
         def lanes(body, simd=True, keep_stored=False):
             """for j in the block (xv[-1] = lo + j): body(). Its temporaries end with the loop;
@@ -269,9 +286,17 @@ class KernelCodegen:
                 code.level -= 1
                 code.writeline("}")
 
-        for st in k.stages:
+        pairs = {a: b for a, (s, b) in find_welford(k, xv, m).items()
+                 if _cascaded(s, numel(k.stages[a].inner))}
+        for si, st in enumerate(k.stages):
+            if si - 1 in pairs:
+                continue            # the Q of a var pair: emitted with its S below
             rv = [loop_var(m + i) for i in range(len(st.inner))]
             h.ranges = self.ranges_with(rv, st.inner)
+            if si in pairs:
+                self._column_var_pair(st, k.stages[pairs[si]].nodes[0], xv, rv, lanes,
+                                      open_loops, close_loops)
+                continue
             if st.kind == "pointwise":
                 if not rv:
                     lanes(lambda: [n.store_pointwise(xv) for n in st.nodes], simd=False)
@@ -286,7 +311,7 @@ class KernelCodegen:
                 adt = torch.float64 if _cascaded(n, numel(st.inner)) else dt
                 acc = h.fresh("acc")
                 code.writeline(f"{ctype(adt)} {acc}[{B}];")
-                code.writeline(f"for (int64_t j = 0; j < {B}; ++j) {acc}[j] = {_init(rt, adt)};")
+                code.writeline(f"for (int64_t j = 0; j < n; ++j) {acc}[j] = {_init(rt, adt)};")
                 if rt in ARG:
                     code.writeline(f"int64_t {acc}_i[{B}] = {{}};")
                 accs.append((n, acc, rt, dt))
@@ -302,7 +327,7 @@ class KernelCodegen:
                 depth += 1
                 for acc, dt in cascade:
                     code.writeline(f"{ctype(dt)} {acc}_b[{B}];")
-                    code.writeline(f"for (int64_t j = 0; j < {B}; ++j) {acc}_b[j] = {_init('sum', dt)};")
+                    code.writeline(f"for (int64_t j = 0; j < n; ++j) {acc}_b[j] = {_init('sum', dt)};")
                 inner_depth = open_loops([span] + list(st.inner[i + 1:]), rv[i:])
 
             def update(accs=accs, rv=rv, inner=st.inner):
@@ -334,6 +359,67 @@ class KernelCodegen:
             code.level -= 1
             code.writeline("}")
         h.pop(saved)
+
+    def _column_var_pair(self, st, q_node, xv, rv, lanes, open_loops, close_loops):
+        """var_mean's S = sum(A) and Q = sum((A - S/n)^2) down long columns (BatchNorm's
+        statistics in NHWC) with one read of the columns from memory, where the two stages read
+        them twice (a block of 64 channels spans all of N,H,W, so the second pass missed cache).
+        Each block of rows (_block_split, as the cascaded sum's) is summed in float (s), then
+        read again from cache for its deviations from c = s / nb: their sum r and sum of
+        squares q, in float. In double, the block's mean c + r/nb and M2 q - r^2/nb merge into
+        the running mean and M2 (Chan et al.'s pairwise update), so neither a far-off mean nor
+        block means that drift apart cost digits, and S = mean * n. Both are more accurate than
+        the two passes' (a cascaded S, then deviations from its mean: tests/unit/codegen/
+        test_cpp_var_pairs.py measures the three)."""
+        h = self.h
+        code = h.code
+        B = self.column_capacity
+        s_node = st.nodes[0]
+        dt = s_node.body.src_dtype
+        ct = ctype(dt)
+        s, q, mu, cnt, nb, w = (h.fresh(p) for p in ("acc", "acc", "mean", "cnt", "nb", "w"))
+        code.writeline(f"double {q}[{B}], {mu}[{B}];")
+        code.writeline(f"for (int64_t j = 0; j < n; ++j) {q}[j] = {mu}[j] = 0.0;")
+        code.writeline(f"double {cnt} = 0.0;")
+        i, c = _block_split(st.inner, CASCADE_ROWS)
+        depth = open_loops(st.inner[:i], rv[:i])
+        span = self._open_block(st.inner[i], c)
+        depth += 1
+        rows = _int(numel(st.inner[i + 1:]))
+        code.writeline(f"double {nb} = double({span.hi} - {span.lo}) * {rows};")
+        code.writeline(f"{ct} {s}_b[{B}], {s}_c[{B}], {s}_r[{B}], {q}_b[{B}];")
+        code.writeline(f"for (int64_t j = 0; j < n; ++j) {s}_b[j] = {s}_r[j] = {q}_b[j] = 0;")
+        blocked = [span] + list(st.inner[i + 1:])
+
+        def value():
+            return h._as(s_node.reduction_value(xv, rv), dt)
+        inner = open_loops(blocked, rv[i:])
+        lanes(lambda: code.writeline(f"{s}_b[j] += {value()};"))
+        close_loops(inner)
+        code.writeline("#pragma omp simd")
+        code.writeline(f"for (int64_t j = 0; j < n; ++j) {s}_c[j] = {s}_b[j] / {ct}({nb});")
+        inner = open_loops(blocked, rv[i:])
+
+        def deviation():
+            d = h.fresh("dev")
+            code.writeline(f"{ct} {d} = {value()} - {s}_c[j];")
+            code.writeline(f"{s}_r[j] += {d};")
+            code.writeline(f"{q}_b[j] += {d} * {d};")
+        lanes(deviation)
+        close_loops(inner)
+        code.writeline(f"double {w} = {nb} / ({cnt} + {nb});")
+        code.writeline("#pragma omp simd")
+        code.writeline("for (int64_t j = 0; j < n; ++j)")
+        code.writeline("{")
+        code.writeline(f"    double r = {s}_r[j], d = double({s}_c[j]) + r / {nb} - {mu}[j];")
+        code.writeline(f"    {q}[j] += (double({q}_b[j]) - r * r / {nb}) + d * d * {cnt} * {w};")
+        code.writeline(f"    {mu}[j] += d * {w};")
+        code.writeline("}")
+        code.writeline(f"{cnt} += {nb};")
+        close_loops(depth)
+        lanes(lambda: [h.store(n.name, n.store_index(xv), CppVal(f"static_cast<{ct}>({a})", dt))
+                       for n, a in ((s_node, f"{mu}[j] * {cnt}"), (q_node, f"{q}[j]"))],
+              simd=False, keep_stored=True)
 
     def _partials_ok(self) -> bool:
         for s in self.kernel.stages:

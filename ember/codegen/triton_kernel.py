@@ -21,7 +21,8 @@ from .cpp_loops import _coeff, collect
 from .triton import (INT32_LIMIT, MAX_PERSISTENT, OUTER_PERSISTENT_MAX, PRELUDE, TritonHandler,
                      TritonKernelSource, TVal, _decode, _full2, _loop_var, _open_rloop, _reads,
                      _row_rnumel, _size)
-from .triton_welford import find_welford, welford_stage
+from .triton_welford import welford_stage
+from .welford import find_welford
 
 
 def index_dtype(kernel, buffers: dict, args) -> str:  # noqa: D401
