@@ -4,7 +4,7 @@
     python benchmarks/norm_micro.py ln_train [--shape 8,512,768] [--rounds 15]
 
 bn_train_fwd: BatchNorm2d(C) in training mode under no_grad on a channels-last input (the
-statistics kernel and the normalization; 033). ln_train: LayerNorm(D) forward + backward.
+statistics kernel and the normalization; 035). ln_train: LayerNorm(D) forward + backward.
 1 thread; CPU time per call (`time.thread_time`), medians; prints eager/ember (> 1: ember faster).
 Run it from each tree to compare (eager's own time moves between processes: compare ratios).
 """

@@ -9,7 +9,7 @@ Reductions down columns vectorize across a block of columns; long float sums are
 (LONG_SUM); layout conversions walk tiles (TILE). fp16/bf16 are accumulated in float.
 Index compares of a cat/pad/stack are decided per loop segment (cpp_ranges): the innermost loop
 is split into segments side by side, outer loops are unswitched (the nest once per segment
-combination, docs/design/033-unswitching.md).
+combination, docs/design/037-unswitching.md).
 Loop planning (dim order and merging, tiles, pair splits) is in cpp_loops.py, accumulators and
 reduction clauses in cpp_reduce.py.
 
