@@ -292,12 +292,16 @@ class WrapperCodegen:
             for d, n in enumerate(b.size or ()):
                 if isinstance(n, sympy.Symbol):
                     bound.setdefault(n, f"{b.name}.size({d})")
-        for b in self.inputs:      # a dim `s1 - 1` only (a backward's tangent of a slice)
+        for b in self.inputs:      # a dim linear in one symbol: `s1 - 1` (a backward's tangent
+            # of a slice), `3*s1 - 3` (that tangent flattened: a language model's loss)
             for d, n in enumerate(b.size or () if b.position >= 0 else ()):
-                if isinstance(n, sympy.Add) and len(n.free_symbols) == 1:
+                if isinstance(n, sympy.Expr) and len(n.free_symbols) == 1:
                     sym_ = next(iter(n.free_symbols))
-                    if (n - sym_).is_Integer and sym_ not in bound:
-                        bound[sym_] = f"{b.name}.size({d}) - ({int(n - sym_)})"
+                    a = n.coeff(sym_)
+                    c = sympy.expand(n - a * sym_)
+                    if sym_ not in bound and a.is_Integer and a > 0 and c.is_Integer:
+                        src = f"{b.name}.size({d}) - ({int(c)})"
+                        bound[sym_] = src if a == 1 else f"({src}) // {int(a)}"
         for sym_, src in sorted(bound.items(), key=lambda kv: kv[0].name):
             if src != sym_.name:
                 self.code.writeline(f"{sym_.name} = {src}")
