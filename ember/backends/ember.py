@@ -94,18 +94,25 @@ def _ember_backend(gm, example_inputs, **kwargs):
         return speed_checked(gm, warm[0], example_inputs, warm[1])
     counts = counters.snapshot()["counts"]
     # inference graphs: frozen weights (freeze.py) and channels-last convs (layout.py)
-    frozen = freeze(gm, example_inputs, options, lambda g, ex: _frozen_main(g, ex, options))
+    frozen = freeze(gm, example_inputs, options, lambda g, ex: _frozen_main(g, ex, options),
+                    lambda ex: _unfrozen(gm, ex, options, None, counters.snapshot()["counts"])[0])
     if frozen is not None:
         return speed_checked(gm, frozen, example_inputs, {**options, "plan": "frozen"})
+    compiled, plan = _unfrozen(gm, example_inputs, options, key, counts)
+    return speed_checked(gm, compiled, example_inputs, plan)
+
+
+def _unfrozen(gm, example_inputs, options, key, counts):
+    """(compiled, plan): `gm` compiled with its weights as inputs (not frozen): an inference
+    graph's BatchNorm folded on each call, convs channels-last where layout.py's rules say."""
     work = copy_module(gm)
     if not layout.training_graph(example_inputs) and \
             layout.why_not(work, example_inputs, options) is None:
-        fold_batchnorm_per_call(work)         # not frozen: BatchNorm folded on each call
+        fold_batchnorm_per_call(work)
     if not layout.plan(work, example_inputs, options):
         work = gm
     plan = {**options, "plan": "channels_last"} if work is not gm else options
-    return speed_checked(gm, _compile_cached(key, work, example_inputs, options, plan, counts),
-                         example_inputs, plan)
+    return _compile_cached(key, work, example_inputs, options, plan, counts), plan
 
 
 # ---- warm start (backend_cache.py) --------------------------------------------------------------

@@ -1,8 +1,8 @@
 """Backend "ember", freezing: in an inference graph, module parameters and buffers are constants.
 
-When the graph runs with grad disabled and none of its module-state inputs requires grad (or
-under `options={"freeze": True}`, never for a training graph), the torch-level graph is rewritten
-before aot (docs/design/024-layout-and-freezing.md):
+When the graph runs with grad disabled (or under `options={"freeze": True}`, never for a
+training graph), the torch-level graph is rewritten before aot
+(docs/design/024-layout-and-freezing.md):
   1. BatchNorm in eval mode after a conv/linear whose output only it reads is folded into that
      conv/linear's weight and bias (computed in float64, stored in the weight's dtype);
   2. the layout pass (layout.py) turns conv2d into oneDNN channels-last convolutions, their
@@ -24,8 +24,12 @@ extra. A graph whose folded constants would take more than FOLD_BUDGET of new me
 larger of 256 MiB and a quarter of the module state's bytes) is not frozen; weights are packed
 only while the packed copies fit in what is left of that budget.
 
-Not frozen (parameters require grad): `fold_batchnorm_per_call` folds eval-mode BatchNorm into
-the conv/linear inside the graph instead, recomputed on every call (nothing to go stale).
+Weights being trained (parameters that require grad, `model.eval()` under `no_grad()` between
+optimizer steps): frozen too, but a refold must pay. When their values changed and the last
+fold's cost exceeds REFOLD_SHARE of the time the frozen graph ran since, the graph is compiled
+unfrozen for good (an evaluation on every training step, an RL policy acting between updates):
+`fold_batchnorm_per_call` then folds eval-mode BatchNorm into the conv/linear inside the graph,
+recomputed on every call (nothing to go stale). So is every graph not frozen.
 
 Which inputs are module state: `nn.Parameter`s, and inputs whose capture source names a module
 attribute (ember's `meta["ember_source"]`, Dynamo's `meta["grapharg"].source`).
@@ -55,6 +59,7 @@ perf_log = get_logger("perf")
 
 MIN_BUDGET = 256 << 20          # bytes of new constants always allowed ...
 BUDGET_FRACTION = 0.25          # ... or this fraction of the module state, if larger
+REFOLD_SHARE = 0.1              # trained weights: refold while it costs <= this share of the run
 _STATE_SOURCE = re.compile(r"\]\.|\._parameters\[|\._buffers\[|\._modules\[")
 _REAL = (torch.Tensor, torch.nn.Parameter) + (
     (torch.nn.parameter.Buffer,) if hasattr(torch.nn.parameter, "Buffer") else ())
@@ -95,8 +100,6 @@ def wants_freeze(gm, options: dict, example_inputs, consts: list[int]) -> str | 
         return None
     if torch.is_grad_enabled():
         return "grad enabled"
-    if any(example_inputs[i].requires_grad for i in consts):
-        return "parameters require grad (options freeze=True freezes anyway)"
     return None
 
 
@@ -328,11 +331,12 @@ class FrozenRuntime:
     """Calls the compiled main graph with the folded constants; refolds when a constant input
     is not the tensor it was, or its version counter or data pointer moved."""
 
-    def __init__(self, const_gm, const_idx, live_idx, compile_main, args):
+    def __init__(self, const_gm, const_idx, live_idx, compile_main, args, unfrozen=None):
         self.const_gm, self.const_idx, self.live_idx = const_gm, const_idx, live_idx
         self.compile_main = compile_main
+        self.unfrozen = unfrozen    # weights being trained: compile(args) -> the unfrozen graph
         self.refolds = 0
-        self.main = self.traced = None
+        self.main = self.traced = self.plain = None
         self._fold(args)
 
     def build(self, args) -> None:
@@ -344,10 +348,13 @@ class FrozenRuntime:
             symbols=inner.symbols, mutated=[self.live_idx[i] for i in inner.mutated])
 
     def _fold(self, args) -> None:
+        start = time.perf_counter()
         self.held = tuple(args[i] for i in self.const_idx)
         self.stamp = [(t._version, t.data_ptr()) for t in self.held]
         with torch.no_grad():
             self.folded = list(self.const_gm.forward(*self.held))
+        self.fold_s = time.perf_counter() - start
+        self.calls, self.run_s = 0, 0.0      # the main graph's calls and time since this fold
 
     def _specs(self):
         return [(f.shape, f.stride(), f.dtype, f.device) for f in self.folded]
@@ -361,14 +368,35 @@ class FrozenRuntime:
             [(t._version, t.data_ptr()) for t in cur] == self.stamp
 
     def __call__(self, *args):
+        if self.plain is not None:
+            return self.plain(*args)
         if not self.fresh(args):
+            if self.unfrozen is not None and self.fold_s > REFOLD_SHARE * self.run_s:
+                return self._unfreeze(args)
             self._fold(args)
             self.refolds += 1
             counters.bump("refolds")
             perf_log.info("frozen constants changed: refolded (%d)", self.refolds)
             if self._specs() != self.specs:
                 self.build(args)
-        return self.main(*self.main_args(args))
+        self.calls += 1
+        if self.calls == 1:                  # the first call after a build loads the kernels
+            return self.main(*self.main_args(args))
+        start = time.perf_counter()
+        out = self.main(*self.main_args(args))
+        self.run_s += time.perf_counter() - start
+        return out
+
+    def _unfreeze(self, args):
+        """The weights changed again before their last fold paid off: compile the graph
+        unfrozen, drop the folded copies, and run that from now on."""
+        perf_log.info("frozen weights changed after %d calls (%.1f ms of run time); folding "
+                      "takes %.1f ms: compiled unfrozen from now on", self.calls,
+                      self.run_s * 1e3, self.fold_s * 1e3)
+        counters.bump("unfrozen_graphs")
+        self.plain = self.unfrozen(list(args))
+        self.main = self.held = self.folded = None
+        return self.plain(*args)
 
 
 def new_bytes(folded, held, packed=True) -> int:
@@ -397,9 +425,10 @@ def _bytes(node) -> int:
     return v.numel() * v.element_size() if isinstance(v, torch.Tensor) else 0
 
 
-def freeze(gm: fx.GraphModule, example_inputs, options: dict, compile_fn):
+def freeze(gm: fx.GraphModule, example_inputs, options: dict, compile_fn, unfrozen):
     """A FrozenRuntime for `gm`, or None when the graph is not frozen. `compile_fn(g, ex)`
-    compiles a torch-level graph (the main graph) the usual way."""
+    compiles a torch-level graph (the main graph) the usual way; `unfrozen(args)` compiles
+    `gm` itself, for when weights being trained change too often to refold."""
     idx = module_state_inputs(gm, example_inputs)
     why = wants_freeze(gm, options, example_inputs, idx)
     if why is None:
@@ -423,8 +452,11 @@ def freeze(gm: fx.GraphModule, example_inputs, options: dict, compile_fn):
         perf_log.info("not frozen: %s", why)
         return None
     const_gm, main_gm, live = split_constants(work, const)
+    trained = options.get("freeze") is not True and any(
+        example_inputs[i].requires_grad for i in idx)
     rt = FrozenRuntime(const_gm, [i for i, n in enumerate(phs) if n in const], live,
-                       lambda ex: compile_fn(main_gm, ex), list(example_inputs))
+                       lambda ex: compile_fn(main_gm, ex), list(example_inputs),
+                       unfrozen if trained else None)
     extra = new_bytes(rt.folded, rt.held, packed=options.get("prepack") is not True)
     if extra > budget:
         perf_log.info("not frozen: folded constants would add %d MiB (budget %d MiB)",

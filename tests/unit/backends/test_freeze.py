@@ -70,12 +70,65 @@ def test_frozen_when_grad_off_and_params_frozen():
     assert count("frozen_graphs") == 1
 
 
-def test_not_frozen_when_params_require_grad():
+def test_frozen_when_params_require_grad(monkeypatch):
+    """model.eval() under no_grad with trainable parameters: frozen too (the version checks
+    keep it fresh); an optimizer step between evaluation epochs refolds (here a refold always
+    pays: this net runs in microseconds), values equal eager."""
+    monkeypatch.setattr(fz, "REFOLD_SHARE", 1e6)
     m = make()
     ref = copy.deepcopy(m)
-    m = ember.compile(m)
-    check(m, ref, torch.randn(2, 3, 10, 10))
-    assert count("frozen_graphs") == 0
+    c = ember.compile(m)
+    x = torch.randn(2, 3, 10, 10)
+    for _ in range(12):                   # an evaluation epoch: the fold pays
+        check(c, ref, x)
+    assert count("frozen_graphs") == 1
+    xt = torch.randn(4, 3, 10, 10)
+    for mod in (m, ref):
+        mod.zero_grad()
+        mod.train()(xt).sum().backward()
+        torch.optim.SGD(mod.parameters(), lr=0.1).step()
+        mod.eval()
+    check(c, ref, x)
+    assert count("refolds") == 1 and count("unfrozen_graphs") == 0
+
+
+def test_trained_weights_changing_every_call_are_unfrozen(monkeypatch):
+    """An evaluation on every training step (an RL policy acting between updates): once a
+    refold costs more than REFOLD_SHARE of the run time since the last fold, the graph is
+    compiled unfrozen for good; each call's values equal eager, the training grads too."""
+    monkeypatch.setattr(fz, "REFOLD_SHARE", 0.0)      # any refold costs too much
+    m = make()
+    ref = copy.deepcopy(m)
+    c = ember.compile(m)
+    opts = [torch.optim.SGD(mod.parameters(), lr=0.05) for mod in (m, ref)]
+    x = torch.randn(2, 3, 10, 10)
+    for step in range(4):
+        check(c, ref, x)
+        xt = torch.randn(4, 3, 10, 10)
+        for mod, cm, opt in ((m, c, opts[0]), (ref, ref, opts[1])):
+            opt.zero_grad()
+            cm.train()(xt).square().mean().backward()
+            opt.step()
+            cm.eval()
+        for (name, a), b in zip(m.named_parameters(), ref.parameters()):
+            torch.testing.assert_close(a.grad, b.grad, **TOL, msg=name)
+    assert count("frozen_graphs") == 1 and count("unfrozen_graphs") == 1
+    assert count("refolds") == 0
+
+
+def test_freeze_true_never_unfrozen(monkeypatch):
+    monkeypatch.setattr(fz, "REFOLD_SHARE", 0.0)
+    m = make()
+    ref = copy.deepcopy(m)
+    c = ember.compile(m, options={"freeze": True})
+    x = torch.randn(2, 3, 10, 10)
+    for _ in range(3):
+        check(c, ref, x)
+        with torch.no_grad():
+            for mod in (m, ref):
+                mod.conv1.weight.mul_(0.9)
+    check(c, ref, x)
+    assert count("refolds") == 3 and count("unfrozen_graphs") == 0
 
 
 def test_batchnorm_folded_away():
@@ -191,12 +244,13 @@ def test_memory_budget(monkeypatch):
 
 
 def test_batchnorm_folded_per_call_when_not_frozen():
-    """model.eval() under no_grad with parameters requiring grad (not frozen): BatchNorm is
-    folded into the conv inside the graph, each call, where the conv's output outweighs its
-    weight; every change to the weights or statistics shows at the next call."""
+    """An inference graph not frozen (options freeze=False; also once trained weights change
+    too often): BatchNorm is folded into the conv inside the graph, each call, where the
+    conv's output outweighs its weight; every change to the weights or statistics shows at
+    the next call."""
     m = make()
     ref = copy.deepcopy(m)
-    c = ember.compile(m)
+    c = ember.compile(m, options={"freeze": False})
     x = torch.randn(2, 3, 8, 8)
     check(c, ref, x)
     assert count("batchnorm_folded_per_call") == 2        # the convs; the linear's output

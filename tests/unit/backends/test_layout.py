@@ -125,15 +125,15 @@ def test_inference_cost_rule_weighs_the_shuffled_elements():
 
 @pytest.mark.parametrize("fmt", FORMATS, ids=["nchw", "channels_last"])
 def test_inference_cost_rule_weights_dominate(fmt):
-    """An inference graph whose conv weights outweigh its activations stays in the captured
-    layout (oneDNN would reorder each plain weight on every channels-last call: wide_resnet50_2
+    """An inference graph not frozen whose conv weights outweigh its activations stays in the
+    captured layout (oneDNN would reorder each plain weight on every channels-last call: wide_resnet50_2
     at batch 1); frozen, its weights are reordered once and it runs channels-last. Values
     and output layouts are eager's either way."""
     torch.manual_seed(0)
     ref = nn.Sequential(nn.Conv2d(64, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(),
                         nn.Conv2d(64, 32, 1)).eval()
     x = torch.randn(1, 64, 4, 4).contiguous(memory_format=fmt)  # 2048 activations, 38912 weights
-    compare(ember.compile(copy.deepcopy(ref)), ref, x, False)
+    compare(ember.compile(copy.deepcopy(ref), options={"freeze": False}), ref, x, False)
     assert count("channels_last_graphs") == 0 and count("graphs") == 1
     compare(ember.compile(copy.deepcopy(ref).requires_grad_(False)), ref, x, False)
     assert count("channels_last_graphs") == 1 and count("frozen_graphs") == 1
@@ -368,7 +368,7 @@ def test_residual_add_fused_into_the_conv(form, fmt):
     torch.manual_seed(0)
     ref = bn_stats(Residual(form))
     x = torch.randn(2, 16, 6, 5).contiguous(memory_format=fmt)
-    compare(ember.compile(copy.deepcopy(ref)), ref, x, False)
+    compare(ember.compile(copy.deepcopy(ref), options={"freeze": False}), ref, x, False)
     assert count("residual_adds_fused") == 1 and count("batchnorm_folded_per_call") == 1
     compare(ember.compile(copy.deepcopy(ref).requires_grad_(False)), ref, x, False)
     assert count("residual_adds_fused") == 2 and count("frozen_graphs") == 1
@@ -422,7 +422,8 @@ def test_residual_add_cost_rule():
     kernel (the binary post-op slows such convs: docs/design/024)."""
     torch.manual_seed(0)
     ref = bn_stats(Residual("add", c=160))
-    compare(ember.compile(copy.deepcopy(ref)), ref, torch.randn(1, 160, 16, 16), False)
+    compare(ember.compile(copy.deepcopy(ref), options={"freeze": False}), ref, torch.randn(1, 160, 16, 16),
+            False)
     assert count("residual_adds_fused") == 0 and count("batchnorm_folded_per_call") == 1
 
 
@@ -435,7 +436,7 @@ def test_folded_spatial_weight_written_channels_last():
     ref = bn_stats(nn.Sequential(nn.Conv2d(64, 64, 3, padding=1, bias=False),
                                  nn.BatchNorm2d(64), nn.ReLU()))
     # forced: the layout cost rule keeps a graph this weight-heavy NCHW
-    m = ember.compile(copy.deepcopy(ref), options={"layout": "channels_last"})
+    m = ember.compile(copy.deepcopy(ref), options={"layout": "channels_last", "freeze": False})
     x = torch.randn(1, 64, 4, 4)                 # 1024 outputs, 36864 weights
     compare(m, ref, x, False)
     assert count("batchnorm_folded_per_call") == 1
