@@ -17,7 +17,9 @@ torch's and Python's versions and a hash of every ember source file.
 Never cached (`why_uncached`), because something that changes the product is not in the key:
   - the captured graph of a frozen inference call (freeze.py folds the weights' *values* into
     constants): its *main graph*, which takes the folded constants as inputs, is cached under
-    its own key (`frozen=True`); a warm start folds again, then loads the main graph;
+    its own key (`frozen=True`), and freezing's plan (freeze.FreezePlan: the constant graph's
+    code and the main graph's key) under the captured graph's key with `frozen="plan"`, which
+    holds no weight values: a warm start folds again, then loads the main graph;
   - graphs holding tensors (get_attr) and data-dependent graphs (split.py);
   - user code in the graph: custom ops (ember's own only where they run no user callable),
     user autograd.Functions, callables passed to ops

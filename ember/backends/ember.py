@@ -15,6 +15,7 @@ Consumes: aten graph (docs/design/001). Produces: callable(*inputs) -> tuple of 
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import threading
 import time
@@ -38,9 +39,9 @@ from ..runtime.build import build_async, load
 from ..runtime.cudagraphs import cudagraphify
 from ..runtime.pycode import compile_cached
 from ..schedule import ROW_LOCAL_MAX, ROW_LOCAL_MAX_TRITON, schedule
-from . import backend_cache, layout, split
+from . import backend_cache, freeze, layout, split
 from .attention import fuse_attention
-from .freeze import copy_module, fold_batchnorm_per_call, freeze
+from .freeze import copy_module, fold_batchnorm_per_call
 from .speed import speed_checked    # never slower than eager
 
 code_log = get_logger("output_code")
@@ -94,8 +95,7 @@ def _ember_backend(gm, example_inputs, **kwargs):
         return speed_checked(gm, warm[0], example_inputs, warm[1])
     counts = counters.snapshot()["counts"]
     # inference graphs: frozen weights (freeze.py) and channels-last convs (layout.py)
-    frozen = freeze(gm, example_inputs, options, lambda g, ex: _frozen_main(g, ex, options),
-                    lambda ex: _unfrozen(gm, ex, options, None, counters.snapshot()["counts"])[0])
+    frozen = _frozen(gm, example_inputs, options)
     if frozen is not None:
         return speed_checked(gm, frozen, example_inputs, {**options, "plan": "frozen"})
     compiled, plan = _unfrozen(gm, example_inputs, options, key, counts)
@@ -116,16 +116,41 @@ def _unfrozen(gm, example_inputs, options, key, counts):
 
 
 # ---- warm start (backend_cache.py) --------------------------------------------------------------
-def _frozen_main(gm, example_inputs, options):
-    """A frozen graph's main graph (the folded constants among its inputs, their values not in
-    its product), compiled or loaded under its own key: a warm start folds again, then skips
-    aot -> kernels."""
-    key = backend_cache.key_of(gm, example_inputs, options, frozen=True)
-    warm = _from_backend_cache(key) if key else None
-    if warm is not None:
-        return warm[0]
-    return _compile_cached(key, gm, example_inputs, options, options,
-                           counters.snapshot()["counts"])
+def _frozen(gm, example_inputs, options):
+    """freeze.py's runtime for an inference graph whose weights are frozen, or None. Its plan
+    (the rewritten graph's constant part, and the main graph's cache key) is cached: a warm
+    start folds the weights and loads the main graph, without the rewrites."""
+    why = freeze.why_not(gm, example_inputs, options)
+    if why is not None:
+        perf_log.info("not frozen: %s", why)
+        return None
+    pkey = backend_cache.key_of(gm, example_inputs, options, frozen="plan")
+    entry = backend_cache.load(pkey) if pkey else None
+    warm = _from_backend_cache(entry["plan"].main_key) if entry else None
+    plan = entry["plan"] if warm else freeze.plan(gm, example_inputs, options)
+    if isinstance(plan, str):
+        perf_log.info("not frozen: %s", plan)
+        return None
+
+    def compile_main(p, main_args):
+        key = backend_cache.key_of(p.main_gm, main_args, options, frozen=True)
+        p.main_key = key
+        return _compile_cached(key, p.main_gm, main_args, options, options,
+                               counters.snapshot()["counts"])
+
+    def replan(args):
+        p = freeze.plan(gm, args, options)
+        if isinstance(p, str):      # the same graph and input specs: the same decisions
+            raise RuntimeError(f"frozen graph no longer freezes: {p}")
+        return p
+
+    rt = freeze.freeze(plan, example_inputs, options, compile_main, replan,
+                       lambda ex: _unfrozen(gm, ex, options, None,
+                                            counters.snapshot()["counts"])[0],
+                       warm and warm[0])
+    if rt is not None and pkey and plan.main_key and not warm:
+        backend_cache.store(pkey, {"plan": dataclasses.replace(plan, main_gm=None)})
+    return rt
 
 
 def _compile_cached(key, gm, example_inputs, options, plan, counts_before):

@@ -39,6 +39,9 @@ FrozenRuntime with the captured graph's calling convention, or None (not frozen)
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
+import importlib
 import inspect
 import operator
 import re
@@ -327,32 +330,81 @@ def split_constants(gm: fx.GraphModule, const: set):
 
 
 # ---- runtime -------------------------------------------------------------------------------------
+class ConstGraph:
+    """The constant graph's generated Python, callable and picklable by reference to its
+    functions and ops (fx's own GraphModule pickling re-traces the code, which the fold
+    helpers' Python does not survive): what the backend cache stores of a freeze plan."""
+
+    def __init__(self, gm: fx.GraphModule):
+        fn = gm.forward
+        glb = fn.__globals__
+        names = [n for n in fn.__code__.co_names if n in glb]
+        self.src = gm.code
+        self.refs = {n: glb[n] for n in names if not isinstance(glb[n], types.ModuleType)}
+        self.modules = {n: glb[n].__name__ for n in names if isinstance(glb[n], types.ModuleType)}
+        self.n_conv = sum(n.target is layout.REORDER for n in gm.graph.nodes)
+        self.fn = fn
+
+    def __getstate__(self):
+        return {k: v for k, v in self.__dict__.items() if k != "fn"}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        ns = {**self.refs, **{n: importlib.import_module(m) for n, m in self.modules.items()}}
+        exec(compile(self.src, "<ember frozen constants>", "exec"), ns)    # noqa: S102
+        self.fn = functools.partial(ns["forward"], None)     # forward(self, ...)
+
+    def __call__(self, *args):
+        return self.fn(*args)
+
+
+@dataclasses.dataclass
+class FreezePlan:
+    """What freezing decided for a graph: the constant graph, which inputs it reads (const_idx)
+    and which go to the main graph (live), the memory budget. `main_gm` is None in a plan loaded
+    from the backend cache: its compiled main graph is the entry under `main_key`."""
+    const: ConstGraph
+    main_gm: fx.GraphModule | None
+    const_idx: list
+    live: list
+    budget: float
+    n_bn: int
+    n_pack: int
+    main_key: str | None = None
+
+
 class FrozenRuntime:
     """Calls the compiled main graph with the folded constants; refolds when a constant input
-    is not the tensor it was, or its version counter or data pointer moved."""
+    is not the tensor it was, or its version counter or data pointer moved.
+    `compile_main(plan, main_args)` compiles (or loads) the plan's main graph; `replan(args)`
+    plans afresh (a loaded plan has no main graph to recompile when the folded tensors' sizes
+    or strides change); `unfrozen(args)` compiles the graph unfrozen (weights being trained)."""
 
-    def __init__(self, const_gm, const_idx, live_idx, compile_main, args, unfrozen=None):
-        self.const_gm, self.const_idx, self.live_idx = const_gm, const_idx, live_idx
-        self.compile_main = compile_main
-        self.unfrozen = unfrozen    # weights being trained: compile(args) -> the unfrozen graph
+    def __init__(self, plan, compile_main, args, replan=None, unfrozen=None):
+        self.plan, self.compile_main, self.replan = plan, compile_main, replan
+        self.unfrozen = unfrozen
         self.refolds = 0
         self.main = self.traced = self.plain = None
         self._fold(args)
 
-    def build(self, args) -> None:
-        """Compile the main graph for the folded constants of `args`."""
-        self.main = self.compile_main(self.main_args(args))
+    def build(self, args, main=None) -> None:
+        """Compile the main graph for the folded constants of `args` (or use `main`)."""
+        if main is None and self.plan.main_gm is None:
+            self.plan = self.replan(args)
+            self._fold(args)
+        self.main = main if main is not None else \
+            self.compile_main(self.plan, self.main_args(args))
         self.specs = self._specs()
         inner = getattr(self.main, "traced", None)       # the speed check reads .traced
         self.traced = None if inner is None else types.SimpleNamespace(
-            symbols=inner.symbols, mutated=[self.live_idx[i] for i in inner.mutated])
+            symbols=inner.symbols, mutated=[self.plan.live[i] for i in inner.mutated])
 
     def _fold(self, args) -> None:
         start = time.perf_counter()
-        self.held = tuple(args[i] for i in self.const_idx)
+        self.held = tuple(args[i] for i in self.plan.const_idx)
         self.stamp = [(t._version, t.data_ptr()) for t in self.held]
         with torch.no_grad():
-            self.folded = list(self.const_gm.forward(*self.held))
+            self.folded = list(self.plan.const(*self.held))
         self.fold_s = time.perf_counter() - start
         self.calls, self.run_s = 0, 0.0      # the main graph's calls and time since this fold
 
@@ -360,10 +412,10 @@ class FrozenRuntime:
         return [(f.shape, f.stride(), f.dtype, f.device) for f in self.folded]
 
     def main_args(self, args) -> list:
-        return [args[i] for i in self.live_idx] + self.folded
+        return [args[i] for i in self.plan.live] + self.folded
 
     def fresh(self, args) -> bool:
-        cur = [args[i] for i in self.const_idx]
+        cur = [args[i] for i in self.plan.const_idx]
         return all(map(operator.is_, cur, self.held)) and \
             [(t._version, t.data_ptr()) for t in cur] == self.stamp
 
@@ -425,54 +477,58 @@ def _bytes(node) -> int:
     return v.numel() * v.element_size() if isinstance(v, torch.Tensor) else 0
 
 
-def freeze(gm: fx.GraphModule, example_inputs, options: dict, compile_fn, unfrozen):
-    """A FrozenRuntime for `gm`, or None when the graph is not frozen. `compile_fn(g, ex)`
-    compiles a torch-level graph (the main graph) the usual way; `unfrozen(args)` compiles
-    `gm` itself, for when weights being trained change too often to refold."""
+def why_not(gm: fx.GraphModule, example_inputs, options: dict) -> str | None:
+    """None if this graph is frozen (unless `plan` finds a reason), else why not."""
+    return wants_freeze(gm, options, example_inputs, module_state_inputs(gm, example_inputs))
+
+
+def plan(gm: fx.GraphModule, example_inputs, options: dict) -> FreezePlan | str:
+    """The rewrites of a graph `why_not` lets freeze (BatchNorm folding, layout, packing, the
+    constant graph split off), or why it is not frozen after all."""
     idx = module_state_inputs(gm, example_inputs)
-    why = wants_freeze(gm, options, example_inputs, idx)
-    if why is None:
-        start = time.perf_counter()
-        work = copy_module(gm)
-        phs = [n for n in work.graph.nodes if n.op == "placeholder"]
-        consts = {phs[i] for i in idx} - written_inputs(work)
-        if not consts:
-            why = "the graph writes into all its module state"
-    if why is None:
-        n_bn = fold_batchnorm(work, consts)
-        layout.plan(work, example_inputs, options, consts=consts)
-        budget = max(MIN_BUDGET, BUDGET_FRACTION * state_bytes(
-            x for x, n in zip(example_inputs, phs) if n in consts))
-        n_pack = prepack_linears(work, example_inputs, consts, options,
-                                 budget - sum(map(_bytes, consts - set(phs))))
-        const = constant_nodes(work, consts)
-        if mutated_constant(work, const):
-            why = "the graph writes into a module's parameter or buffer"
-    if why is not None:
-        perf_log.info("not frozen: %s", why)
-        return None
+    work = copy_module(gm)
+    phs = [n for n in work.graph.nodes if n.op == "placeholder"]
+    consts = {phs[i] for i in idx} - written_inputs(work)
+    if not consts:
+        return "the graph writes into all its module state"
+    n_bn = fold_batchnorm(work, consts)
+    layout.plan(work, example_inputs, options, consts=consts)
+    budget = max(MIN_BUDGET, BUDGET_FRACTION * state_bytes(
+        x for x, n in zip(example_inputs, phs) if n in consts))
+    n_pack = prepack_linears(work, example_inputs, consts, options,
+                             budget - sum(map(_bytes, consts - set(phs))))
+    const = constant_nodes(work, consts)
+    if mutated_constant(work, const):
+        return "the graph writes into a module's parameter or buffer"
     const_gm, main_gm, live = split_constants(work, const)
+    return FreezePlan(ConstGraph(const_gm), main_gm, [i for i, n in enumerate(phs) if n in const],
+                      live, budget, n_bn, n_pack)
+
+
+def freeze(p: FreezePlan, example_inputs, options: dict, compile_main, replan, unfrozen,
+           main=None):
+    """A FrozenRuntime for plan `p`, or None when its folded constants are over the budget or
+    the main graph writes into one. `main`: the compiled main graph, when loaded."""
+    start = time.perf_counter()
     trained = options.get("freeze") is not True and any(
-        example_inputs[i].requires_grad for i in idx)
-    rt = FrozenRuntime(const_gm, [i for i, n in enumerate(phs) if n in const], live,
-                       lambda ex: compile_fn(main_gm, ex), list(example_inputs),
+        example_inputs[i].requires_grad for i in p.const_idx)
+    rt = FrozenRuntime(p, compile_main, list(example_inputs), replan,
                        unfrozen if trained else None)
     extra = new_bytes(rt.folded, rt.held, packed=options.get("prepack") is not True)
-    if extra > budget:
+    if extra > p.budget:
         perf_log.info("not frozen: folded constants would add %d MiB (budget %d MiB)",
-                      extra >> 20, int(budget) >> 20)
+                      extra >> 20, int(p.budget) >> 20)
         return None
-    rt.build(list(example_inputs))
-    if rt.traced is not None and any(i >= len(live) for i in rt.main.traced.mutated):
+    rt.build(list(example_inputs), main)
+    if rt.traced is not None and any(i >= len(p.live) for i in rt.main.traced.mutated):
         perf_log.info("not frozen: the graph writes into a folded constant")
         return None
     counters.bump("frozen_graphs")
-    counters.bump("prepacked_linears", n_pack)
-    n_conv = sum(n.target is layout.REORDER for n in const_gm.graph.nodes)
-    counters.bump("prepacked_convs", n_conv)
+    counters.bump("prepacked_linears", p.n_pack)
+    counters.bump("prepacked_convs", p.const.n_conv)
     perf_log.info("frozen: %d constant inputs, %d BatchNorms folded, %d linears and %d convs "
-                  "prepacked, %d folded tensors (+%d KiB), %.0f ms", len(rt.held), n_bn, n_pack,
-                  n_conv, len(rt.folded), extra >> 10,
+                  "prepacked, %d folded tensors (+%d KiB), %.0f ms", len(rt.held), p.n_bn,
+                  p.n_pack, p.const.n_conv, len(rt.folded), extra >> 10,
                   (time.perf_counter() - start) * 1e3)
     return rt
 
