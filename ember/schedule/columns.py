@@ -1,0 +1,150 @@
+"""Stage 5, schedule: column reductions computed in the row kernel that reads their inputs.
+
+A reduction down the rows of what a row kernel reads or writes (LayerNorm's and RMSNorm's
+weight and bias gradients: sums of dY * xhat and dY over all rows; `y.sum(0)` of a softmax
+output) ran as its own kernel after fusion and read those rows from memory a second time.
+`attach_columns` moves such a kernel's reductions into the row kernel, as `columns` of the stage
+whose loop visits the same elements: the C++ backend adds each value into a per-thread partial
+of the output in that loop and sums the threads' partials once at the end (a split reduction,
+what ATen's CPU layer_norm_backward does by hand). docs/design/038-column-partials.md.
+
+Consumes: steps from fuse(), NodeDeps. Produces: the steps with those kernels merged; a moved
+node's NodeDeps are rewritten in the row kernel's loop vars (so memory.py compares its reads
+with the kernel's writes like any other node's).
+"""
+from __future__ import annotations
+
+import itertools
+
+import torch
+
+from ..loopir.index import hint, numel
+from ..loopir.plan import ExternStep, Kernel, NodeDeps, Stage
+from .deps import loop_vars
+
+#: elements of one thread's partial (a vocabulary-sized `y.sum(0)` still fits)
+COLUMN_MAX = 1 << 16
+#: the row kernel's iterations per output element, at least: each thread zeroes, and the end
+#: adds, a partial as large as the output
+WORK_PER_OUTPUT = 16
+#: loop dims tried in every order (a mapping is found by trying permutations)
+MAX_DIMS = 6
+
+
+def attach_columns(steps, deps) -> list:
+    """Each kernel that is one stage of float sums over the rows of some row kernel's loop
+    joins that kernel (the nearest one that reads or writes what it reads at the same
+    elements), when its inputs are ready there and nothing reads its results before it."""
+    steps = list(steps)
+    for col in list(steps):
+        if not _candidate(col, deps):
+            continue
+        ci = steps.index(col)
+        order = sorted((j for j, s in enumerate(steps) if j != ci and _host(s)),
+                       key=lambda j: abs(j - ci))
+        for ri in order:
+            if _attach(steps, ci, ri, deps):
+                del steps[ci]
+                break
+    return steps
+
+
+def _candidate(k, deps) -> bool:
+    if not isinstance(k, Kernel) or len(k.stages) != 1 or k.stages[0].kind != "reduction":
+        return False
+    for n in k.nodes:
+        b = n.body
+        if b.reduction_type != "sum" or b.src_dtype not in (torch.float32, torch.float64) \
+                or b.dtype != b.src_dtype or deps[n.name].indirect \
+                or tuple(n.ranges) != tuple(k.outer) or hint(numel(n.ranges)) > COLUMN_MAX:
+            return False
+    return True
+
+
+def _host(k) -> bool:
+    """A row kernel: parallel over its outer dims, with a loop per stage (the C++ row path)."""
+    return isinstance(k, Kernel) and bool(k.outer) and not k.pure_pointwise \
+        and hint(numel(k.outer)) > 1
+
+
+def _attach(steps, ci, ri, deps) -> bool:
+    host, col = steps[ri], steps[ci]
+    made = _producers(steps)
+    if ci < ri:
+        outs = {n.name for n in col.nodes}
+        for j in range(ci + 1, ri + 1):
+            if any(outs & set(deps[n.name].reads or {}) for n in steps[j].nodes):
+                return False
+    # in the loop of a stage (the last that works), else in a new last loop over the row (a
+    # value read there that only the columns read is then a row scratch, never stored)
+    stages = host.stages
+    tries = [(si, stages[si]) for si in reversed(range(len(stages)))]
+    tries += [(len(stages), Stage("pointwise", inner, [])) for inner in
+              dict.fromkeys(tuple(s.inner) for s in reversed(stages) if s.inner)]
+    for si, stage in tries:
+        found = []
+        for n in col.nodes:
+            m = _mapping(host, si, stage, n, deps, made, ri, ci)
+            if m is None:
+                break
+            found.append((n, m))
+        else:
+            if si == len(stages):
+                stages.append(stage)
+            for n, (axes, nd) in found:
+                stage.columns.append(n)
+                stage.axes[n.name] = axes
+                deps[n.name] = nd
+            return True
+    return False
+
+
+def _producers(steps) -> dict:
+    out = {}
+    for i, s in enumerate(steps):
+        for n in s.nodes:
+            out[n.name] = i
+            for o in getattr(n, "outputs", []) if isinstance(s, ExternStep) else ():
+                out[o.name] = i
+    return out
+
+
+def _mapping(host, si, stage, node, deps, made, ri, ci):
+    """(axes, NodeDeps in the host's vars) for computing `node` in `stage`, the host's stage
+    si (or a new one after the last), or None. The node's dims (outputs, then reduced) go one
+    to one onto the host's outer dims and the stage's inner dims of the same sizes; the order is
+    the one under which the node reads some buffer at an index the host also reads or writes
+    it at."""
+    dims = list(host.outer) + list(stage.inner)
+    ndims = list(node.ranges) + list(node.rranges)
+    if len(dims) != len(ndims) or len(dims) > MAX_DIMS:
+        return None
+    if hint(numel(dims)) < WORK_PER_OUTPUT * hint(numel(node.ranges)):
+        return None
+    stage_of = {n.name: i for i, s in enumerate(host.stages) for n in s.nodes}
+    kv, nv = loop_vars(len(dims)), loop_vars(len(ndims))
+    d = deps[node.name]
+    r = len(node.ranges)
+    for perm in itertools.permutations(range(len(dims))):
+        if any(dims[p] != s for p, s in zip(perm, ndims)) or 0 not in perm[r:]:
+            continue        # (the parallel outer dim must be a reduced one)
+        subs = {nv[i]: kv[p] for i, p in enumerate(perm)}
+        reads = {b: {e.xreplace(subs) for e in idxs} for b, idxs in d.reads.items()}
+        related = False
+        for b, idxs in reads.items():
+            p = made.get(b)
+            if p == ri:
+                w = stage_of.get(b)
+                if w is None or w > si or (w == si and host.stages[w].kind != "pointwise") \
+                        or any(e != deps[b].write_index for e in idxs):
+                    break
+                related = True
+            elif p is not None and min(ri, ci) < p < max(ri, ci):
+                break
+            elif any(idxs & (deps[n.name].reads.get(b) or set()) for n in host.nodes):
+                related = True
+        else:
+            if related:
+                return tuple(perm), NodeDeps(reads, d.write_index.xreplace(subs), d.indirect,
+                                             d.ind_sizes)
+    return None
