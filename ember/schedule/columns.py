@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 
+import sympy
 import torch
 
 from ..loopir.index import hint, numel
@@ -123,11 +124,19 @@ def _mapping(host, si, stage, node, deps, made, ri, ci):
         return None
     stage_of = {n.name: i for i, s in enumerate(host.stages) for n in s.nodes}
     kv, nv = loop_vars(len(dims)), loop_vars(len(ndims))
+    # a loop that walks rows (stride 1 or 0 along its innermost var): a column-major walk is
+    # codegen's column-reduction form, which a kernel with columns does not take
+    walk = kv[-1] if stage.inner else None
+    if walk is not None and not _walks(walk, [deps[n.name] for n in stage.nodes]):
+        return None
     d = deps[node.name]
     r = len(node.ranges)
     for perm in itertools.permutations(range(len(dims))):
-        if any(dims[p] != s for p, s in zip(perm, ndims)) or 0 not in perm[r:]:
-            continue        # (the parallel outer dim must be a reduced one)
+        if any(dims[p] != s for p, s in zip(perm, ndims)) or 0 not in perm[r:] \
+                or (stage.inner and len(dims) - 1 not in perm[:r]):
+            # (the parallel outer dim must be a reduced one; the stage's simd loop an output
+            # one: its lanes add into distinct elements of the partial)
+            continue
         subs = {nv[i]: kv[p] for i, p in enumerate(perm)}
         reads = {b: {e.xreplace(subs) for e in idxs} for b, idxs in d.reads.items()}
         related = False
@@ -144,7 +153,13 @@ def _mapping(host, si, stage, node, deps, made, ri, ci):
             elif any(idxs & (deps[n.name].reads.get(b) or set()) for n in host.nodes):
                 related = True
         else:
-            if related:
+            if related and (walk is None or _walks(walk, [NodeDeps(reads, None)])):
                 return tuple(perm), NodeDeps(reads, d.write_index.xreplace(subs), d.indirect,
                                              d.ind_sizes)
     return None
+
+
+def _walks(v, node_deps) -> bool:
+    exprs = [e for d in node_deps for es in d.reads.values() for e in (es or ())]
+    exprs += [d.write_index for d in node_deps if d.write_index is not None]
+    return all(sympy.diff(e, v) in (0, 1) for e in exprs)
