@@ -136,9 +136,12 @@ class ColumnPartials:
                           for n, ov, _ in pts]
 
     def _points(self, stage, xv, rv):
+        """(node, output index, reduction index) of each column at loop point (xv, rv): its
+        axes are written in the canonical loop vars v0, v1, ... (outer, then inner)."""
         vars_ = list(xv) + list(rv)
+        at = {loop_var(i): v for i, v in enumerate(vars_)}
         out = []
         for n in stage.columns:
-            axes, r = self.axes[n.name], len(n.ranges)
-            out.append((n, [vars_[a] for a in axes[:r]], [vars_[a] for a in axes[r:]]))
+            axes, r = [a.xreplace(at) for a in self.axes[n.name]], len(n.ranges)
+            out.append((n, axes[:r], axes[r:]))
         return out

@@ -28,8 +28,8 @@ class Stage:
     nodes: list
     # column reductions computed in this stage's loop (schedule/columns.py): each adds its
     # value at every (outer, inner) point into a per-thread partial of its output. `axes`:
-    # node name -> for each of its dims (output dims, then reduced dims) the position of the
-    # kernel loop var it runs along in (outer vars + this stage's inner vars)
+    # node name -> for each of its dims (output dims, then reduced dims) its index as an
+    # expression of the kernel's loop vars v0, v1, ... (outer vars, then this stage's inner)
     columns: list = dataclasses.field(default_factory=list)
     axes: dict = dataclasses.field(default_factory=dict)
 

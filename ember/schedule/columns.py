@@ -19,7 +19,7 @@ import itertools
 import sympy
 import torch
 
-from ..loopir.index import hint, numel
+from ..loopir.index import hint, numel, simplify_index
 from ..loopir.plan import ExternStep, Kernel, NodeDeps, Stage
 from .deps import loop_vars
 
@@ -63,19 +63,42 @@ def _candidate(k, deps) -> bool:
 
 
 def _host(k) -> bool:
-    """A row kernel: parallel over its outer dims, with a loop per stage (the C++ row path)."""
-    return isinstance(k, Kernel) and bool(k.outer) and not k.pure_pointwise \
-        and hint(numel(k.outer)) > 1
+    """A row kernel: parallel over its outer dims, with a loop per stage (the C++ row path);
+    or a one-stage pointwise kernel over at least two dims, which becomes one (_resplit)."""
+    if not isinstance(k, Kernel) or not k.outer or hint(numel(k.outer)) <= 1:
+        return False
+    return not k.pure_pointwise or (len(k.stages) == 1 and len(k.outer) > 1)
+
+
+def _views(host):
+    """The row kernels `host` may run as: itself, or a pointwise kernel split into rows, its
+    last dims the inner loop of one stage (a GELU backward over [B, T, 4C] feeding a linear
+    bias gradient, a sum over B, T: rows of 4C, the sum added in the row loop)."""
+    if not host.pure_pointwise:
+        return [host]
+    nodes = host.stages[0].nodes
+    return [Kernel(host.name, tuple(host.outer[:k]), [Stage("pointwise", tuple(host.outer[k:]),
+                                                            list(nodes))])
+            for k in reversed(range(1, len(host.outer)))]
 
 
 def _attach(steps, ci, ri, deps) -> bool:
-    host, col = steps[ri], steps[ci]
+    col = steps[ci]
     made = _producers(steps)
     if ci < ri:
         outs = {n.name for n in col.nodes}
         for j in range(ci + 1, ri + 1):
             if any(outs & set(deps[n.name].reads or {}) for n in steps[j].nodes):
                 return False
+    for host in _views(steps[ri]):
+        if _attach_to(host, col, deps, made, ri, ci):
+            # (a split pointwise kernel: the same nodes and canonical loop vars, in rows)
+            steps[ri].outer, steps[ri].stages = host.outer, host.stages
+            return True
+    return False
+
+
+def _attach_to(host, col, deps, made, ri, ci) -> bool:
     # in the loop of a stage (the last that works), else in a new last loop over the row (a
     # value read there that only the columns read is then a row scratch, never stored)
     stages = host.stages
@@ -113,14 +136,14 @@ def _producers(steps) -> dict:
 def _mapping(host, si, stage, node, deps, made, ri, ci):
     """(axes, NodeDeps in the host's vars) for computing `node` in `stage`, the host's stage
     si (or a new one after the last), or None. The node's dims (outputs, then reduced) go one
-    to one onto the host's outer dims and the stage's inner dims of the same sizes; the order is
-    the one under which the node reads some buffer at an index the host also reads or writes
-    it at."""
+    to one onto the host's outer dims (or the product of them: a linear layer's bias gradient
+    sums [B*T, C] where the row kernel loops over B, T) and the stage's inner dims of the same
+    sizes; the order is the one under which the node reads some buffer at an index the host
+    also reads or writes it at. `axes`: each node dim's index in the host's loop vars."""
+    m = len(host.outer)
     dims = list(host.outer) + list(stage.inner)
     ndims = list(node.ranges) + list(node.rranges)
-    if len(dims) != len(ndims) or len(dims) > MAX_DIMS:
-        return None
-    if hint(numel(dims)) < WORK_PER_OUTPUT * hint(numel(node.ranges)):
+    if hint(numel(dims)) < WORK_PER_OUTPUT * hint(numel(node.ranges)) or len(dims) > MAX_DIMS:
         return None
     stage_of = {n.name: i for i, s in enumerate(host.stages) for n in s.nodes}
     kv, nv = loop_vars(len(dims)), loop_vars(len(ndims))
@@ -129,34 +152,53 @@ def _mapping(host, si, stage, node, deps, made, ri, ci):
     walk = kv[-1] if stage.inner else None
     if walk is not None and not _walks(walk, [deps[n.name] for n in stage.nodes]):
         return None
+    views = [(dims, list(kv))]
+    if m > 1:
+        flat, stride = sympy.Integer(0), sympy.Integer(1)
+        for v, size in reversed(list(zip(kv[:m], host.outer))):
+            flat, stride = flat + v * stride, stride * size
+        views.append(([numel(host.outer)] + list(stage.inner), [flat] + list(kv[m:])))
     d = deps[node.name]
     r = len(node.ranges)
-    for perm in itertools.permutations(range(len(dims))):
-        if any(dims[p] != s for p, s in zip(perm, ndims)) or 0 not in perm[r:] \
-                or (stage.inner and len(dims) - 1 not in perm[:r]):
-            # (the parallel outer dim must be a reduced one; the stage's simd loop an output
-            # one: its lanes add into distinct elements of the partial)
+    for vdims, vexprs in views:
+        if len(vdims) != len(ndims):
             continue
-        subs = {nv[i]: kv[p] for i, p in enumerate(perm)}
-        reads = {b: {e.xreplace(subs) for e in idxs} for b, idxs in d.reads.items()}
-        related = False
-        for b, idxs in reads.items():
-            p = made.get(b)
-            if p == ri:
-                w = stage_of.get(b)
-                if w is None or w > si or (w == si and host.stages[w].kind != "pointwise") \
-                        or any(e != deps[b].write_index for e in idxs):
-                    break
-                related = True
-            elif p is not None and min(ri, ci) < p < max(ri, ci):
-                break
-            elif any(idxs & (deps[n.name].reads.get(b) or set()) for n in host.nodes):
-                related = True
-        else:
-            if related and (walk is None or _walks(walk, [NodeDeps(reads, None)])):
-                return tuple(perm), NodeDeps(reads, d.write_index.xreplace(subs), d.indirect,
-                                             d.ind_sizes)
+        for perm in itertools.permutations(range(len(vdims))):
+            if any(vdims[p] != s for p, s in zip(perm, ndims)) or 0 not in perm[r:] \
+                    or (stage.inner and len(vdims) - 1 not in perm[:r]):
+                # (the parallel outer dim must be a reduced one; the stage's simd loop an
+                # output one: its lanes add into distinct elements of the partial)
+                continue
+            axes = tuple(vexprs[p] for p in perm)
+            found = _check(host, si, d, dict(zip(nv, axes)), dict(zip(kv, dims)), deps, made,
+                           ri, ci, stage_of, walk)
+            if found is not None:
+                return axes, found
     return None
+
+
+def _check(host, si, d, subs, ranges, deps, made, ri, ci, stage_of, walk):
+    """The node's NodeDeps under `subs` (its vars -> host loop exprs over `ranges`) when its
+    reads are ready in stage si and related to the host's (see _mapping), else None."""
+    def at(e):      # (a read of the flattened rows, r // 128 and r % 128, becomes v0 and v1)
+        return simplify_index(sympy.expand(e.xreplace(subs)), ranges)
+    reads = {b: {at(e) for e in idxs} for b, idxs in d.reads.items()}
+    related = False
+    for b, idxs in reads.items():
+        p = made.get(b)
+        if p == ri:
+            w = stage_of.get(b)
+            if w is None or w > si or (w == si and host.stages[w].kind != "pointwise") \
+                    or any(e != deps[b].write_index for e in idxs):
+                return None
+            related = True
+        elif p is not None and min(ri, ci) < p < max(ri, ci):
+            return None
+        elif any(idxs & (deps[n.name].reads.get(b) or set()) for n in host.nodes):
+            related = True
+    if not related or (walk is not None and not _walks(walk, [NodeDeps(reads, None)])):
+        return None
+    return NodeDeps(reads, at(d.write_index), d.indirect, d.ind_sizes)
 
 
 def _walks(v, node_deps) -> bool:

@@ -112,3 +112,35 @@ def test_sum_over_rows_of_a_row_kernel_output():
     assert len(plan.kernels) == 1 and plan.kernels[0].row_local
     check(lambda t: torch.softmax(t, -1).sum(0), x, atol=1e-5, rtol=1e-5, kernels=1)
     _train_check(_SoftmaxSum(), x)
+
+
+class _Mlp(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = torch.nn.Linear(64, 256), torch.nn.Linear(256, 64)
+        self.norm = torch.nn.LayerNorm(64)
+
+    def forward(self, x):
+        return self.norm(self.fc2(torch.nn.functional.gelu(self.fc1(x))) + x)
+
+
+def test_linear_bias_gradients_in_the_row_kernels():
+    """A linear layer's bias gradient sums its output gradient over the flattened [B*T] rows:
+    fc2's is added in LayerNorm's input-gradient kernel (rows B, T), fc1's in the GELU backward
+    (a pointwise kernel split into rows of 256)."""
+    x = torch.randn(8, 100, 64)
+
+    def fn(dy, h, a, m, r, w, b):
+        dx, dw, db = aten.native_layer_norm_backward(dy, h, [64], m, r, w, b, [True] * 3)
+        dgelu = aten.gelu_backward(dx @ torch.ones(64, 256), a)
+        return dx.sum((0, 1)), dgelu.sum((0, 1)), dw, db, dgelu     # dgelu: fc1's weight grad's
+    m_, r_ = x.mean(-1, keepdim=True), torch.rsqrt(x.var(-1, unbiased=False, keepdim=True) + 1e-5)
+    args = [torch.randn(8, 100, 64), x, torch.randn(8, 100, 256), m_, r_, torch.randn(64),
+            torch.randn(64)]
+    plan, _ = _plan(fn, *args)
+    sums = {n.name for k in plan.kernels for s in k.stages for n in s.columns}
+    assert len(sums) == 4 and len(plan.kernels) == 3, plan.steps     # + the ones(64, 256) fill
+    assert [s.inner for k in plan.kernels for s in k.stages if s.columns] == [(64,), (256,)]
+    check(fn, *args, atol=1e-4, rtol=1e-4)
+    torch.manual_seed(0)
+    _train_check(_Mlp(), x)
