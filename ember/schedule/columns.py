@@ -19,7 +19,7 @@ import itertools
 import sympy
 import torch
 
-from ..loopir.index import hint, numel, simplify_index
+from ..loopir.index import ModularIndexing, hint, numel, simplify_index
 from ..loopir.plan import ExternStep, Kernel, NodeDeps, Stage
 from .deps import loop_vars
 
@@ -100,11 +100,12 @@ def _attach(steps, ci, ri, deps) -> bool:
 
 def _attach_to(host, col, deps, made, ri, ci) -> bool:
     # in the loop of a stage (the last that works), else in a new last loop over the row (a
-    # value read there that only the columns read is then a row scratch, never stored)
+    # value read there that only the columns read is then a row scratch, never stored), or once
+    # per outer iteration (GroupNorm's weight gradients: per-(n, c) row sums, summed over n)
     stages = host.stages
     tries = [(si, stages[si]) for si in reversed(range(len(stages)))]
     tries += [(len(stages), Stage("pointwise", inner, [])) for inner in
-              dict.fromkeys(tuple(s.inner) for s in reversed(stages) if s.inner)]
+              dict.fromkeys([tuple(s.inner) for s in reversed(stages) if s.inner] + [()])]
     for si, stage in tries:
         found = []
         for n in col.nodes:
@@ -159,22 +160,39 @@ def _mapping(host, si, stage, node, deps, made, ri, ci):
             flat, stride = flat + v * stride, stride * size
         views.append(([numel(host.outer)] + list(stage.inner), [flat] + list(kv[m:])))
     d = deps[node.name]
-    r = len(node.ranges)
     for vdims, vexprs in views:
-        if len(vdims) != len(ndims):
-            continue
-        for perm in itertools.permutations(range(len(vdims))):
-            if any(vdims[p] != s for p, s in zip(perm, ndims)) or 0 not in perm[r:] \
-                    or (stage.inner and len(vdims) - 1 not in perm[:r]):
-                # (the parallel outer dim must be a reduced one; the stage's simd loop an
-                # output one: its lanes add into distinct elements of the partial)
+        for ndims, r, expand in _node_views(node):
+            if len(vdims) != len(ndims):
                 continue
-            axes = tuple(vexprs[p] for p in perm)
-            found = _check(host, si, d, dict(zip(nv, axes)), dict(zip(kv, dims)), deps, made,
-                           ri, ci, stage_of, walk)
-            if found is not None:
-                return axes, found
+            for perm in itertools.permutations(range(len(vdims))):
+                if any(vdims[p] != s for p, s in zip(perm, ndims)) or 0 not in perm[r:] \
+                        or (stage.inner and len(vdims) - 1 not in perm[:r]):
+                    # (the parallel outer dim must be a reduced one; the stage's simd loop
+                    # an output one: its lanes add into distinct elements of the partial)
+                    continue
+                axes = expand([vexprs[p] for p in perm])
+                found = _check(host, si, d, dict(zip(nv, axes)), dict(zip(kv, dims)), deps,
+                               made, ri, ci, stage_of, walk)
+                if found is not None:
+                    return axes, found
     return None
+
+
+def _node_views(node):
+    """(dims, output dims, expand) for matching `node`'s dims: as they are, and with its output
+    dims as one (GroupNorm's weight gradient, [G, C/G] summed over N, in a kernel over [N, C]);
+    expand(exprs of those dims) -> exprs of the node's own dims."""
+    r = len(node.ranges)
+    out = [(list(node.ranges) + list(node.rranges), r, tuple)]
+    if r > 1:
+        def expand(exprs):
+            x, stride, own = exprs[0], 1, []
+            for size in reversed(node.ranges):
+                own.append(ModularIndexing(x, stride, size))
+                stride = stride * size
+            return tuple(reversed(own)) + tuple(exprs[1:])
+        out.append(([numel(node.ranges)] + list(node.rranges), 1, expand))
+    return out
 
 
 def _check(host, si, d, subs, ranges, deps, made, ri, ci, stage_of, walk):

@@ -144,3 +144,22 @@ def test_linear_bias_gradients_in_the_row_kernels():
     check(fn, *args, atol=1e-4, rtol=1e-4)
     torch.manual_seed(0)
     _train_check(_Mlp(), x)
+
+
+def test_groupnorm_weight_gradients_in_the_row_sum_kernel():
+    """GroupNorm's weight/bias gradients sum per-(n, c) row sums over n (outputs [G, C/G] and
+    [C]): they are added once per outer iteration of the kernel computing those row sums."""
+    n, c, hw, g = 16, 64, 300, 8
+    x = torch.randn(n, c, hw)
+    xg = x.view(n, g, -1)
+    mean, rstd = xg.mean(-1), torch.rsqrt(xg.var(-1, unbiased=False) + 1e-5)
+
+    def fn(dy, x, mean, rstd, w):
+        return aten.native_group_norm_backward(dy, x, mean, rstd, w, n, c, hw, g, [True] * 3)
+    args = [torch.randn(n, c, hw), x, mean, rstd, torch.randn(c)]
+    plan, _ = _plan(fn, *args)
+    cols = [s for k in plan.kernels for s in k.stages if s.columns]
+    assert len(cols) == 1 and len(cols[0].columns) == 2 and cols[0].inner == (), plan.steps
+    assert not any(len(k.stages) == 1 and k.stages[0].kind == "reduction" and k.outer == (c,)
+                   for k in plan.kernels)
+    check(fn, *args, atol=1e-4, rtol=1e-4)
