@@ -276,7 +276,7 @@ def compile_aten_graph(gm, example_inputs, *, options=None):
         with stage("schedule"):
             plan = schedule(g, fusion=options.get("fusion", True),
                             row_local_max=ROW_LOCAL_MAX_TRITON if use_triton else ROW_LOCAL_MAX,
-                            row_gather=not use_triton)
+                            row_gather=not use_triton, columns=not use_triton)
         if debug.active():
             debug.dump("schedule", print_plan(plan), summary=None)
         stats = {"kernels": len(plan.kernels), "externs": len(plan.externs),

@@ -23,8 +23,8 @@ import torch
 
 from ..loopir.index import SIZE_NAME, hint, is_symbolic, numel
 from ..loopir.ops import compute_dtype, set_handler
-from ..loopir.plan import Stage
 from .common import IndentedBuffer
+from .cpp_columns import ColumnPartials
 from .cpp_handler import CHECKED, CppHandler, CppVal, _blocks, _int, cexpr, ctype
 from .cpp_loops import TILE, _coeff, _drop_simd_over_masked_ifs, _transposed_dim, collect, \
     loop_var, plan_loops, split_pair
@@ -48,6 +48,7 @@ class KernelCodegen:
     def __init__(self, kernel, buffers: dict):
         self.kernel = kernel
         self.par_if = ""            # an OpenMP if() clause when the work is symbolic
+        self.columns = None         # ColumnPartials of a row kernel with column sums
         self.buffers = buffers
         self.h = CppHandler(buffers, kernel.local, kernel.row_local,
                             [loop_var(i) for i in range(len(kernel.outer))])
@@ -132,6 +133,10 @@ class KernelCodegen:
             for stage in k.stages:
                 self._stage(stage, xv0, m, parallel_inner=True)
         else:
+            cols = self.columns = ColumnPartials(k, h, parallel, self.par_if) \
+                if any(st.columns for st in k.stages) else None
+            team = cols is not None and parallel   # outer loops: `omp for` in the partials' region
+
             def body():
                 for name, size in k.row_local.items():
                     dt = ctype(compute_dtype(self.buffers[name].dtype))
@@ -154,21 +159,30 @@ class KernelCodegen:
                             and tuple(stages[0].inner) == tuple(stage.inner):
                         # the reduction over what the pointwise stage just computed runs in
                         # its loop (softmax's exp and sum: one pass over the row, not two)
-                        self._stage(stages.pop(0), xv, m, parallel_inner=False, pre=stage.nodes)
+                        self._stage(stages.pop(0), xv, m, parallel_inner=False, pre=stage)
                     else:
                         self._stage(stage, xv, m, parallel_inner=False)
+                if cols:
+                    cols.flush(every=True)
             def rows():     # every stage's body, for the compares on the row vars
                 for st in k.stages:
                     rv = [loop_var(m + i) for i in range(len(st.inner))]
                     for n in st.nodes:
                         (n.reduction_value(xv, rv) if st.kind == "reduction"
                          else n.store_pointwise(xv + rv))
+                    if cols:
+                        cols.bodies(st, xv, rv)
+            if cols:
+                cols.open()
             if m:
                 self._unswitched(outer, xv, xv, parallel, work, rows,
                                  lambda sizes, lvars, par: self._loops(
-                                     sizes, lvars, par, simd_last=False, body=body))
+                                     sizes, lvars, par or team, simd_last=False, body=body,
+                                     team=team))
             else:
                 body()
+            if cols:
+                cols.close()
         code.level -= 1
         code.writeline("}")
         text = code.getvalue()
@@ -193,7 +207,8 @@ class KernelCodegen:
         the outer dim with a block of accumulators per stage instead of striding down each
         column once per stage."""
         k = self.kernel
-        if not k.outer or k.row_local or not any(st.kind == "reduction" for st in k.stages):
+        if not k.outer or k.row_local or not any(st.kind == "reduction" for st in k.stages) \
+                or any(st.columns for st in k.stages):
             return False
         if hint(k.outer[-1]) < 16:
             return False
@@ -429,8 +444,11 @@ class KernelCodegen:
                     return False
         return True
 
-    def _loops(self, ranges, vars_, parallel, simd_last, body, reduction=None, partial=False):
-        """Emit a loop nest over `ranges`; body() emits the innermost statements."""
+    def _loops(self, ranges, vars_, parallel, simd_last, body, reduction=None, partial=False,
+               team=False):
+        """Emit a loop nest over `ranges`; body() emits the innermost statements. partial: the
+        first loop is an `omp for` of an enclosing parallel region; team: so are the first
+        loops, collapsed as a `parallel for` would be (they hold column partials)."""
         code, h = self.h.code, self.h
         n = len(ranges)
         saved = h.push()
@@ -440,6 +458,13 @@ class KernelCodegen:
             if i == 0 and parallel:
                 if partial:
                     pragma = "#pragma omp for"
+                elif team:
+                    collapse = 1
+                    prod = _count(size)
+                    while prod < 64 and collapse < n:
+                        prod *= _count(ranges[collapse])
+                        collapse += 1
+                    pragma = "#pragma omp for" + (f" collapse({collapse})" if collapse > 1 else "")
                 else:
                     collapse = 1
                     limit = n - 1 if simd_last else n
@@ -609,29 +634,49 @@ class KernelCodegen:
         else:
             blocks()
 
-    def _stage(self, stage, xv, m, parallel_inner, pre=()):
-        """Emit one stage; `pre`: the nodes of a pointwise stage over the same inner dims just
-        before this reduction stage, computed in the reduction's loop (when it is a simd one)."""
+    def _stage(self, stage, xv, m, parallel_inner, pre=None):
+        """Emit one stage; `pre`: a pointwise stage over the same inner dims just before this
+        reduction stage, computed in the reduction's loop (when it is a simd one). A stage's
+        column sums (cpp_columns.py) are added in its loop after its nodes."""
         h = self.h
         code = h.code
         rv = [loop_var(m + i) for i in range(len(stage.inner))]
         h.ranges = ranges = self.ranges_with(rv, stage.inner)
+        cols = self.columns if stage.columns or (pre and pre.columns) else None
         if pre and (parallel_inner or _red_clause(
                 [(n.body.reduction_type, "a", n.body.src_dtype) for n in stage.nodes]) is None):
-            self._stage(Stage("pointwise", stage.inner, list(pre)), xv, m, parallel_inner)
+            self._stage(pre, xv, m, parallel_inner)
             h.ranges = ranges
-            pre = ()
+            pre = None
+        pre_stages = [pre] if pre else []
+
+        def adds():
+            for st in pre_stages + [stage]:
+                if st.columns:
+                    cols.adds(st, xv, rv)
+
+        def col_exprs():
+            return [e for st in pre_stages + [stage] if st.columns
+                    for e in cols.exprs(st, xv, rv, collect, ranges)]
+        pre = pre.nodes if pre else ()
         if stage.kind == "pointwise":
             if not stage.inner:
                 for n in stage.nodes:
                     n.store_pointwise(xv)
+                if cols:
+                    adds()
                 return
             par = parallel_inner and hint(numel(stage.inner)) >= PARALLEL_MIN_WORK
             c = collect(lambda: [n.store_pointwise(xv + rv) for n in stage.nodes], ranges)
-            sizes, lvars, subs = plan_loops(stage.inner, rv, c.exprs)
+            sizes, lvars, subs = plan_loops(stage.inner, rv, c.exprs + (col_exprs() if cols else []))
             h.subs = {**h.subs, **subs}
-            self._loops(sizes, lvars, par, simd_last=True,
-                        body=lambda: [n.store_pointwise(xv + rv) for n in stage.nodes])
+
+            def body():
+                for n in stage.nodes:
+                    n.store_pointwise(xv + rv)
+                if cols:
+                    adds()
+            self._loops(sizes, lvars, par, simd_last=True, body=body)
             for v in subs:
                 h.subs.pop(v, None)
             return
@@ -662,6 +707,8 @@ class KernelCodegen:
         def body(targets):
             for n in pre:
                 n.store_pointwise(xv + rv)
+            if cols:
+                adds()
             for (n, acc, rt, dt), tgt in zip(accs, targets):
                 v = h._as(n.reduction_value(xv, rv), dt)
                 if tgt in fast:
@@ -677,7 +724,7 @@ class KernelCodegen:
         if clause is not None:
             c = collect(lambda: [n.store_pointwise(xv + rv) for n in pre]
                         + [n.reduction_value(xv, rv) for n in stage.nodes], ranges)
-            sizes, lvars, subs = plan_loops(stage.inner, rv, c.exprs)
+            sizes, lvars, subs = plan_loops(stage.inner, rv, c.exprs + (col_exprs() if cols else []))
         h.subs = {**h.subs, **subs}
         if parallel_inner and clause is not None:
             # per-thread partials over `omp for` blocks, combined once per thread

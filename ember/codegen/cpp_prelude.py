@@ -49,6 +49,13 @@ template <typename T> struct RowScratch {
     ~RowScratch() { std::free(p); }
 };
 
+// per-thread partials of column sums in a row kernel (codegen/cpp_columns.py), zeroed
+template <typename T> struct Zeroed {
+    T* p;
+    explicit Zeroed(int64_t n) : p(static_cast<T*>(std::calloc(n > 0 ? n : 1, sizeof(T)))) {}
+    ~Zeroed() { std::free(p); }
+};
+
 template <typename T> static inline T max_nan(T a, T b) { return (a != a || a > b) ? a : b; }
 template <typename T> static inline T min_nan(T a, T b) { return (a != a || a < b) ? a : b; }
 template <typename T> static inline T maximum(T a, T b) { return (a != a) ? a : ((b != b) ? b : (a > b ? a : b)); }

@@ -26,6 +26,12 @@ class Stage:
     kind: str            # "pointwise" | "reduction"
     inner: tuple
     nodes: list
+    # column reductions computed in this stage's loop (schedule/columns.py): each adds its
+    # value at every (outer, inner) point into a per-thread partial of its output. `axes`:
+    # node name -> for each of its dims (output dims, then reduced dims) its index as an
+    # expression of the kernel's loop vars v0, v1, ... (outer vars, then this stage's inner)
+    columns: list = dataclasses.field(default_factory=list)
+    axes: dict = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -39,11 +45,11 @@ class Kernel:
 
     @property
     def nodes(self):
-        return [n for s in self.stages for n in s.nodes]
+        return [n for s in self.stages for n in s.nodes + s.columns]
 
     @property
     def pure_pointwise(self) -> bool:
-        return all(s.kind == "pointwise" and not s.inner for s in self.stages)
+        return all(s.kind == "pointwise" and not s.inner and not s.columns for s in self.stages)
 
 
 @dataclasses.dataclass

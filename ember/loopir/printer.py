@@ -147,6 +147,8 @@ def print_plan(plan) -> str:
             for s in step.stages:
                 inner = " x ".join(map(str, s.inner)) or "-"
                 lines.append(f"#   {s.kind:9} inner {inner:12} {' '.join(n.name for n in s.nodes)}")
+                if s.columns:
+                    lines.append(f"#     + column sums in its loop: {' '.join(n.name for n in s.columns)}")
             if step.local:
                 lines.append(f"#   kernel-local: {' '.join(sorted(step.local))}")
             lines.append(f"{', '.join(plan.writes[i]) or '_'} = {step.name}"

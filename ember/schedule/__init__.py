@@ -1,7 +1,8 @@
 """Stage 5, schedule: loop-IR nodes → `Plan` (ember.loopir.plan).
 
 `schedule(lowered)` finds every node's reads and write index (deps.py), drops nodes no output
-needs, groups the rest into kernels (fuse.py), marks kernel-local buffers and buffer lifetimes
+needs, groups the rest into kernels (fuse.py), moves column sums into the row kernels that read
+their inputs (columns.py, C++ only), marks kernel-local buffers and buffer lifetimes
 (memory.py), and records per step what it reads and writes and which stores may go in place.
 
 Consumes: lower's result (`nodes`, `inputs`, `outputs`, `fallbacks`). Produces: a frozen `Plan`.
@@ -13,6 +14,7 @@ import math
 from ..loopir.index import is_symbolic
 from ..loopir.nodes import TensorArg
 from ..loopir.plan import Kernel, Plan
+from .columns import attach_columns
 from .deps import node_deps
 from .fuse import fuse
 from .memory import ROW_LOCAL_MAX, ROW_LOCAL_MAX_TRITON, can_write_in_place, mark_locals, \
@@ -20,7 +22,7 @@ from .memory import ROW_LOCAL_MAX, ROW_LOCAL_MAX_TRITON, can_write_in_place, mar
 
 
 def schedule(lowered, *, fusion: bool = True, row_local_max: int = ROW_LOCAL_MAX,
-             row_gather: bool = False) -> Plan:
+             row_gather: bool = False, columns: bool = False) -> Plan:
     deps = {n.name: node_deps(n) for n in lowered.nodes}
     out_names = {o.buffer.name for o in lowered.outputs if isinstance(o, TensorArg)}
     nodes = _sources_first(_dce(lowered.nodes, deps, out_names), deps)
@@ -30,6 +32,8 @@ def schedule(lowered, *, fusion: bool = True, row_local_max: int = ROW_LOCAL_MAX
         for o in getattr(n, "outputs", []):
             buffers[o.name] = o
     steps = fuse(nodes, deps, enable=fusion, row_gather=row_gather)
+    if columns and fusion:
+        steps = attach_columns(steps, deps)
     mark_locals(steps, deps, keep=out_names, row_local_max=row_local_max)
     memory = plan_memory(steps, deps, out_names)
     reads = tuple(tuple(step_reads(s, deps)) for s in steps)

@@ -49,7 +49,7 @@ def mark_locals(steps, deps, keep: set, row_local_max: int = ROW_LOCAL_MAX) -> N
     for i, step in enumerate(steps):
         if not isinstance(step, Kernel):
             continue
-        stage_of = {n.name: s for s in step.stages for n in s.nodes}
+        stage_of = {n.name: s for s in step.stages for n in s.nodes + s.columns}
         for n in step.nodes:
             if n.name in keep:
                 continue
@@ -96,7 +96,8 @@ def row_homes(kernel, deps) -> dict:
     one scratch per buffer."""
     homes: dict = {}
     stages = kernel.stages
-    pos = {n.name: (i, j) for i, s in enumerate(stages) for j, n in enumerate(s.nodes)}
+    # (a stage's columns run after its nodes in its loop: a scratch they read has no home there)
+    pos = {n.name: (i, j) for i, s in enumerate(stages) for j, n in enumerate(s.nodes + s.columns)}
     for name in kernel.row_local:
         readers = [pos[n.name] for n in kernel.nodes if name in deps[n.name].reads]
         if not readers:
