@@ -25,7 +25,8 @@ from ..loopir.index import SIZE_NAME, hint, is_symbolic, numel
 from ..loopir.ops import compute_dtype, set_handler
 from .common import IndentedBuffer
 from .cpp_columns import ColumnPartials
-from .cpp_handler import CHECKED, CppHandler, CppVal, _blocks, _int, cexpr, ctype
+from .cpp_handler import CHECKED, CppHandler, CppVal, _blocks, _int, cexpr, ctype, \
+    prune_dead
 from .cpp_loops import TILE, _coeff, _drop_simd_over_masked_ifs, _transposed_dim, collect, \
     loop_var, plan_loops, split_pair
 from .cpp_prelude import PRELUDE
@@ -185,6 +186,7 @@ class KernelCodegen:
                 cols.close()
         code.level -= 1
         code.writeline("}")
+        code.lines = prune_dead(code.lines)
         text = code.getvalue()
         # dynamic shapes: the size symbols the body uses are int64 parameters after the buffers
         self.size_params = sorted(set(SIZE_NAME.findall(text)), key=lambda n: int(n[1:]))

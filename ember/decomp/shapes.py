@@ -1,11 +1,11 @@
 """Stage 3, decomp: shape ops → view prims (permute/squeeze/slice/select/as_strided) and data
 movement (cat, constant_pad_nd, index, index_put, where): transpose, split, unbind, stack,
-repeat, flip, roll, tril/triu, the *_backward and *_scatter ops of views, *_copy variants."""
+repeat, flip, roll, reflection/replication pads, tril/triu, the *_backward and *_scatter ops of views, *_copy variants."""
 from __future__ import annotations
 
 import torch
 
-from ._util import canonical_dim, canonical_dims, where
+from ._util import canonical_dim, canonical_dims, in_format_of, where
 from .registry import register
 
 aten = torch.ops.aten
@@ -140,6 +140,61 @@ def roll(self, shifts, dims=()):
             continue
         out = aten.cat.default([aten.slice.Tensor(out, d, n - s, n), aten.slice.Tensor(out, d, 0, n - s)], d)
     return out if out is not self else aten.clone.default(self)
+
+
+def _edge_pad(x, padding, edge):
+    """Reflection / replication padding of the last len(padding) // 2 dims as a tree of cats of
+    views of x, outer dim first: each part along a dim pads the dims inside it, so every leaf is a
+    view (flipped slice, or an expanded edge) read once. The tree fuses into one kernel whose
+    loops are split where the parts meet (cpp_ranges: segments along W, unswitched H), each
+    segment a plain strided copy; ATen's kernel computes the reflected index per element.
+    edge(y, d, lo) -> the part before (lo) or after a dim d of y, or None for pads it leaves to
+    ATen."""
+    k = len(padding) // 2
+    dims = list(range(x.dim() - k, x.dim()))
+    pads = {d: (padding[2 * (x.dim() - 1 - d)], padding[2 * (x.dim() - 1 - d) + 1]) for d in dims}
+    if any(p < 0 or p >= x.shape[d] for d in dims for p in pads[d]) or x.numel() == 0:
+        return NotImplemented               # ATen's errors and negative pads (crops)
+
+    def build(y, i):
+        if i == len(dims):
+            return y
+        d = dims[i]
+        parts = [edge(y, d, pads[d][0], True), y, edge(y, d, pads[d][1], False)]
+        parts = [build(t, i + 1) for t in parts if t is not None]
+        return parts[0] if len(parts) == 1 else aten.cat.default(parts, d)
+    out = build(x, 0)
+    return in_format_of(aten.clone.default(out) if out is x else out, x)
+
+
+def _reflect_part(y, d, p, before):
+    n = y.shape[d]
+    if p == 0:
+        return None
+    part = aten.slice.Tensor(y, d, 1, p + 1) if before else aten.slice.Tensor(y, d, n - 1 - p, n - 1)
+    return aten.flip.default(part, [d])
+
+
+def _replicate_part(y, d, p, before):
+    n = y.shape[d]
+    if p == 0:
+        return None
+    part = aten.slice.Tensor(y, d, 0, 1) if before else aten.slice.Tensor(y, d, n - 1, n)
+    size = list(y.shape)
+    size[d] = p
+    return aten.expand.default(part, size)
+
+
+@register(aten.reflection_pad1d.default, aten.reflection_pad2d.default,
+          aten.reflection_pad3d.default)
+def reflection_pad(self, padding):
+    return _edge_pad(self, padding, _reflect_part)
+
+
+@register(aten.replication_pad1d.default, aten.replication_pad2d.default,
+          aten.replication_pad3d.default)
+def replication_pad(self, padding):
+    return _edge_pad(self, padding, _replicate_part)
 
 
 def _tri_mask(self, diagonal, lower):

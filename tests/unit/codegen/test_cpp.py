@@ -396,15 +396,22 @@ def test_gather_index_checks_raise_index_error_and_keep_loops_vectorizable(tmp_p
                 continue
             if per_element:
                 assert re.search(r"#pragma omp simd reduction\(\|:oob\d+\)", src), src
+                # checked on the int64 value, then wrapped and clamped as int32: a select of
+                # the int64 index on the check (`out ? 0 : w`) made g++ 12 emit a scalar loop
+                assert re.search(r"int32_t idx\d+_t = static_cast<int32_t>", src), src
+                assert not re.search(r"\? 0 :", src), src
             else:
                 assert re.search(r"const int(?:32|64)_t idx\d+ = ember::bound\(.*\n\s*#pragma omp simd",
                                  src), src
-            bad = idx.clone()
-            bad.view(-1)[5] = size                       # one element just past the end
-            with pytest.raises(IndexError, match="out of bounds"):
-                run(bad)
-            run(idx)                                      # the flag was reset
-            torch.testing.assert_close(out, ref, rtol=0, atol=0)
+            # just past either end; 2^32 (+ k) narrows to an in-range int32 but is out of
+            # range; the int64 extremes (the unsigned check must not overflow)
+            for v in (size, -size - 1, 2 ** 32, 2 ** 32 + 3, -2 ** 32, 2 ** 63 - 1, -2 ** 63):
+                bad = idx.clone()
+                bad.view(-1)[5] = v
+                with pytest.raises(IndexError, match="out of bounds"):
+                    run(bad)
+                run(idx)                                  # the flag was reset
+                torch.testing.assert_close(out, ref, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("cols", [300, 2000])

@@ -187,6 +187,40 @@ def test_scan_style_cat_tree_values_and_grads(dirs):
     assert "pick(" not in k and "if (" not in k, k
 
 
+def test_unswitched_copies_keep_no_dead_branch_temporaries(dirs):
+    # each copy of an unswitched nest computed the clamped offsets and compares of every
+    # branch, also those decided false there (HF Mamba's scan kernels: ~30% of the C++); they
+    # are pruned, the copies' values unchanged (scan tree: values and grads as above)
+    xs = [torch.randn(2, 3 + i % 2, 5, 7) for i in range(4)]
+
+    def f(*t):
+        return torch.cat(t, 1).relu()
+    assert torch.equal(ember.compile(f, options={"speed_check": False})(*xs), f(*xs))
+    k = _kernels(dirs)
+    assert "std::max<int64_t>" not in k, k            # the other parts' clamped offsets
+    a, b = torch.randn(2, 16, 24), torch.randn(2, 16, 24)
+    torch.testing.assert_close(ember.compile(_scan_tree, options={"speed_check": False})(a, b),
+                               _scan_tree(a, b), rtol=1e-6, atol=1e-6)
+    import re
+    for kernel in _kernels(dirs).split('extern "C"')[1:]:
+        for name in set(re.findall(r"\b(?:tmp|idx)\d+\b", kernel)):
+            assert len(re.findall(rf"\b{name}\b", kernel)) > 1, (name, kernel)
+
+
+def test_prune_dead_keeps_what_is_read_checked_or_assigned():
+    from ember.codegen.cpp_handler import prune_dead
+    lines = ["    int64_t tmp0 = static_cast<int64_t>(v1);",        # read only by tmp1: dead
+             "    bool tmp1 = (tmp0 >= static_cast<int64_t>(3));",  # read by nothing: dead
+             "    const int32_t idx2 = ember::bound(v1 - 2, 5);",   # unread, but flags
+             "    float tmp3 = 0.0f;",                               # assigned in the `if`
+             "    if (v1 > 2) {",
+             "        tmp3 = 1.0f;",
+             "    }",
+             "    float tmp4 = arg0[v1];",
+             "    buf0[v1] = tmp4;"]
+    assert prune_dead(lines) == lines[2:]
+
+
 def test_symbolic_sizes_keep_one_nest(dirs):
     def f(x, y):
         return torch.cat([x, y], 1).relu()
