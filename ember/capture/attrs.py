@@ -442,6 +442,9 @@ def new_leaf(t: torch.Tensor) -> torch.Tensor:
     return t.detach().requires_grad_(True)
 
 
+new_leaf.ember_pure = True      # no user Python: the speed check may run it twice (speed.py)
+
+
 def delete_attr(tr, obj_v: V, name: str) -> None:
     """`del obj.name`: on an object made in the trace, applied to its value; on the caller's
     object, replayed after the graph (reads in the trace then see the class attribute)."""
