@@ -5,7 +5,8 @@
     PYTHONPATH=. python benchmarks/survey.py [--models a,b | --suite survey3] [--modes infer,train] \
         [--timeout 420] [--reps 3] --out benchmarks/results/survey2_<tag>.jsonl
 
-Two sets: `survey` (63 models, survey2) and `survey3` (38 more: timm, torchvision, HF).
+Sets: `survey` (63 models, survey2), `survey3` (38 more: timm, torchvision, HF) and `survey4`
+(10 more, run in both modes).
 
 PYTHONPATH picks the ember tree measured (the workers inherit it). One subprocess per (model, mode) with a timeout (a crash or hang is a row, the run goes on), the
 timing-hygiene environment of `ember bench` (1 thread, tuned glibc malloc) and
@@ -272,6 +273,35 @@ for _name, _model, _cfg, _inputs, _note in (
     hf_model(_name, _model, _model.replace("Model", "Config"), _cfg, _inputs, _note, suite=_S3)
 
 
+# ------------------------------------------------ survey4: 10 more models a new user would try
+_S4 = "survey4"
+for _n, _b, _s in (("lcnet_050", 4, 224), ("ecaresnet26t", 2, 256), ("rdnet_tiny", 1, 224),
+                   ("fasternet_t0", 2, 224)):
+    timm_model(_n, _b, _s, suite=_S4)
+tv_model("alexnet", (4, 3, 224, 224), suite=_S4)
+for _name, _model, _cfg, _inputs, _note in (
+        ("roformer", "RoFormerModel", {**_ENC, "embedding_size": 256}, ids(), "rotary"),
+        ("squeezebert", "SqueezeBertModel", {**_ENC, "embedding_size": 256, "q_groups": 4,
+                                             "k_groups": 4, "v_groups": 4, "post_attention_groups":
+                                             4, "intermediate_groups": 4, "output_groups": 4},
+         ids(), "grouped 1x1 convs"),
+        ("mpnet", "MPNetModel", _ENC, ids(), "relative position buckets"),
+        ("gpt_bigcode", "GPTBigCodeModel", dict(n_embd=256, n_layer=2, n_head=4, vocab_size=1000,
+                                                n_positions=512, multi_query=True,
+                                                bos_token_id=0, eos_token_id=0,
+                                                resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0),
+         ids(), "multi-query"),
+        ("speech2text", "Speech2TextModel",
+         dict(d_model=256, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+              decoder_attention_heads=4, encoder_ffn_dim=1024, decoder_ffn_dim=1024,
+              vocab_size=1000, conv_channels=256, dropout=0.0, attention_dropout=0.0,
+              activation_dropout=0.0),
+         lambda: {"input_features": torch.randn(2, 400, 80),
+                  "decoder_input_ids": torch.randint(4, 1000, (2, 32))},
+         "4 s of 80 filterbanks, 32 decoder tokens")):
+    hf_model(_name, _model, _model.replace("Model", "Config"), _cfg, _inputs, _note, suite=_S4)
+
+
 # ------------------------------------------------------------------------------------ runner
 _LOG = {"breaks": re.compile(r"\[ember:graph_breaks\] (.*)"),
         "fallback_log": re.compile(r"\[ember:fallbacks\] (.*)"),
@@ -366,7 +396,7 @@ def table(paths: list[str]) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", default="")
-    p.add_argument("--suite", default="", help="only this suite's models (survey, survey3)")
+    p.add_argument("--suite", default="", help="only this suite's models (survey, survey3, survey4)")
     p.add_argument("--modes", default="infer,train")
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--timeout", type=int, default=420)

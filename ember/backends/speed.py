@@ -105,8 +105,8 @@ def _user_code(target) -> bool:
     namespace = getattr(target, "namespace", None)         # an OpOverload(Packet)
     if namespace is not None:
         return namespace not in ("aten", "prims")          # custom ops run user Python
-    if isinstance(target, _C_CALLABLES):
-        return False
+    if isinstance(target, _C_CALLABLES) or getattr(target, "ember_pure", False):
+        return False            # ember_pure: a node capture made that runs only torch's code
     return (getattr(target, "__module__", None) or "").split(".")[0] not in _TORCH_MODULES
 
 

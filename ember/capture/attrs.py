@@ -413,21 +413,36 @@ def _store_tensor_attr(tr, t: TensorV, name: str, value: V) -> None:
 def set_requires_grad(tr, t: TensorV, flag: bool, what: str) -> None:
     """`t.requires_grad = flag` / `t.requires_grad_(flag)`. The flag already so: nothing to do
     (an input's flag is guarded; HF re-freezes frozen weights). A floating tensor made in the
-    trace, while grad mode is off: nothing downstream records autograd, so only the tensor's own
-    flag changes; it is set on the real tensor after the graph, and later reads in the trace
-    see it (HF MRA's `torch.zeros_like(q).requires_grad_()` at inference). Anything else changes
-    the autograd graph mid-trace (a new leaf, an input that starts or stops needing grad),
-    which aot does not model: a graph break, as in Dynamo."""
+    trace (it requires no grad, so it is a leaf) becomes a leaf that requires grad: while grad
+    mode is off nothing downstream records autograd, so only the flag changes, set on the real
+    tensor after the graph (HF MRA's `torch.zeros_like(q).requires_grad_()` at inference); while
+    it is on, the graph continues from `new_leaf(t)` and records autograd from there, as eager
+    does (HF wav2vec2-family feature encoders' `hidden_states.requires_grad = True` in training).
+    The leaf's own `.grad` is eager's only if it stays inside the graph: one that leaves it
+    (returned, stored, live at a break) breaks there instead (effects.graph_module). Anything else (an input's flag, a leaf that stops needing grad)
+    changes autograd state the caller sees: a graph break, as in Dynamo."""
     current = _tensor_attr(tr, t, "requires_grad")
     if isinstance(current, ObjV) and current.value == flag:
         return
-    if not (flag and t.source is None and not torch.is_grad_enabled() and
-            (t.meta.is_floating_point() or t.meta.is_complex())):
+    if not (flag and t.source is None and (t.meta.is_floating_point() or t.meta.is_complex())):
         raise tr.unsupported(f"{what} on a tensor: it changes the autograd graph mid-trace",
                              hint="the write runs eagerly, between two graphs")
+    if torch.is_grad_enabled():
+        leaf = tr.call_graph(new_leaf, [t], {})
+        t.node, t.meta = leaf.node, leaf.meta      # every reference to `t` now sees the leaf
+        tr.new_leaves[leaf.node] = tr.site()
+        return
     tr.overlay[(id(t), "requires_grad")] = ObjV(True)
     tr.keepalive.append(t)
     tr.effects.append(("setattr", t, "requires_grad", ObjV(True), False))
+
+
+def new_leaf(t: torch.Tensor) -> torch.Tensor:
+    """A graph node: `t` (a tensor that requires no grad) as a new autograd leaf that does."""
+    return t.detach().requires_grad_(True)
+
+
+new_leaf.ember_pure = True      # no user Python: the speed check may run it twice (speed.py)
 
 
 def delete_attr(tr, obj_v: V, name: str) -> None:

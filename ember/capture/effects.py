@@ -303,8 +303,29 @@ def guard_mutated_aliases(tr) -> None:
         tr.guard("NO_ALIAS", src, [s for s, _ in others])
 
 
+def _check_new_leaves(tr, outputs: list[TensorV]) -> None:
+    """A graph with `requires_grad_()` leaves (attrs.set_requires_grad) breaks at the first one
+    where the compiled graph cannot be eager: it returns the leaf (eager fills that object's
+    .grad; the graph returns a copy with a history), or no input requires grad (its outputs
+    need a history that only inputs that require grad give a compiled graph)."""
+    site, why = next(iter(tr.new_leaves.values())), None
+    for o in outputs:
+        if o.node in tr.new_leaves:
+            site, why = tr.new_leaves[o.node], "requires_grad_() on a tensor the graph makes " \
+                "and returns: its .grad is eager's only"
+    if why is None and any(o.meta.requires_grad for o in outputs) and not any(
+            isinstance(tv, TensorV) and tv.meta.requires_grad for _, tv, _ in tr.inputs):
+        why = "requires_grad_() on a tensor the graph makes, and no input requires grad"
+    if why is not None:
+        e = tr.unsupported(why, hint="the write runs eagerly")
+        e.break_at, e.break_location = site
+        raise e
+
+
 def graph_module(tr, outputs: list[TensorV]):
     guard_mutated_aliases(tr)
+    if tr.new_leaves:
+        _check_new_leaves(tr, outputs)
     g = tr.graph
     used = []
     for src, tv, real in tr.inputs:

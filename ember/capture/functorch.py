@@ -88,15 +88,6 @@ def traceable(f) -> bool:
     return f in TRANSFORMS or f is torch.func.functional_call or f is torch.func.vjp
 
 
-def _made_at(tr):
-    """The root frame's current instruction (index, visit) and location: where a graph break
-    goes when the value made here is refused later (the residual code cannot rebuild it)."""
-    root = tr.frames[0]
-    ins = root.instrs[root.pc - 1]
-    return ((root.pc - 1, tr.visits.get(root.pc - 1, 1)),
-            f"{root.code.co_filename}:{ins.lineno or root.code.co_firstlineno}")
-
-
 def make_transform(tr, f, args: list, kwargs: dict) -> V:
     """`torch.func.grad(fn, argnums=..)` in the trace, a direct functional_call, or vjp."""
     if f is torch.func.functional_call:
@@ -111,7 +102,7 @@ def make_transform(tr, f, args: list, kwargs: dict) -> V:
     opts = dict(zip(params, args[1:]))
     opts.update(kwargs)
     return TransformV(name, args[0], {k: _plain(tr, v, f"torch.func.{name}'s {k}")
-                                      for k, v in opts.items()}, _made_at(tr))
+                                      for k, v in opts.items()}, tr.site())
 
 
 def make_vjp(tr, func: V, primals: list, kwargs: dict) -> V:
@@ -119,7 +110,7 @@ def make_vjp(tr, func: V, primals: list, kwargs: dict) -> V:
     if set(kwargs) - {"has_aux"}:
         raise tr.unsupported(f"torch.func.vjp with {sorted(kwargs)}")
     has_aux = bool(_plain(tr, kwargs["has_aux"], "has_aux")) if "has_aux" in kwargs else False
-    made_at = _made_at(tr)
+    made_at = tr.site()
     try:
         out = call_opaque(tr, "vjp_primal_out", func, primals, {})
     except Unsupported as e:

@@ -145,6 +145,7 @@ class Tracer(Inputs):
         self._size_nodes: dict = {}
         self.known: dict = {}          # node -> real value of a tensor made from numbers (numbers.py)
         self.known_sizes: dict = {}    # node -> SymInt value of a tensor made from sizes
+        self.new_leaves: dict = {}     # node -> site(): `requires_grad_()` leaves (attrs.py)
 
     # ---- dispatch helpers (implemented in calls/builtins/handlers) --------------------
     def call(self, fn, args, kwargs):
@@ -172,6 +173,14 @@ class Tracer(Inputs):
         return getitem(self, c, k)
 
     # ---- errors -------------------------------------------------------------------------
+    def site(self) -> tuple:
+        """The root frame's current instruction (index, visit) and location: where a graph break
+        goes when the value made here is refused later (the residual code cannot rebuild it)."""
+        root = self.frames[0]
+        ins = root.instrs[root.pc - 1]
+        return ((root.pc - 1, self.visits.get(root.pc - 1, 1)),
+                f"{root.code.co_filename}:{ins.lineno or root.code.co_firstlineno}")
+
     def location(self) -> str | None:
         if not self.frames:
             return None

@@ -294,3 +294,33 @@ def test_eager_choice_keeps_autograd_of_views_of_inputs(monkeypatch):
     q /= 2.0
     (q * q).sum().backward()
     torch.testing.assert_close(got, 3 * lin.weight.grad)
+
+
+class _NewLeaf(nn.Module):
+    """HF wav2vec2-family encoders: `requires_grad = True` on a view of the input in training
+    (a capture-made `new_leaf` node, no user code)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv1d(1, 4, 3)
+
+    def forward(self, x):
+        h = x[:, None]
+        h.requires_grad = True
+        return self.conv(h).relu()
+
+
+@pytest.mark.parametrize("kernels_ms,eager_ms,choice", [(2.0, 1.0, "eager"), (1.0, 2.0, "kernels")])
+def test_a_training_graph_with_a_new_leaf_is_timed(monkeypatch, kernels_ms, eager_ms, choice):
+    monkeypatch.setattr(speed, "_time_both", _timings(kernels_ms, eager_ms, timed := []))
+    torch.manual_seed(0)
+    ref = _NewLeaf()
+    m = copy.deepcopy(ref)
+    cm = ember.compile(m)
+    x = torch.randn(2, 12)
+    for _ in range(3):
+        ref(x).square().sum().backward()
+        cm(x).square().sum().backward()
+    for p, q in zip(ref.parameters(), m.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-5)
+    assert len(timed) == 1 and [d["choice"] for d in speed.DECISIONS] == [choice]

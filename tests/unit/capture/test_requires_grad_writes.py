@@ -1,8 +1,10 @@
-"""Writes of `requires_grad` in traced code (attrs.set_requires_grad): a no-op write and a new
-tensor's flag under no_grad stay in one graph; a write that changes the autograd graph
-mid-trace is a graph break, with eager's values, flags and gradients either way."""
+"""Writes of `requires_grad` in traced code (attrs.set_requires_grad): a no-op write, a new
+tensor's flag under no_grad and a new leaf that stays inside the graph stay in one graph; a leaf
+the graph returns, one in a graph with no input that requires grad, and an input's flag are
+graph breaks; eager's values, flags and gradients either way."""
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn as nn
 
@@ -51,6 +53,57 @@ def test_new_leaf_with_grad_enabled_breaks_and_gets_its_gradient():
     assert gflag == eflag and gz.is_leaf and gy.requires_grad
     (gy * ey.detach()).sum().backward()
     torch.testing.assert_close(gz.grad, ey.detach())
+    assert counts().get("graph_breaks", 0) == 1, counts()
+
+
+class FeatureEncoder(nn.Module):
+    """HF SEW/Hubert/wav2vec2's feature encoder: `hidden_states.requires_grad = True` in training
+    (for gradient checkpointing) on a view of the input, then convolutions."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv1d(1, 8, 5, stride=2)
+        self.norm = nn.GroupNorm(8, 8)
+        self.proj = nn.Linear(8, 6)
+
+    def forward(self, x):
+        h = x[:, None]
+        if self.training:
+            h.requires_grad = True
+        h = nn.functional.gelu(self.norm(self.conv(h)))
+        z = torch.zeros_like(h).requires_grad_()        # a second leaf, used and dropped
+        return self.proj((h + z).transpose(1, 2))
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "ember"])
+def test_new_leaf_inside_a_training_graph_is_one_graph_with_eager_grads(backend):
+    torch.manual_seed(0)
+    m, ref = FeatureEncoder(), FeatureEncoder()
+    ref.load_state_dict(m.state_dict())
+    ember.compile(m, backend=backend)
+    for _ in range(2):
+        x = torch.randn(3, 40)
+        got, exp = m(x), ref(x)
+        torch.testing.assert_close(got, exp, atol=1e-5, rtol=1e-5)
+        assert got.requires_grad and not got.is_leaf
+        got.square().sum().backward()
+        exp.square().sum().backward()
+    for (name, p), q in zip(m.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, atol=1e-5, rtol=1e-5, msg=name)
+    c = counts()
+    assert (c.get("graphs"), c.get("graph_breaks", 0), c.get("fallbacks", 0)) == (1, 0, 0), c
+
+
+def test_new_leaf_with_no_input_that_requires_grad_breaks_and_keeps_the_history():
+    m, ref = FeatureEncoder(), FeatureEncoder()
+    ref.load_state_dict(m.state_dict())
+    m.requires_grad_(False)
+    ref.requires_grad_(False)
+    ember.compile(m, backend="aot_eager")
+    x = torch.randn(3, 40)
+    got, exp = m(x), ref(x)
+    torch.testing.assert_close(got, exp)
+    assert got.requires_grad and exp.requires_grad      # the leaf's history, as eager's
     assert counts().get("graph_breaks", 0) == 1, counts()
 
 
