@@ -397,7 +397,8 @@ class FrozenRuntime:
         self.specs = self._specs()
         inner = getattr(self.main, "traced", None)       # the speed check reads .traced
         self.traced = None if inner is None else types.SimpleNamespace(
-            symbols=inner.symbols, mutated=[self.plan.live[i] for i in inner.mutated])
+            symbols=inner.symbols, mutated=[self.plan.live[i] for i in inner.mutated
+                                             if i < len(self.plan.live)])
 
     def _fold(self, args) -> None:
         start = time.perf_counter()
