@@ -54,6 +54,7 @@ import torch.nn.functional as F
 
 from .. import counters
 from ..logging import get_logger
+from ..runtime.pycode import compile_cached
 from . import layout
 from .prepack import prepack_linears
 from .speed import is_random
@@ -351,7 +352,7 @@ class ConstGraph:
     def __setstate__(self, state):
         self.__dict__.update(state)
         ns = {**self.refs, **{n: importlib.import_module(m) for n, m in self.modules.items()}}
-        exec(compile(self.src, "<ember frozen constants>", "exec"), ns)    # noqa: S102
+        exec(compile_cached(self.src, "<ember frozen constants>"), ns)    # noqa: S102
         self.fn = functools.partial(ns["forward"], None)     # forward(self, ...)
 
     def __call__(self, *args):
