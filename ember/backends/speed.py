@@ -41,7 +41,7 @@ import types
 import torch
 from torch.utils._pytree import tree_leaves
 
-from .. import config
+from .. import config, counters
 from ..logging import get_logger
 
 perf_log = get_logger("perf")
@@ -214,8 +214,10 @@ class _Chooser:
         chosen = self._eager if choice == "eager" else self.compiled
         if source.startswith("timed, close"):
             self.meanwhile, self.next_timing = chosen, self.calls + RECHECK_CALLS
+            counters.bump("speed_close_calls")
         else:
             self.run, self.decided = chosen, True
+            counters.bump(f"speed_{choice}_graphs")
         DECISIONS.append({"choice": choice, "kernels_ms": t_kernels, "eager_ms": t_eager,
                           "source": source, "training": self.training})
         if choice == "eager":

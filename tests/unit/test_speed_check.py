@@ -70,6 +70,9 @@ def test_a_close_call_is_timed_again_before_it_is_kept(monkeypatch):
     assert [(d["choice"], d["source"]) for d in speed.DECISIONS] == [
         ("eager", "timed, close: re-timed later"), ("kernels", "re-timed")]
     assert (speed.DECISIONS[1]["kernels_ms"], speed.DECISIONS[1]["eager_ms"]) == (0.95, 1.0)
+    counts = ember.stats()["counts"]
+    assert counts["speed_close_calls"] == 1 and counts["speed_kernels_graphs"] == 1
+    assert "speed_eager_graphs" not in counts
     ember.reset()
     monkeypatch.setattr(speed, "_time_both", _timings(9.0, 1.0, timed))
     with torch.no_grad():
