@@ -56,7 +56,7 @@ from .. import counters
 from ..logging import get_logger
 from ..runtime.pycode import compile_cached
 from . import layout
-from .prepack import prepack_linears
+from .prepack import MKL_PACK, prepack_linears
 from .speed import is_random
 
 perf_log = get_logger("perf")
@@ -344,6 +344,10 @@ class ConstGraph:
         self.refs = {n: glb[n] for n in names if not isinstance(glb[n], types.ModuleType)}
         self.modules = {n: glb[n].__name__ for n in names if isinstance(glb[n], types.ModuleType)}
         self.n_conv = sum(n.target is layout.REORDER for n in gm.graph.nodes)
+        outs = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+        #: outputs that are MKL-packed linear weights, and their resident bytes (prepack.py)
+        self.linear_packs = {i for i, n in enumerate(outs) if n.target is MKL_PACK}
+        self.pack_bytes = sum(outs[i].meta["resident_bytes"] for i in self.linear_packs)
         self.fn = fn
 
     def __getstate__(self):
@@ -453,13 +457,17 @@ class FrozenRuntime:
         return self.plain(*args)
 
 
-def new_bytes(folded, held, packed=True) -> int:
-    """Bytes of the folded constants that are not storage of the user's tensors (`packed`:
-    counting MKL-packed weights, which `options={"prepack": True}` allows beyond the budget)."""
+def new_bytes(folded, held, linear_packs=(), packed=True) -> int:
+    """Bytes of the folded constants that are not storage of the user's tensors, but for the
+    positions in `linear_packs` (MKL-packed linear weights, whose resident size the caller
+    counts: their numel is what MKL reserves, mostly untouched). `packed`: counting oneDNN-packed
+    conv weights, which `options={"prepack": True}` allows beyond the budget."""
     own = {t.untyped_storage().data_ptr() for t in held}
     seen, total = set(), 0
-    for f in folded:
-        if f.layout != torch.strided:          # an MKL-packed weight (prepack.py): no storage
+    for i, f in enumerate(folded):
+        if i in linear_packs:
+            continue
+        if f.layout != torch.strided:          # a oneDNN-packed conv weight: no storage
             total += f.numel() * f.element_size() if packed else 0
             continue
         p = f.untyped_storage().data_ptr()
@@ -516,7 +524,9 @@ def freeze(p: FreezePlan, example_inputs, options: dict, compile_main, replan, u
         example_inputs[i].requires_grad for i in p.const_idx)
     rt = FrozenRuntime(p, compile_main, list(example_inputs), replan,
                        unfrozen if trained else None)
-    extra = new_bytes(rt.folded, rt.held, packed=options.get("prepack") is not True)
+    packed = options.get("prepack") is not True
+    extra = new_bytes(rt.folded, rt.held, p.const.linear_packs, packed) + \
+        (p.const.pack_bytes if packed else 0)
     if extra > p.budget:
         perf_log.info("not frozen: folded constants would add %d MiB (budget %d MiB)",
                       extra >> 20, int(p.budget) >> 20)
