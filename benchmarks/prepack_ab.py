@@ -6,6 +6,7 @@ alternating order, medians and per-round ratio ranges. docs/design/041.
     PYTHONPATH=. python benchmarks/prepack_ab.py --models 'b_hf_vit$|b_hf_bert$' --rounds 7
 """
 import argparse
+import itertools
 import copy
 import os
 import re
@@ -15,14 +16,19 @@ import time
 import torch
 
 
+_SERIAL = itertools.count()
+
+
 def _wrapped(model, tag):
-    """`model` inside a module class of its own: ember caches compiled graphs per code object,
-    and two instances of one class would share (and refold) one frozen graph."""
+    """`model` inside a module class of its own, from a file name of its own: ember caches
+    compiled graphs per code location, and two instances of one class would share (and
+    refold) one frozen graph; many would hit the recompile limit."""
     ns = {}
-    exec(f"class Wrap_{tag}(torch.nn.Module):\n"                   # noqa: S102
-         "    def __init__(self, m):\n        super().__init__()\n        self.m = m\n"
-         "    def forward(self, *a, **k):\n        return self.m(*a, **k)\n", {"torch": torch}, ns)
-    return ns[f"Wrap_{tag}"](model)
+    src = (f"class Wrap(torch.nn.Module):\n"
+           "    def __init__(self, m):\n        super().__init__()\n        self.m = m\n"
+           "    def forward(self, *a, **k):\n        return self.m(*a, **k)\n")
+    exec(compile(src, f"<prepack_ab {tag} {next(_SERIAL)}>", "exec"), {"torch": torch}, ns)  # noqa: S102
+    return ns["Wrap"](model)
 
 
 def main():
