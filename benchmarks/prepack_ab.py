@@ -1,5 +1,5 @@
 """Paired A/B of linear prepacking on broad-suite models at inference (frozen, no_grad):
-eager, ember with the old row limit (`--old-rows`, MKL packing only up to that many rows),
+eager, ember with old prepack limits (`--old`: MKL packing only up to 8 rows, say),
 ember as is; CPU time of this thread per call (time.thread_time: the 2-core box is shared),
 alternating order, medians and per-round ratio ranges. docs/design/041.
 
@@ -35,14 +35,17 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", required=True)
     ap.add_argument("--rounds", type=int, default=7)
-    ap.add_argument("--old-rows", type=int, default=8)
+    ap.add_argument("--old", default="MAX_ROWS=8",
+                    help="comma list of prepack.NAME=INT for the old variant (before 041: "
+                         "MAX_ROWS=8,PATCH_MIN_K=1000000000)")
     a = ap.parse_args()
     torch.set_num_threads(1)
     import ember
     from ember.backends import prepack
     from ember.bench import suites  # noqa: F401 - registers the suites
     from ember.bench.spec import REGISTRY
-    new_rows = prepack.MAX_ROWS
+    old = {k: int(v) for k, v in (kv.split("=") for kv in a.old.split(","))}
+    new = {k: getattr(prepack, k) for k in old}
     for name in [n for n in REGISTRY if re.search(a.models, n)]:
         spec = REGISTRY[name]
         torch.manual_seed(0)
@@ -51,8 +54,9 @@ def main():
         eager = copy.deepcopy(model)
         variants = {"eager": eager}
         packs = {}
-        for label, rows in (("old", a.old_rows), ("new", new_rows)):
-            prepack.MAX_ROWS = rows
+        for label, values in (("old", old), ("new", new)):
+            for k, v in values.items():
+                setattr(prepack, k, v)
             before = ember.stats()["counts"].get("prepacked_linears", 0)
             m = ember.compile(_wrapped(copy.deepcopy(model), label))
             with torch.no_grad():
@@ -60,7 +64,6 @@ def main():
                 m(*args, **kw)
             variants[label] = m
             packs[label] = ember.stats()["counts"].get("prepacked_linears", 0) - before
-        prepack.MAX_ROWS = new_rows
         ts = {k: [] for k in variants}
         for r in range(a.rounds):
             order = list(variants.items())
