@@ -17,7 +17,9 @@ counter and data pointer at fold time. Every call compares them (an optimizer st
 or `load_state_dict` bumps the version; `module.to()` / `param.data = ...` moves the data
 pointer; assigning a new Parameter changes the identity) and refolds when any differs, so a
 frozen graph never answers from stale weights. Refolding reruns only the constant graph (and
-recompiles the main graph if the folded tensors' sizes, strides or dtypes changed).
+recompiles the main graph if the folded tensors' sizes, strides or dtypes changed). Another
+module instance's tensors (two instances of one class share the captured graph) are not a
+change: each instance keeps its own fold (INSTANCES of them), swapped in by identity.
 
 Memory: the user's tensors are never freed; the folded ones (a BN-folded weight is a copy) are
 extra. A graph whose folded constants would take more than FOLD_BUDGET of new memory (the
@@ -47,6 +49,7 @@ import operator
 import re
 import time
 import types
+import weakref
 
 import torch
 import torch.fx as fx
@@ -56,7 +59,7 @@ from .. import counters
 from ..logging import get_logger
 from ..runtime.pycode import compile_cached
 from . import layout
-from .prepack import prepack_linears
+from .prepack import MKL_PACK, prepack_linears
 from .speed import is_random
 
 perf_log = get_logger("perf")
@@ -64,6 +67,7 @@ perf_log = get_logger("perf")
 MIN_BUDGET = 256 << 20          # bytes of new constants always allowed ...
 BUDGET_FRACTION = 0.25          # ... or this fraction of the module state, if larger
 REFOLD_SHARE = 0.1              # trained weights: refold while it costs <= this share of the run
+INSTANCES = 4                   # module instances whose folds one frozen graph keeps
 _STATE_SOURCE = re.compile(r"\]\.|\._parameters\[|\._buffers\[|\._modules\[")
 _REAL = (torch.Tensor, torch.nn.Parameter) + (
     (torch.nn.parameter.Buffer,) if hasattr(torch.nn.parameter, "Buffer") else ())
@@ -344,6 +348,10 @@ class ConstGraph:
         self.refs = {n: glb[n] for n in names if not isinstance(glb[n], types.ModuleType)}
         self.modules = {n: glb[n].__name__ for n in names if isinstance(glb[n], types.ModuleType)}
         self.n_conv = sum(n.target is layout.REORDER for n in gm.graph.nodes)
+        outs = next(n for n in gm.graph.nodes if n.op == "output").args[0]
+        #: outputs that are MKL-packed linear weights, and their resident bytes (prepack.py)
+        self.linear_packs = {i for i, n in enumerate(outs) if n.target is MKL_PACK}
+        self.pack_bytes = sum(outs[i].meta["resident_bytes"] for i in self.linear_packs)
         self.fn = fn
 
     def __getstate__(self):
@@ -386,6 +394,7 @@ class FrozenRuntime:
         self.unfrozen = unfrozen
         self.refolds = 0
         self.main = self.traced = self.plain = None
+        self.others = {}        # ids of another instance's constants -> its fold (_switch)
         self._fold(args)
 
     def build(self, args, main=None) -> None:
@@ -421,10 +430,36 @@ class FrozenRuntime:
         return all(map(operator.is_, cur, self.held)) and \
             [(t._version, t.data_ptr()) for t in cur] == self.stamp
 
+    def _switch(self, args) -> bool:
+        """Whether the call's constants are another module instance's (not the held tensors,
+        changed: those refold), now swapped in: two instances of one class compiled apart share
+        the captured graph, and each call alternating between them would refold (and, weights
+        requiring grad, end unfrozen). Each instance keeps its own fold, up to INSTANCES."""
+        cur = [args[i] for i in self.plan.const_idx]
+        if all(map(operator.is_, cur, self.held)):
+            return False
+        specs = self.specs
+        self.others[tuple(map(id, self.held))] = (
+            [weakref.ref(t) for t in self.held], self.stamp, self.folded)
+        entry = self.others.pop(tuple(map(id, cur)), None)
+        if entry is not None and all(r() is t for r, t in zip(entry[0], cur)) and \
+                [(t._version, t.data_ptr()) for t in cur] == entry[1]:
+            self.held, self.stamp, self.folded = tuple(cur), entry[1], entry[2]
+            self.calls, self.run_s = 1, 0.0
+            return True
+        self._fold(args)
+        counters.bump("instance_folds")
+        if self._specs() != specs:       # another layout or dtype: one main graph, one fold
+            self.others.clear()
+            self.build(args)
+        while len(self.others) >= INSTANCES:
+            self.others.pop(next(iter(self.others)))
+        return True
+
     def __call__(self, *args):
         if self.plain is not None:
             return self.plain(*args)
-        if not self.fresh(args):
+        if not self.fresh(args) and not self._switch(args):
             if self.unfrozen is not None and self.fold_s > REFOLD_SHARE * self.run_s:
                 return self._unfreeze(args)
             self._fold(args)
@@ -453,13 +488,17 @@ class FrozenRuntime:
         return self.plain(*args)
 
 
-def new_bytes(folded, held, packed=True) -> int:
-    """Bytes of the folded constants that are not storage of the user's tensors (`packed`:
-    counting MKL-packed weights, which `options={"prepack": True}` allows beyond the budget)."""
+def new_bytes(folded, held, linear_packs=(), packed=True) -> int:
+    """Bytes of the folded constants that are not storage of the user's tensors, but for the
+    positions in `linear_packs` (MKL-packed linear weights, whose resident size the caller
+    counts: their numel is what MKL reserves, mostly untouched). `packed`: counting oneDNN-packed
+    conv weights, which `options={"prepack": True}` allows beyond the budget."""
     own = {t.untyped_storage().data_ptr() for t in held}
     seen, total = set(), 0
-    for f in folded:
-        if f.layout != torch.strided:          # an MKL-packed weight (prepack.py): no storage
+    for i, f in enumerate(folded):
+        if i in linear_packs:
+            continue
+        if f.layout != torch.strided:          # a oneDNN-packed conv weight: no storage
             total += f.numel() * f.element_size() if packed else 0
             continue
         p = f.untyped_storage().data_ptr()
@@ -516,7 +555,9 @@ def freeze(p: FreezePlan, example_inputs, options: dict, compile_main, replan, u
         example_inputs[i].requires_grad for i in p.const_idx)
     rt = FrozenRuntime(p, compile_main, list(example_inputs), replan,
                        unfrozen if trained else None)
-    extra = new_bytes(rt.folded, rt.held, packed=options.get("prepack") is not True)
+    packed = options.get("prepack") is not True
+    extra = new_bytes(rt.folded, rt.held, p.const.linear_packs, packed) + \
+        (p.const.pack_bytes if packed else 0)
     if extra > p.budget:
         perf_log.info("not frozen: folded constants would add %d MiB (budget %d MiB)",
                       extra >> 20, int(p.budget) >> 20)

@@ -236,10 +236,12 @@ class KernelCodegen:
         last = xv[-1]
         # a load that does not move with the outer dim (a per-row mean in LayerNorm's weight
         # gradient) is one value for the whole block: contiguous along the reduced dim is fine.
+        # One whose outer index sits only inside a div/mod (a gather of strided slices: Swin's
+        # patch-merging cat) has coefficient 0 there but moves all the same: it is a row load.
         # A store may be (LayerNorm over C of NCHW written channels-last, ConvNeXt's and
         # EdgeNeXt's permute + LayerNorm): one strided store per element across the lanes, where
         # the row form gathers each element in every stage (~26 ns an element)
-        return (all(store or _coeff(e, rlast) != 1 or _coeff(e, last) == 0
+        return (all(store or _coeff(e, rlast) != 1 or not e.has(last)
                     for e, rlast, store in exprs)
                 and any(_coeff(e, last) == 1 for e, _, _ in exprs))
 

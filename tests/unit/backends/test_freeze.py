@@ -406,3 +406,26 @@ def test_prepack_false_packs_no_conv():
     c = ember.compile(copy.deepcopy(ref).requires_grad_(False), options={"prepack": False})
     check(c, ref, torch.randn(2, 3, 6, 6))
     assert count("frozen_graphs") == 1 and count("prepacked_convs") == 0
+
+
+def test_instances_of_one_class_keep_their_own_folds(monkeypatch):
+    """Two instances of one model class compiled apart share the captured graph; calls
+    alternating between them swap folds instead of refolding (weights requiring grad: before,
+    the refolds put the graph unfrozen for good). A weight changed in one instance while the
+    other runs is still seen (its fold's stamp no longer matches)."""
+    monkeypatch.setattr(fz, "REFOLD_SHARE", 0.0)      # any refold would unfreeze
+    a, b = make(seed=0), make(seed=1)
+    ref_a, ref_b = copy.deepcopy(a), copy.deepcopy(b)
+    ca, cb = ember.compile(a), ember.compile(b)
+    x = torch.randn(2, 3, 10, 10)
+    for _ in range(3):
+        check(ca, ref_a, x)
+        check(cb, ref_b, x)
+    assert count("frozen_graphs") == 1 and count("instance_folds") == 1
+    assert count("refolds") == 0 and count("unfrozen_graphs") == 0
+    with torch.no_grad():
+        for mod in (b, ref_b):
+            mod.bn2.running_mean.add_(1.0)
+    check(ca, ref_a, x)
+    check(cb, ref_b, x)
+    assert count("refolds") == 0 and count("instance_folds") == 2

@@ -23,7 +23,7 @@ def small_weights_packed(monkeypatch):
 
 
 class Conv1D(nn.Module):
-    """GPT-2's linear: a [K, N] weight used through addmm (not packed: measured no faster)."""
+    """GPT-2's linear: a [K, N] weight used through addmm (packed from its [N, K] view)."""
 
     def __init__(self, k, n):
         super().__init__()
@@ -36,7 +36,8 @@ class Conv1D(nn.Module):
 
 
 def mlp(seed=0):
-    """Packed at M <= 8: the two wide linears (N >= 2K); at 4 <= M <= 8 also the square one."""
+    """Packed at M < 4: the two wide linears (N >= 2K); at 4 <= M <= MAX_ROWS also the square
+    one and the Conv1D (the last linear's weight is too small)."""
     torch.manual_seed(seed)
     return nn.Sequential(nn.Linear(128, 384), nn.GELU(), Conv1D(384, 128), nn.ReLU(),
                          nn.Linear(128, 300, bias=False), nn.Linear(300, 300),
@@ -72,7 +73,19 @@ def test_small_batch_linears_use_packed_weights(shape):
     check(m, ref, x)
     rows = x.numel() // x.shape[-1]
     assert count("frozen_graphs") == 1
-    assert count("prepacked_linears") == (3 if rows >= prepack.WIDE_ROWS else 2)
+    assert count("prepacked_linears") == (4 if rows >= prepack.WIDE_ROWS else 2)
+    assert mkl_externs() == 1
+
+
+@pytest.mark.parametrize("shape", [(4, 128, 128), (prepack.MAX_ROWS, 128)])
+def test_sequence_batches_use_packed_weights(shape):
+    """A batch of sequences (M = 16..MAX_ROWS rows: 5-15% faster packed, docs/design/041),
+    GPT-2's Conv1D included: values as eager, all four on MKL's packed GEMM."""
+    m, ref = frozen_pair()
+    x = torch.randn(*shape)
+    check(m, ref, x)
+    check(m, ref, x)
+    assert count("frozen_graphs") == 1 and count("prepacked_linears") == 4
     assert mkl_externs() == 1
 
 
@@ -91,10 +104,11 @@ def test_other_batch_sizes_after_packing():
     assert count("prepacked_linears") >= 1
 
 
+@pytest.mark.parametrize("rows", [2, 64])
 @pytest.mark.parametrize("route", ["add_", "load_state_dict", "data_assign"])
-def test_packed_weight_follows_weight_changes(route):
+def test_packed_weight_follows_weight_changes(route, rows):
     m, ref = frozen_pair()
-    x = torch.randn(2, 128)
+    x = torch.randn(rows, 128)
     check(m, ref, x)
     other = mlp(seed=1)
     with torch.no_grad():
@@ -110,7 +124,7 @@ def test_packed_weight_follows_weight_changes(route):
             ref[4].weight.data = other[4].weight.data.clone()
     check(m, ref, x)
     check(m, ref, x)
-    assert count("refolds") == 1 and count("prepacked_linears") == 2
+    assert count("refolds") == 1 and count("prepacked_linears") == (2 if rows < 4 else 4)
 
 
 def test_training_and_unfrozen_graphs_never_packed():
@@ -178,3 +192,15 @@ def test_budget_skips_only_what_does_not_fit(monkeypatch):
     c = ember.compile(m, options={"freeze": True})
     check(c, ref, torch.randn(1, 128))
     assert count("frozen_graphs") == 1 and count("prepacked_linears") == 2
+
+
+def test_budget_counts_resident_bytes_of_packs(monkeypatch):
+    """MKL reserves 2-5x a weight for its pack (the opaque tensor's numel) but touches about
+    the weight's size: the budget counts `packed_bytes`, so packs that fit by resident size are
+    made and the graph stays frozen (before, the reserved size put this one over budget)."""
+    monkeypatch.setattr(fz, "MIN_BUDGET", 2 << 20)
+    m, ref = frozen_pair()
+    check(m, ref, torch.randn(64, 128))
+    assert count("frozen_graphs") == 1 and count("prepacked_linears") == 4
+    assert sum(torch.ops.mkl._mkl_reorder_linear_weight(w, 64).numel() * 4 for w in
+               (ref[0].weight, ref[2].weight.t(), ref[4].weight, ref[5].weight)) > 2 << 20

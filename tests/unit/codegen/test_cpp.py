@@ -170,6 +170,36 @@ def test_column_reduction_with_transposed_store(tmp_path, monkeypatch):
                                atol=1e-6, rtol=1e-6)
 
 
+def test_row_reduction_over_gathered_rows_stays_row_form(tmp_path, monkeypatch):
+    # LayerNorm's shifted sum over a cat of strided slices (Swin's patch merging): the row's
+    # address holds the outer index only inside div/mod (coefficient 0) but moves with it. Row
+    # form (contiguous along the reduced dim), not the blocked column form that gathered each
+    # element across rows (3x slower than eager's cat + layer_norm)
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))
+    h, c = 8, 16
+    x = InputBuffer("arg0", torch.float32, (h, h, c), (h * c, c, 1), position=0)
+    n = (h // 2) ** 2
+    shift = InputBuffer("arg1", torch.float32, (n,), (1,), position=1)
+    xl, sl = x.loader(), shift.loader()
+
+    def load(i, r):                         # row i of the [h/2 * h/2, 2c] gather, element r
+        row, col = FloorDiv(i, h // 2), ModularIndexing(i, sympy.Integer(1), sympy.Integer(h // 2))
+        lo = ops.lt(ops.index_expr(r, torch.int64), ops.constant(c, torch.int64))
+        return ops.where(lo, ops.masked(lo, lambda: xl([2 * row, 2 * col, r]), 0.0),
+                         ops.masked(ops.logical_not(lo),
+                                    lambda: xl([2 * row + 1, 2 * col, r - c]), 0.0))
+    out = ComputedBuffer("buf0", torch.float32, (n,), (1,), body=Reduction(
+        (n,), (2 * c,), "sum", torch.float32, torch.float32,
+        lambda i, r: ops.sub(load(i[0], r[0]), sl([i[0]]))))
+    steps, src, fns, sigs = _compile([out], [x, shift])
+    assert "blk" not in src, src
+    t, sh = torch.randn(h, h, c), torch.randn(n)
+    res = torch.empty(n)
+    _run(steps, fns, sigs, {"arg0": t, "arg1": sh, "buf0": res})
+    exp = (torch.cat([t[0::2, 0::2], t[1::2, 0::2]], -1).reshape(n, 2 * c) - sh[:, None]).sum(-1)
+    torch.testing.assert_close(res, exp, atol=1e-5, rtol=1e-5)
+
+
 def test_long_float_sums_are_cascaded(tmp_path, monkeypatch):
     # BatchNorm statistics: 100k elements per channel, along rows (NCHW) and down columns (NHWC).
     # A float accumulator drifts by ~sqrt(n) ulps (1e-5 relative here, 20x eager's error on
