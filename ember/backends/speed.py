@@ -5,9 +5,12 @@ On its second call (the first one builds the kernels), an eligible graph is time
 that call's own inputs: the compiled callable and the captured graph as eager PyTorch runs it
 (`gm.forward`, the user's own ops, not our decompositions), alternating, a few rounds within a
 small time budget. The faster path serves every later call; eager wins only when it is faster by
-more than MARGIN. The choice is cached on disk (keyed by the graph's code, its input sizes,
-strides and dtypes, the options and the machine's compiler), so another process reuses it
-without timing. Both paths compute the same values; only the speed differs.
+more than MARGIN. A close call (the two within a factor CLEAR) is provisional: on a shared,
+loaded machine a few rounds can pick the wrong side, so the graph is timed once more
+RECHECK_CALLS calls later and the two timings' minima decide for good. A settled choice is cached
+on disk (keyed by the graph's code, its input sizes, strides and dtypes, the options and the
+machine's compiler), so another process reuses it without timing; a provisional one is not.
+Both paths compute the same values; only the speed differs.
 
 Eligible: graphs with static sizes and no random op (running the graph again must change nothing
 a user can see: inputs the graph mutates, such as BatchNorm's running statistics, are cloned for
@@ -38,7 +41,7 @@ import types
 import torch
 from torch.utils._pytree import tree_leaves
 
-from .. import config
+from .. import config, counters
 from ..logging import get_logger
 
 perf_log = get_logger("perf")
@@ -46,6 +49,8 @@ perf_log = get_logger("perf")
 MARGIN = 1.03            # eager must beat the kernels by more than 3% to be chosen
 ROUNDS = 5               # alternating rounds at most ...
 BUDGET_S = 0.5           # ... and no more than this much time spent timing one graph
+CLEAR = 1.2              # a ratio inside this factor is a close call, timed once more ...
+RECHECK_CALLS = 8        # ... this many calls after the first timing
 #: names of ops that draw random numbers (or touch the generator); whole names, so that
 #: F.normalize or a "brand" attribute are not taken for one
 _RANDOM = re.compile(r"_?(rand\w*|\w*dropout\w*|bernoulli_?|normal_?|log_normal_?|multinomial|"
@@ -141,6 +146,9 @@ class _Chooser:
         self.run = self._undecided
         self.decided = False
         self.lock = threading.Lock()
+        self.next_timing = 2                 # the first call builds the kernels: not timed
+        self.meanwhile = compiled            # serves the untimed calls until decided
+        self.best = (float("inf"), float("inf"))   # kernels, eager ms: minima over timings
 
     def __call__(self, *args):
         return self.run(*args)
@@ -152,8 +160,8 @@ class _Chooser:
             if self.training and not torch.is_grad_enabled():
                 return self.compiled(*args)          # times only training steps
             self.calls += 1
-            if self.calls == 1:
-                return self.compiled(*args)          # builds the kernels: not timed
+            if self.calls != self.next_timing:
+                return self.meanwhile(*args)
             return self._decide(args)
 
     def _eager(self, *args):
@@ -194,11 +202,22 @@ class _Chooser:
             out = None
         else:
             t_kernels, t_eager, out = self._time(args)
+            t_kernels, t_eager = self.best = (min(self.best[0], t_kernels),
+                                              min(self.best[1], t_eager))
             choice = "eager" if t_eager * MARGIN < t_kernels else "kernels"
-            source = "timed"
-            _store(key, {"choice": choice, "kernels_ms": t_kernels, "eager_ms": t_eager})
-        self.run = self._eager if choice == "eager" else self.compiled
-        self.decided = True
+            retimed = self.next_timing > 2
+            close = max(t_kernels, t_eager) < CLEAR * min(t_kernels, t_eager)
+            source = "re-timed" if retimed else "timed, close: re-timed later" if close \
+                else "timed"
+            if retimed or not close:
+                _store(key, {"choice": choice, "kernels_ms": t_kernels, "eager_ms": t_eager})
+        chosen = self._eager if choice == "eager" else self.compiled
+        if source.startswith("timed, close"):
+            self.meanwhile, self.next_timing = chosen, self.calls + RECHECK_CALLS
+            counters.bump("speed_close_calls")
+        else:
+            self.run, self.decided = chosen, True
+            counters.bump(f"speed_{choice}_graphs")
         DECISIONS.append({"choice": choice, "kernels_ms": t_kernels, "eager_ms": t_eager,
                           "source": source, "training": self.training})
         if choice == "eager":
@@ -207,7 +226,7 @@ class _Chooser:
         else:
             perf_log.info("graph runs its kernels: %.3f ms, eager %.3f ms (%s)", t_kernels,
                           t_eager, source)
-        return out if out is not None else self.run(*args)
+        return out if out is not None else chosen(*args)
 
 
 def _training_step(fn, args) -> None:

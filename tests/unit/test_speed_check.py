@@ -46,6 +46,42 @@ def test_the_faster_path_serves_later_calls(monkeypatch, kernels_ms, eager_ms, c
     assert len(timed) == 1 and [d["choice"] for d in speed.DECISIONS] == [choice]
 
 
+def test_a_close_call_is_timed_again_before_it_is_kept(monkeypatch):
+    """Kernels 1.10 ms vs eager 1.0 ms is inside CLEAR: eager serves provisionally, nothing goes
+    to disk, and RECHECK_CALLS calls later a second timing (kernels 0.95, eager 1.05) decides on
+    the minima of both: the kernels, stored on disk for the next process."""
+    results = iter([(1.10, 1.0), (0.95, 1.05)])
+    timed = []
+
+    def fake(kernels, eager, fresh):
+        timed.append(1)
+        return (*next(results), kernels(*fresh()))
+    monkeypatch.setattr(speed, "_time_both", fake)
+    x = torch.randn(8, 32)
+    f = ember.compile(_fn)
+    with torch.no_grad():
+        for _ in range(2 + speed.RECHECK_CALLS):
+            torch.testing.assert_close(f(x), _fn(x))
+            if len(timed) == 1:
+                assert not list(speed.config.cache_subdir("speed").rglob("*.json"))
+        for _ in range(3):
+            torch.testing.assert_close(f(x), _fn(x))
+    assert len(timed) == 2
+    assert [(d["choice"], d["source"]) for d in speed.DECISIONS] == [
+        ("eager", "timed, close: re-timed later"), ("kernels", "re-timed")]
+    assert (speed.DECISIONS[1]["kernels_ms"], speed.DECISIONS[1]["eager_ms"]) == (0.95, 1.0)
+    counts = ember.stats()["counts"]
+    assert counts["speed_close_calls"] == 1 and counts["speed_kernels_graphs"] == 1
+    assert "speed_eager_graphs" not in counts
+    ember.reset()
+    monkeypatch.setattr(speed, "_time_both", _timings(9.0, 1.0, timed))
+    with torch.no_grad():
+        g = ember.compile(_fn)
+        for _ in range(3):
+            torch.testing.assert_close(g(x), _fn(x))
+    assert len(timed) == 2 and [d["source"] for d in speed.DECISIONS] == ["disk cache"]
+
+
 def test_choice_is_cached_on_disk_and_logged(monkeypatch, caplog):
     import logging
     monkeypatch.setattr(speed, "_time_both", _timings(3.0, 1.0, []))
@@ -166,7 +202,7 @@ def test_real_training_timing_keeps_values():
     torch.testing.assert_close(x2.grad, x.grad, rtol=1e-4, atol=1e-5)
     for p, q in zip(ref.parameters(), m.parameters()):
         torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-5)
-    assert [d["source"] for d in speed.DECISIONS if d["training"]] == ["timed"]
+    assert [d["source"][:5] for d in speed.DECISIONS if d["training"]] == ["timed"]
 
 
 @pytest.mark.parametrize("grad", [False, True])
@@ -224,7 +260,7 @@ def test_timed_calls_each_see_the_callers_state():
             torch.testing.assert_close(cm(x), ref(x))
     assert m.pos.item() == ref.pos.item() == 6
     torch.testing.assert_close(m.cache, ref.cache)
-    assert [d["source"] for d in speed.DECISIONS] == ["timed"]
+    assert [d["source"][:5] for d in speed.DECISIONS] == ["timed"]
 
 
 def test_switched_off(monkeypatch):
@@ -248,7 +284,7 @@ def test_real_timing_returns_correct_values():
     with torch.no_grad():
         for _ in range(3):
             torch.testing.assert_close(f(x), F.layer_norm(x, (256,)).relu())
-    assert len(speed.DECISIONS) == 1 and speed.DECISIONS[0]["source"] == "timed"
+    assert len(speed.DECISIONS) == 1 and speed.DECISIONS[0]["source"].startswith("timed")
 
 
 def test_eval_mode_dropout_is_not_random():
