@@ -205,8 +205,18 @@ CASES = {
     aten.baddbmm.default: [(r(2, 3, 5), r(2, 3, 4), r(2, 4, 5), {"beta": 0.5, "alpha": 2.0})],
     aten.addr.default: [(x34, r(3), r(4))],
     # pooling / upsample
-    aten.avg_pool2d.default: [(img, [2, 2], [2, 2]), (img, [3, 3], [2, 2], [1, 1])],
-    aten.avg_pool2d_backward.default: [(r(2, 4, 3, 3), img, [2, 2], [2, 2], [0, 0], False, True, None)],
+    aten.avg_pool2d.default: [(img, [2, 2], [2, 2]), (img, [3, 3], [2, 2], [1, 1]),
+                              # padding not counted: divided by the in-bounds window size
+                              (img, [3, 3], [1, 1], [1, 1], False, False),
+                              (r(2, 3, 7, 9), [3, 5], [2, 1], [1, 2], False, False),
+                              (img, [3, 3], [1, 1], [1, 1], False, False, 4)],
+    aten.avg_pool2d_backward.default: [
+        (r(2, 4, 3, 3), img, [2, 2], [2, 2], [0, 0], False, True, None),
+        # stride 1 (overlapping windows), padding counted or not, asymmetric kernels
+        (r(2, 4, 6, 6), img, [3, 3], [1, 1], [1, 1], False, False, None),
+        (r(2, 4, 6, 6), img, [3, 3], [1, 1], [1, 1], False, True, None),
+        (r(2, 3, 7, 7), r(2, 3, 7, 9), [5, 3], [1, 1], [2, 0], False, False, None),
+        (r(2, 4, 4, 4), img, [3, 3], [1, 1], [0, 0], False, False, 5)],
     aten._adaptive_avg_pool2d.default: [(img, [1, 1]), (img, [3, 2])],
     aten._adaptive_avg_pool2d_backward.default: [(r(2, 4, 3, 2), img)],
     aten.upsample_nearest2d.default: [(img, [12, 9])],
@@ -457,6 +467,9 @@ def _cl(t):
 @pytest.mark.parametrize("op,args", [
     (aten.avg_pool2d_backward.default, (_cl(r(2, 4, 3, 3)), _cl(img), [2, 2], [2, 2], [0, 0],
                                         False, True, None)),
+    (aten.avg_pool2d_backward.default, (_cl(r(2, 4, 6, 6)), _cl(img), [3, 3], [1, 1], [1, 1],
+                                        False, False, None)),
+    (aten.avg_pool2d.default, (_cl(img), [3, 3], [1, 1], [1, 1], False, False)),
     (aten._adaptive_avg_pool2d.default, (_cl(img), [3, 2])),
     (aten._adaptive_avg_pool2d_backward.default, (_cl(r(2, 4, 3, 2)), _cl(img))),
     (aten.upsample_nearest2d.default, (_cl(img), [12, 9])),
