@@ -4,8 +4,8 @@
 looked up in `rules.RULES` (one function per aten overload); an op without a rule becomes an
 aten extern call ("fallback op", listed under EMBER_LOGS=perf). Pointwise results stay
 `Pending` and are inlined into their users; `maybe_realize` stores them in a buffer when several
-users would recompute a body with several reads, or when the body grew large. Externs and
-outputs force realization.
+users would recompute an expensive body or re-read more than storing it costs (recompute.py),
+or when the body grew large. Externs and outputs force realization.
 
 Consumes: fx.GraphModule (aten graph contract, docs/design/001). Produces: `self.inputs`
 (InputBuffer), `self.nodes` (ComputedBuffer/ExternBuffer in topological order), `self.outputs`.
@@ -26,6 +26,7 @@ from ..errors import InternalError
 from ..logging import get_logger
 from ..loopir.nodes import (Buffer, ComputedBuffer, ExternBuffer, InputBuffer, MultiOutput,
                            Pointwise, TensorArg)
+from .recompute import recompute_is_cheaper
 from .ir import (Pending, Reindex, TensorValue, View, dense_view, meta_strided, SHAPE_ENV, as_size,
                  as_sizes, view_chain)
 
@@ -148,9 +149,11 @@ class GraphLowering:
         dims = [v for v, n in zip(index, value.size) if n != 1]
         counts = count_body(value.node.inner_fn, index, dims=dims)
         users = len(node.users)
-        heavy = counts.full_loads >= REALIZE_READS or counts.ops >= REALIZE_OPS or (
+        compute = counts.ops - counts.constants >= REALIZE_OPS or (
             counts.loads >= REALIZE_READS and counts.transcendental)   # softmax's exp(x - max)
-        if counts.ops > MAX_INLINE_OPS or (users > 1 and heavy):
+        if counts.ops > MAX_INLINE_OPS or users > 1 and (compute or (
+                counts.full_loads >= REALIZE_READS and
+                not recompute_is_cheaper(self.env, node, counts.full_names))):
             self.realize(value)
 
     def realize_broadcast_inputs(self, node: torch.fx.Node, args) -> None:
