@@ -99,6 +99,23 @@ def _checkpoint_nodes(joint: fx.Graph, fw_outs) -> tuple[set[fx.Node], set[fx.No
     return out, leaving
 
 
+def _stored_in_forward(n: fx.Node, dep: set) -> bool:
+    """The forward stores n whatever is saved: an extern's or reduction's result, or an input
+    an extern reads (directly or through views)."""
+    if not recomputable(n):
+        return True
+    todo = [u for u in n.users if u not in dep]
+    while todo:
+        u = todo.pop()
+        if u.op != "call_function":
+            continue
+        if u.target in EXTERNS:
+            return True
+        if isinstance(u.target, torch._ops.OpOverload) and u.target.is_view:
+            todo.extend(v for v in u.users if v not in dep)
+    return False
+
+
 def _stored_for_externs(n: fx.Node, dep: set) -> bool:
     """Read (directly or through views) by an extern in the forward and by one in the
     backward: the forward stores n for its own extern, so saving it writes nothing more, while
@@ -192,7 +209,12 @@ def _saved_min_cut(joint, primals, tangents, fw_outs, grads) -> set[fx.Node]:
         if n in forced:
             g.add_edge(f"{n.name}_in", f"{n.name}_out")        # no capacity: never cut (saved)
         else:
-            weight = 0 if n.op == "placeholder" or n in outs else nbytes(n)
+            # a value the forward stores anyway (an extern's or a reduction's result, an
+            # extern's input) costs its bytes; saving one the forward would not store costs a
+            # store more, so it counts double (Inductor's weights): BatchNorm's backward saves
+            # the conv output, not x - mean
+            weight = 0 if n.op == "placeholder" or n in outs else \
+                nbytes(n) * (1 if _stored_in_forward(n, dep) else 2)
             g.add_edge(f"{n.name}_in", f"{n.name}_out", capacity=weight)
             if n.op == "placeholder" or not recomputable(n) or n in leaving or \
                     _stored_for_externs(n, dep):

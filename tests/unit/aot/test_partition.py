@@ -165,6 +165,11 @@ def test_relu_output_between_batchnorm_and_conv_is_saved_not_recomputed():
     relu_out = [n for n in rt.part.saved_values
                 if any(u.target is aten.convolution.default for u in n.users)]
     assert len(relu_out) == 1
+    # and BatchNorm's backward reads the first conv's output, which the forward stores anyway,
+    # not x - mean (a store more in the forward for the same bytes)
+    full = [n for n in rt.part.saved_values if tuple(n.meta["val"].shape) == (2, 4, 8, 8)]
+    assert sorted(n.target.__name__ for n in full) == sorted(
+        ["convolution.default", relu_out[0].target.__name__]), full
     bw = rt.part.bw
     conv_bw = [n for n in bw.nodes if n.target is aten.convolution_backward.default]
     # the second conv's backward reads a saved value (a placeholder), not a recomputed one
