@@ -99,10 +99,14 @@ def _checkpoint_nodes(joint: fx.Graph, fw_outs) -> tuple[set[fx.Node], set[fx.No
     return out, leaving
 
 
+def _is_view(n: fx.Node) -> bool:
+    return isinstance(n.target, torch._ops.OpOverload) and n.target.is_view
+
+
 def _stored_in_forward(n: fx.Node, dep: set) -> bool:
     """The forward stores n whatever is saved: an extern's or reduction's result, or an input
-    an extern reads (directly or through views)."""
-    if not recomputable(n):
+    an extern reads (directly or through views). A view stores nothing: counted once, as before."""
+    if not recomputable(n) or _is_view(n):
         return True
     todo = [u for u in n.users if u not in dep]
     while todo:
@@ -111,7 +115,7 @@ def _stored_in_forward(n: fx.Node, dep: set) -> bool:
             continue
         if u.target in EXTERNS:
             return True
-        if isinstance(u.target, torch._ops.OpOverload) and u.target.is_view:
+        if _is_view(u):
             todo.extend(v for v in u.users if v not in dep)
     return False
 
@@ -121,14 +125,18 @@ def _stored_for_externs(n: fx.Node, dep: set) -> bool:
     backward: the forward stores n for its own extern, so saving it writes nothing more, while
     a recompute would store it again in the backward for that extern (a ReLU output between a
     BatchNorm and the next conv: the conv's weight gradient reads it). Inductor's partitioner
-    bans these recomputations too (is_materialized_backwards)."""
+    bans these recomputations too (is_materialized_backwards). Not a view: recomputing one
+    costs nothing, and a saved view of a parameter would break on the optimizer's in-place
+    step ("a view was created in no_grad mode ... modified inplace")."""
+    if _is_view(n):
+        return False
     fw = bw = False
     todo = list(n.users)
     while todo and not (fw and bw):
         u = todo.pop()
         if u.op != "call_function":
             continue
-        if isinstance(u.target, torch._ops.OpOverload) and u.target.is_view:
+        if _is_view(u):
             todo.extend(u.users)
         elif u.target in EXTERNS:
             if u in dep:
