@@ -1,4 +1,4 @@
-"""Design 038 A/B: python benchmarks/recompute_ab.py MODEL [reps] (see the docstring below)."""
+"""Design 039 A/B: python benchmarks/recompute_ab.py MODEL [reps] (see the docstring below)."""
 """Paired A/B in one process: eager vs ember (new rule) vs ember (old rule: stores every
 multi-use value with 2 full loads). python ab.py MODEL [reps]"""
 import copy, os, sys, time, statistics as st

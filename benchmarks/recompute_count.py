@@ -1,4 +1,4 @@
-"""Design 038 structure count: python benchmarks/recompute_count.py MODEL -> kernels and bytes stored, per variant (EMBER_DEBUG_DIR under /tmp/bnrecomp)."""
+"""Design 039 structure count: python benchmarks/recompute_count.py MODEL -> kernels and bytes stored, per variant (EMBER_DEBUG_DIR under /tmp/bnrecomp)."""
 """Backward of a model: kernels, and bytes the kernels store (full-size buffers), new vs old rules."""
 import os, sys, re, copy, math, glob
 os.environ["EMBER_BACKEND_CACHE"] = "0"; os.environ["EMBER_SPEED_CHECK"] = "0"

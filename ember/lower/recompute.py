@@ -1,5 +1,5 @@
 """Stage 4, lower: store a pointwise value that several nodes use, or recompute it in each of
-their kernels (docs/design/038).
+their kernels (docs/design/039-recompute-or-store.md).
 
 Counted in full-size memory accesses per element, a pending value P whose body loads the
 buffers in(P), read by k consumer kernels:

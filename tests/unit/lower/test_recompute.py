@@ -1,4 +1,4 @@
-"""Store or recompute a pointwise value with several users (ember/lower/recompute.py, design 038)."""
+"""Store or recompute a pointwise value with several users (ember/lower/recompute.py, design 039)."""
 import copy
 import re
 
