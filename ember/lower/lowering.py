@@ -125,8 +125,10 @@ class GraphLowering:
         if not fns or not isinstance(base, (Pending, View)):
             return None
         layout = base if isinstance(base, View) else base.realized
+        # not stored yet: it will be in the layout realize() gives it (a graph output's or a
+        # channels-last region's preferred stride), and the view's strides must be of that one
         size, st, off = ((layout.size, layout.stride, layout.offset) if layout is not None
-                         else (base.size, contiguous_strides(base.size), 0))
+                         else (base.size, base.preferred_stride or contiguous_strides(base.size), 0))
         t = meta_strided(size, st, off)
         try:
             for fn in fns:
@@ -136,6 +138,9 @@ class GraphLowering:
         if stride is not None and as_sizes(t.stride()) != tuple(stride):
             return None
         buf = self.realize(base)
+        if (buf.stride, buf.offset) != (tuple(st), off):
+            raise InternalError(f"view of a value stored as {buf.stride}+{buf.offset}, computed "
+                                f"for {tuple(st)}+{off}")
         return View(buf.buffer, as_sizes(t.shape), as_sizes(t.stride()), as_size(t.storage_offset()))
 
     def to_arg(self, value) -> TensorArg:
