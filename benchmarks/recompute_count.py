@@ -16,15 +16,16 @@ def run(tag, patch):
     d = f"/tmp/bnrecomp/cnt_{tag}"
     os.system(f"rm -rf {d}"); os.environ["EMBER_DEBUG_DIR"] = d
     os.environ["EMBER_CACHE_DIR"] = f"/tmp/bnrecomp/cache_{tag}_{os.getpid()}"
-    real, realp = L.recompute_is_cheaper, P._stored_for_externs
+    real, realp, realw = L.recompute_is_cheaper, P._stored_for_externs, P._stored_in_forward
     if patch:
         L.recompute_is_cheaper = lambda *a: False
-    if patch == "all":
+    if patch == "all":      # main before design 039: none of its three rules
         P._stored_for_externs = lambda *a: False
+        P._stored_in_forward = lambda *a: True
     ember.reset()
     c = ember.compile(copy.deepcopy(m))
     c(*args).float().mean().backward()
-    L.recompute_is_cheaper, P._stored_for_externs = real, realp
+    L.recompute_is_cheaper, P._stored_for_externs, P._stored_in_forward = real, realp, realw
     for part, lower, sched in (("fwd", "*_lower.py", "*_schedule.py"), ("bwd", "*backward_lower.py", "*backward_schedule.py")):
         lf = [f for f in glob.glob(f"{d}/*/{lower}") if part == "bwd" or "backward" not in f]
         sf = [f for f in glob.glob(f"{d}/*/{sched}") if part == "bwd" or "backward" not in f]
@@ -38,3 +39,4 @@ def run(tag, patch):
         print(tag, part, "kernels", nk, "stored MB %.1f" % (total / 2**20))
 run("new", False)
 run("part", "recompute")
+run("old", "all")
