@@ -16,7 +16,9 @@ Two policies (`PARTITIONERS`):
     checkpoint region (node.meta["recompute"]): those are always recomputed, random ops excepted,
     and those a selective-checkpoint policy saves (node.meta["sac_save"]) always saved.
     Graph inputs and forward outputs are free to save, and a bool mask costs a quarter of a
-    float, so masks are saved rather than the floats made from them.
+    float, so masks are saved rather than the floats made from them. A value an extern reads
+    in the forward and another in the backward is saved, never recomputed (the backward would
+    store it again: `_stored_for_externs`).
 """
 from __future__ import annotations
 
@@ -51,6 +53,11 @@ CHEAP = frozenset({
     aten.arange.start_step, aten.full_like.default, aten.zeros_like.default, aten.ones_like.default,
     aten.empty_like.default, aten.expand.default, aten.copy.default, aten.where.self,
     aten.empty.memory_format, aten.new_zeros.default, aten.new_ones.default, aten.new_full.default,
+})
+# compute-bound ops lowered as externs: they read their tensor inputs as stored buffers
+EXTERNS = frozenset({
+    aten.convolution.default, aten.convolution_backward.default, aten.mm.default,
+    aten.bmm.default, aten.addmm.default, aten.baddbmm.default,
 })
 # never recomputed even when tagged pointwise
 NEVER = frozenset({aten.bernoulli.p, aten.bernoulli.default, aten.bernoulli.Tensor,
@@ -90,6 +97,53 @@ def _checkpoint_nodes(joint: fx.Graph, fw_outs) -> tuple[set[fx.Node], set[fx.No
         else:
             out.add(n)
     return out, leaving
+
+
+def _is_view(n: fx.Node) -> bool:
+    return isinstance(n.target, torch._ops.OpOverload) and n.target.is_view
+
+
+def _stored_in_forward(n: fx.Node, dep: set) -> bool:
+    """The forward stores n whatever is saved: an extern's or reduction's result, or an input
+    an extern reads (directly or through views). A view stores nothing: counted once, as before."""
+    if not recomputable(n) or _is_view(n):
+        return True
+    todo = [u for u in n.users if u not in dep]
+    while todo:
+        u = todo.pop()
+        if u.op != "call_function":
+            continue
+        if u.target in EXTERNS:
+            return True
+        if _is_view(u):
+            todo.extend(v for v in u.users if v not in dep)
+    return False
+
+
+def _stored_for_externs(n: fx.Node, dep: set) -> bool:
+    """Read (directly or through views) by an extern in the forward and by one in the
+    backward: the forward stores n for its own extern, so saving it writes nothing more, while
+    a recompute would store it again in the backward for that extern (a ReLU output between a
+    BatchNorm and the next conv: the conv's weight gradient reads it). Inductor's partitioner
+    bans these recomputations too (is_materialized_backwards). Not a view: recomputing one
+    costs nothing, and a saved view of a parameter would break on the optimizer's in-place
+    step ("a view was created in no_grad mode ... modified inplace")."""
+    if _is_view(n):
+        return False
+    fw = bw = False
+    todo = list(n.users)
+    while todo and not (fw and bw):
+        u = todo.pop()
+        if u.op != "call_function":
+            continue
+        if _is_view(u):
+            todo.extend(u.users)
+        elif u.target in EXTERNS:
+            if u in dep:
+                bw = True
+            else:
+                fw = True
+    return fw and bw
 
 
 def is_size_node(node: fx.Node) -> bool:
@@ -163,9 +217,15 @@ def _saved_min_cut(joint, primals, tangents, fw_outs, grads) -> set[fx.Node]:
         if n in forced:
             g.add_edge(f"{n.name}_in", f"{n.name}_out")        # no capacity: never cut (saved)
         else:
-            weight = 0 if n.op == "placeholder" or n in outs else nbytes(n)
+            # a value the forward stores anyway (an extern's or a reduction's result, an
+            # extern's input) costs its bytes; saving one the forward would not store costs a
+            # store more, so it counts double (Inductor's weights): BatchNorm's backward saves
+            # the conv output, not x - mean
+            weight = 0 if n.op == "placeholder" or n in outs else \
+                nbytes(n) * (1 if _stored_in_forward(n, dep) else 2)
             g.add_edge(f"{n.name}_in", f"{n.name}_out", capacity=weight)
-            if n.op == "placeholder" or not recomputable(n) or n in leaving:
+            if n.op == "placeholder" or not recomputable(n) or n in leaving or \
+                    _stored_for_externs(n, dep):
                 g.add_edge("source", f"{n.name}_in")
         for u in n.users:
             if u in cand:

@@ -107,17 +107,22 @@ class CountHandler(OpsHandler):
         self.full_loads = 0
         self.ops = 0
         self.transcendental = 0
+        self.constants = 0          # of `ops`: literals, which cost no compute
         self.gathers = 0            # indirect (data-dependent) indices
         self.indices: list = []     # every load's index
         self.names: set[str] = set()
+        self.full_names: set[str] = set()   # buffers of the full loads
         self.dims = frozenset(dims)
 
     def load(self, name, index):
         self.loads += 1
         self.indices.append(index)
         free = getattr(index, "free_symbols", frozenset())
-        self.full_loads += self.dims <= free
+        full = self.dims <= free
+        self.full_loads += full
         self.names.add(name)
+        if full:
+            self.full_names.add(name)
         return None
 
     def store(self, name, index, value):
@@ -135,6 +140,7 @@ class CountHandler(OpsHandler):
     def default(self, name, *args, **kwargs):
         self.ops += 1
         self.transcendental += name in TRANSCENDENTAL
+        self.constants += name == "constant"
         return None
 
 

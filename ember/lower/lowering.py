@@ -4,8 +4,8 @@
 looked up in `rules.RULES` (one function per aten overload); an op without a rule becomes an
 aten extern call ("fallback op", listed under EMBER_LOGS=perf). Pointwise results stay
 `Pending` and are inlined into their users; `maybe_realize` stores them in a buffer when several
-users would recompute a body with several reads, or when the body grew large. Externs and
-outputs force realization.
+users would recompute an expensive body or re-read more than storing it costs (recompute.py),
+or when the body grew large. Externs and outputs force realization.
 
 Consumes: fx.GraphModule (aten graph contract, docs/design/001). Produces: `self.inputs`
 (InputBuffer), `self.nodes` (ComputedBuffer/ExternBuffer in topological order), `self.outputs`.
@@ -26,6 +26,7 @@ from ..errors import InternalError
 from ..logging import get_logger
 from ..loopir.nodes import (Buffer, ComputedBuffer, ExternBuffer, InputBuffer, MultiOutput,
                            Pointwise, TensorArg)
+from .recompute import recompute_is_cheaper
 from .ir import (Pending, Reindex, TensorValue, View, dense_view, meta_strided, SHAPE_ENV, as_size,
                  as_sizes, view_chain)
 
@@ -124,8 +125,10 @@ class GraphLowering:
         if not fns or not isinstance(base, (Pending, View)):
             return None
         layout = base if isinstance(base, View) else base.realized
+        # not stored yet: it will be in the layout realize() gives it (a graph output's or a
+        # channels-last region's preferred stride), and the view's strides must be of that one
         size, st, off = ((layout.size, layout.stride, layout.offset) if layout is not None
-                         else (base.size, contiguous_strides(base.size), 0))
+                         else (base.size, base.preferred_stride or contiguous_strides(base.size), 0))
         t = meta_strided(size, st, off)
         try:
             for fn in fns:
@@ -135,6 +138,9 @@ class GraphLowering:
         if stride is not None and as_sizes(t.stride()) != tuple(stride):
             return None
         buf = self.realize(base)
+        if (buf.stride, buf.offset) != (tuple(st), off):
+            raise InternalError(f"view of a value stored as {buf.stride}+{buf.offset}, computed "
+                                f"for {tuple(st)}+{off}")
         return View(buf.buffer, as_sizes(t.shape), as_sizes(t.stride()), as_size(t.storage_offset()))
 
     def to_arg(self, value) -> TensorArg:
@@ -148,9 +154,11 @@ class GraphLowering:
         dims = [v for v, n in zip(index, value.size) if n != 1]
         counts = count_body(value.node.inner_fn, index, dims=dims)
         users = len(node.users)
-        heavy = counts.full_loads >= REALIZE_READS or counts.ops >= REALIZE_OPS or (
+        compute = counts.ops - counts.constants >= REALIZE_OPS or (
             counts.loads >= REALIZE_READS and counts.transcendental)   # softmax's exp(x - max)
-        if counts.ops > MAX_INLINE_OPS or (users > 1 and heavy):
+        if counts.ops > MAX_INLINE_OPS or users > 1 and (compute or (
+                counts.full_loads >= REALIZE_READS and
+                not recompute_is_cheaper(self.env, node, counts.full_names))):
             self.realize(value)
 
     def realize_broadcast_inputs(self, node: torch.fx.Node, args) -> None:

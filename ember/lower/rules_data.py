@@ -114,11 +114,14 @@ def squeeze(ctx, node, x, dims=None):
     return view_impl(x, as_sizes(out_meta(node).shape))
 
 
+def known(rel):
+    """A comparison of sizes: True/False, or None when symbolic sizes leave it open."""
+    return bool(rel) if isinstance(rel, bool) or not rel.free_symbols else \
+        SHAPE_ENV.get().static(rel)
+
+
 def _slice_start(start, s):
     """torch's clamp of a slice start into [0, s]; None when symbolic sizes leave it open."""
-    def known(rel):
-        return bool(rel) if isinstance(rel, bool) or not rel.free_symbols else \
-            SHAPE_ENV.get().static(rel)
     neg = known(sympy.sympify(start) < 0)
     if neg:
         start = start + s
@@ -638,6 +641,16 @@ def max_pool2d_with_indices(ctx, node, x, kernel_size, stride=(), padding=0, dil
     small = not any(map(is_symbolic, (H, W))) and (H + 2 * ph) * (W + 2 * pw) < 2 ** 31
     it = torch.int32 if small else torch.int64
 
+    # which taps can fall before / past the plane, decided now (the shape env is the
+    # lowering's); a bound symbolic sizes leave open is checked (recompiled at a second size,
+    # H is a symbol: the last window may or may not reach past it)
+    checks = {}
+    for i, j in itertools.product(range(kh), range(kw)):
+        for lo_, hi_, n in ((i * dh - ph, (Ho - 1) * sh - ph + i * dh, H),
+                            (j * dw - pw, (Wo - 1) * sw - pw + j * dw, W)):
+            checks[lo_, hi_, n] = (known(sympy.sympify(lo_) < 0) is not False,
+                                   known(sympy.sympify(hi_) >= n) is not False)
+
     def window(index):
         """Eager's loop: the index starts at the window's first in-bounds tap, the value at
         -inf; a tap is taken when it is greater or NaN (padding taps never are)."""
@@ -649,10 +662,10 @@ def max_pool2d_with_indices(ctx, node, x, kernel_size, stride=(), padding=0, dil
                 conds = []
                 for e, lo_, hi_, n in ((h, i * dh - ph, (Ho - 1) * sh - ph + i * dh, H),
                                        (w, j * dw - pw, (Wo - 1) * sw - pw + j * dw, W)):
-                    if lo_ < 0:
+                    if checks[lo_, hi_, n][0]:
                         conds.append(ops.ge(ops.index_expr(e, it), ops.constant(0, it)))
-                    if hi_ >= n:
-                        conds.append(ops.lt(ops.index_expr(e, it), ops.constant(n, it)))
+                    if checks[lo_, hi_, n][1]:
+                        conds.append(ops.lt(ops.index_expr(e, it), ops.index_expr(n, it)))
                 idx = list(lead) + [h, w]
                 m = None
                 if conds:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 
+import pytest
 import torch
 from torch import nn
 
@@ -49,6 +50,37 @@ def test_flipped_mask_is_allowed_and_a_wrong_gradient_is_not():
     bad[k] = ref[k] * 1.05
     _, _, per = compare(bad, ref)
     assert worst_excess(per, eager_per, 1e-4, allowed) is not None
+
+
+class _FunctionalRelu(nn.Module):
+    """A forward that calls the activation itself (MobileViTV2's attention: F.relu(value))."""
+
+    def __init__(self, relu):
+        super().__init__()
+        self.a, self.b, self.relu = nn.Linear(16, 8), nn.Linear(8, 3), relu
+
+    def forward(self, x):
+        return self.b(self.relu(self.a(x)))
+
+
+@pytest.mark.parametrize("relu", [torch.nn.functional.relu, torch.relu, lambda t: t.relu(),
+                                  lambda t: torch.nn.functional.relu(t.clone(), inplace=True)],
+                         ids=["F.relu", "torch.relu", "method", "inplace"])
+def test_functional_kink_is_allowed(relu):
+    seq, x = _model_with_a_near_kink()
+    m = _FunctionalRelu(relu)
+    m.a, m.b = seq[0], seq[2]
+    ref = _observed(copy.deepcopy(m).double(), x.double())
+    _, _, eager_per = compare(_observed(copy.deepcopy(m), x), ref)
+    allowed, info = kinks.allowance(lambda: copy.deepcopy(m), lambda c: _observed(c, x.double()),
+                                    lambda c: _observed(c, x), ref, compare)
+    assert info["kinked_calls"] == 1 and info["max_delta"] > 1e-7
+    flipped = copy.deepcopy(m).double()
+    flipped.b.register_forward_pre_hook(lambda _m, a: (a[0] * (1 - torch.nn.functional.one_hot(
+        torch.tensor(0), 32).view(4, 8)),))          # unit 0 of sample 0 rounded below the kink
+    _, _, per = compare(_observed(flipped, x.double()), ref)
+    assert worst_excess(per, eager_per, 1e-4) is not None
+    assert worst_excess(per, eager_per, 1e-4, allowed) is None
 
 
 def test_no_kink_no_allowance():

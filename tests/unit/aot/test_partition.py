@@ -53,7 +53,11 @@ def test_min_cut_saved_set_linear_layernorm_gelu_dropout_linear():
     assert len(ln_stats) == 2                                         # mean and rstd
     assert any(n.meta["val"].dtype == torch.bool for n in saved)      # the dropout mask, as bool
     assert aten.gelu.default not in targets                           # recomputed in backward
-    assert not any(n.meta["val"].dtype == torch.float32 and n.target is aten.mul.Tensor for n in saved)
+    # the dropout output is the second linear's input: its mm stores it in the forward and
+    # the weight gradient's mm reads it in the backward, so it is saved (a recompute would
+    # redo gelu and store it again); nothing else of that size in float
+    muls = [n for n in saved if n.meta["val"].dtype == torch.float32 and n.target is aten.mul.Tensor]
+    assert len(muls) == 1 and any(u.target is aten.mm.default for u in muls[0].users)
     assert set(rt.part.saved_inputs) >= {4}                           # weights are free to save
     _check_against_eager(rt, block, x, params)
 
@@ -137,3 +141,38 @@ def test_forward_output_is_saved_not_recomputed():
     (ref,) = f(x)
     torch.testing.assert_close(out, ref)
     torch.testing.assert_close(gx, torch.autograd.grad(ref, [x], g)[0])
+
+
+def test_relu_output_between_batchnorm_and_conv_is_saved_not_recomputed():
+    # conv -> BatchNorm(train) -> ReLU -> conv: the ReLU output is the next conv's input in the
+    # forward and its weight gradient's input in the backward. Recomputed, the backward stored
+    # it again (a read of the conv output and a write per element for each such BatchNorm);
+    # saved, as eager and Inductor do, the backward starts from it
+    from ember.decomp import get_decompositions
+
+    def f(x, w1, g, b, w2):
+        h = F.conv2d(x, w1, padding=1)
+        h = F.batch_norm(h, None, None, g, b, training=True)
+        return (F.conv2d(torch.relu(h), w2, padding=1),)
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 8, 8)
+    params = [torch.randn(4, 3, 3, 3, requires_grad=True), torch.rand(4, requires_grad=True),
+              torch.randn(4, requires_grad=True), torch.randn(4, 4, 3, 3, requires_grad=True)]
+    run = lambda gm, ex: gm.forward  # noqa: E731
+    rt = aot_compile(f, [x] + params, fw_compiler=run, bw_compiler=run,
+                     decompositions=get_decompositions(), partitioner="min_cut")
+    relu_out = [n for n in rt.part.saved_values
+                if any(u.target is aten.convolution.default for u in n.users)]
+    assert len(relu_out) == 1
+    # and BatchNorm's backward reads the first conv's output, which the forward stores anyway,
+    # not x - mean (a store more in the forward for the same bytes)
+    full = [n for n in rt.part.saved_values if tuple(n.meta["val"].shape) == (2, 4, 8, 8)]
+    assert sorted(n.target.__name__ for n in full) == sorted(
+        ["convolution.default", relu_out[0].target.__name__]), full
+    bw = rt.part.bw
+    conv_bw = [n for n in bw.nodes if n.target is aten.convolution_backward.default]
+    # the second conv's backward reads a saved value (a placeholder), not a recomputed one
+    assert any(a.op == "placeholder" and tuple(a.meta["val"].shape) == (2, 4, 8, 8)
+               for n in conv_bw for a in n.args[:2])
+    _check_against_eager(rt, f, x, params)
