@@ -172,11 +172,10 @@ static inline float fmadd(float a, float b, float c) {
 }
 
 // ---- vectorizable float math ----
-// exp's range reduction x = z ln2 + r (|r| <= ln2 / 2, z clamped to [-150, 128]) and
-// expm1(r) = r + r^2 P(r) (Cephes), shared by exp and expm1
+// exp's range reduction x = z ln2 + r (|r| <= ln2 / 2) and expm1(r) = r + r^2 P(r) (Cephes),
+// shared by exp and expm1; the callers clamp x, so z stays in [-150, 128]
 static inline float expm1_reduced(float x, float& z) {
     z = std::nearbyint(x * 1.44269504088896341f);
-    z = std::min(std::max(z, -150.0f), 128.0f);
     float r = fmadd(z, -0.693359375f, x);
     r = fmadd(z, 2.12194440e-4f, r);
     float p = 1.9875691500E-4f;
@@ -189,15 +188,18 @@ static inline float expm1_reduced(float x, float& z) {
 }
 
 static inline float exp(float x) {
+    // x clamped to [-104, 89] by two selects that let NaN through (one vmaxps and one vminps
+    // each): beyond them the two-step scaling below rounds to 0 or overflows to inf by itself,
+    // and NaN stays NaN through the polynomial, so no select on the result is needed (three
+    // compare+blend pairs and a clamp of z took a third of the vector loop; #23 exp-bound rows)
+    x = x < -104.0f ? -104.0f : x;
+    x = x > 89.0f ? 89.0f : x;
     float z;
     float p = expm1_reduced(x, z) + 1.0f;
     int32_t zi = static_cast<int32_t>(z), z1 = zi >> 1, z2 = zi - z1;   // two steps: denormals
     int32_t b1 = (z1 + 127) << 23, b2 = (z2 + 127) << 23;
     float s1, s2; std::memcpy(&s1, &b1, 4); std::memcpy(&s2, &b2, 4);
-    float y = (p * s1) * s2;
-    y = x > 88.72283935546875f ? std::numeric_limits<float>::infinity() : y;
-    y = x < -103.972084045410f ? 0.0f : y;
-    return x != x ? x : y;
+    return (p * s1) * s2;
 }
 static inline double exp(double x) { return std::exp(x); }
 

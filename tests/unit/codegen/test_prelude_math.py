@@ -65,7 +65,10 @@ def test_log_and_log1p_vectorize(lib):
 def test_exp_family_accuracy_and_specials(lib, name, ref, bound):
     x = torch.cat([torch.linspace(-110, 90, 400001), torch.randn(20000) * 3,
                    torch.logspace(-40, 2, 20001), -torch.logspace(-40, 2, 20001),
-                   torch.tensor([0.0, -0.0, float("inf"), float("-inf"), float("nan"), 88.73, -104.0])])
+                   torch.tensor([0.0, -0.0, float("inf"), float("-inf"), float("nan"), 88.73, -104.0,
+                                 # beyond exp's input clamps [-104, 89] (the scaling must still
+                                 # round to 0 / overflow to inf with no select on the result)
+                                 89.0, 89.5, -104.5, 1e30, -1e30, 3.4028235e38, -3.4028235e38])])
     got, want = _run(lib[0], name, x).double(), ref(x.double())
     eager = ref(x).double()              # where fp32 over/underflows, eager's value is the answer
     special = ~eager.isfinite() | (eager == 0)
