@@ -199,20 +199,21 @@ class _Chooser:
         if cached is not None:
             choice, t_kernels, t_eager, source = cached["choice"], cached["kernels_ms"], \
                 cached["eager_ms"], "disk cache"
-            out = None
+            out, provisional = None, False
         else:
             t_kernels, t_eager, out = self._time(args)
             t_kernels, t_eager = self.best = (min(self.best[0], t_kernels),
                                               min(self.best[1], t_eager))
             choice = "eager" if t_eager * MARGIN < t_kernels else "kernels"
             retimed = self.next_timing > 2
-            close = max(t_kernels, t_eager) < CLEAR * min(t_kernels, t_eager)
-            source = "re-timed" if retimed else "timed, close: re-timed later" if close \
+            provisional = not retimed and \
+                max(t_kernels, t_eager) < CLEAR * min(t_kernels, t_eager)
+            source = "re-timed" if retimed else "timed, close: re-timed later" if provisional \
                 else "timed"
-            if retimed or not close:
+            if not provisional:
                 _store(key, {"choice": choice, "kernels_ms": t_kernels, "eager_ms": t_eager})
         chosen = self._eager if choice == "eager" else self.compiled
-        if source.startswith("timed, close"):
+        if provisional:
             self.meanwhile, self.next_timing = chosen, self.calls + RECHECK_CALLS
             counters.bump("speed_close_calls")
         else:
