@@ -41,13 +41,16 @@ class ColumnPartials:
         self.nt = h.fresh("nt")
         self.cnt = h.fresh("cnt")
 
+    def _partials(self):
+        """(column node, its partials' name, elements per thread, C type), per column."""
+        return [(n, self.part[n.name], _int(numel(n.ranges)), ctype(n.body.src_dtype))
+                for n in self.cols]
+
     def open(self):
         """The partials and the parallel region the outer loops run in (as `omp for`)."""
         code = self.h.code
         code.writeline(f"const int64_t {self.nt} = {'omp_get_max_threads()' if self.parallel else '1'};")
-        for n in self.cols:
-            p, size = self.part[n.name], _int(numel(n.ranges))
-            t = ctype(n.body.src_dtype)
+        for n, p, size, t in self._partials():
             code.writeline(f"ember::Zeroed<{t}> {p}_all({self.nt} * {size});")
             if n.name in self.wide:
                 code.writeline(f"ember::Zeroed<double> {p}_wall({self.nt} * {size});")
@@ -55,9 +58,7 @@ class ColumnPartials:
             code.writeline("#pragma omp parallel" + self.par_if)
         code.writeline("{")
         code.level += 1
-        for n in self.cols:
-            p, size = self.part[n.name], _int(numel(n.ranges))
-            t = ctype(n.body.src_dtype)
+        for n, p, size, t in self._partials():
             code.writeline(f"{t}* {p} = {p}_all.p + omp_get_thread_num() * {size};")
             if n.name in self.wide:
                 code.writeline(f"double* {p}_w = {p}_wall.p + omp_get_thread_num() * {size};")
