@@ -12,13 +12,18 @@ on disk (keyed by the graph's code, its input sizes, strides and dtypes, the opt
 machine's compiler), so another process reuses it without timing; a provisional one is not.
 Both paths compute the same values; only the speed differs.
 
+Clock: with one intra-op thread the rounds are timed in the calling thread's CPU time, which a
+loaded machine's other processes do not inflate (time preempted is not counted); with several
+threads, in wall time (their work runs in other threads, whose spin-waits CPU time would count).
+
 Eligible: graphs with static sizes and no random op (running the graph again must change nothing
 a user can see: inputs the graph mutates, such as BatchNorm's running statistics, are cloned for
 the timed calls). A training graph (aot's autograd runtime) is timed as a whole step, forward
 and backward, on detached copies of its inputs: `torch.autograd.grad` with
 respect to those copies, so nothing reaches the user's `.grad`, tensor hooks or autograd graph.
-It must hold only torch's own ops (no user autograd.Function or checkpoint body, whose Python
-could run twice) and no parameter held by the graph itself; its step is timed on the first
+The gradient seeds (ones) are made once, untimed: filling them is no part of either path, and a
+constant added to both pulls the ratio towards 1. It must hold only torch's own ops (no user
+autograd.Function or checkpoint body, whose Python could run twice) and no parameter held by the graph itself; its step is timed on the first
 call made with grad enabled after the first one. If eager wins, the captured graph runs under
 eager autograd.
 
@@ -149,6 +154,7 @@ class _Chooser:
         self.next_timing = 2                 # the first call builds the kernels: not timed
         self.meanwhile = compiled            # serves the untimed calls until decided
         self.best = (float("inf"), float("inf"))   # kernels, eager ms: minima over timings
+        self.seeds: dict = {}                # gradient seeds of the timed training steps
 
     def __call__(self, *args):
         return self.run(*args)
@@ -187,10 +193,11 @@ class _Chooser:
         if not self.training:
             t_kernels, t_eager, out = _time_both(self.compiled, self._eager, fresh)
             return t_kernels, t_eager, None if mutated else out
-        if not self.compiled.backward_ready:         # the lazy backward build is not timed
-            _training_step(self.compiled, fresh())
-        t_kernels, t_eager, _ = _time_both(lambda *a: _training_step(self.compiled, a),
-                                           lambda *a: _training_step(self._eager, a), fresh)
+        seeds = self.seeds
+        if not self.compiled.backward_ready or not seeds:   # the lazy backward build and the
+            _training_step(self.compiled, fresh(), seeds)   # seeds' making are not timed
+        t_kernels, t_eager, _ = _time_both(lambda *a: _training_step(self.compiled, a, seeds),
+                                           lambda *a: _training_step(self._eager, a, seeds), fresh)
         return t_kernels, t_eager, None              # timed on detached copies: run for real
 
     def _decide(self, args):
@@ -230,9 +237,11 @@ class _Chooser:
         return out if out is not None else chosen(*args)
 
 
-def _training_step(fn, args) -> None:
+def _training_step(fn, args, seeds: dict) -> None:
     """One forward and backward of `fn` on detached copies of `args`: gradients are returned by
-    autograd.grad, never accumulated, and no user tensor joins the autograd graph."""
+    autograd.grad, never accumulated, and no user tensor joins the autograd graph. `seeds` holds
+    the ones each output's gradient starts from, by size, stride and dtype, made on first use
+    (neither autograd nor ember's backward writes into a gradient it is given)."""
     leaves = [a.detach().requires_grad_() if isinstance(a, torch.Tensor) and a.requires_grad
               else a for a in args]
     wrt = [a for a in leaves if isinstance(a, torch.Tensor) and a.requires_grad]
@@ -240,7 +249,19 @@ def _training_step(fn, args) -> None:
         outs = [o for o in tree_leaves(fn(*leaves))
                 if isinstance(o, torch.Tensor) and o.requires_grad]
         if outs and wrt:
-            torch.autograd.grad(outs, wrt, [torch.ones_like(o) for o in outs], allow_unused=True)
+            torch.autograd.grad(outs, wrt, [_seed(seeds, o) for o in outs], allow_unused=True)
+
+
+def _seed(seeds: dict, o: torch.Tensor) -> torch.Tensor:
+    key = (o.shape, o.stride(), o.dtype, o.device)
+    if key not in seeds:
+        seeds[key] = torch.ones_like(o)
+    return seeds[key]
+
+
+def _clock():
+    """The timer for a round (module docstring, Clock)."""
+    return time.thread_time if torch.get_num_threads() == 1 else time.perf_counter
 
 
 def _time_both(kernels, eager, fresh) -> tuple[float, float, object]:
@@ -248,14 +269,15 @@ def _time_both(kernels, eager, fresh) -> tuple[float, float, object]:
     `fresh()` gives each call its arguments (copies of the mutated ones), made untimed."""
     tk, te = [], []
     out = None
+    clock = _clock()
     start = time.perf_counter()
     for _ in range(ROUNDS):
         a, b = fresh(), fresh()
-        t0 = time.perf_counter()
+        t0 = clock()
         out = kernels(*a)
-        t1 = time.perf_counter()
+        t1 = clock()
         eager(*b)
-        t2 = time.perf_counter()
+        t2 = clock()
         tk.append(t1 - t0)
         te.append(t2 - t1)
         if time.perf_counter() - start > BUDGET_S and len(tk) >= 2:

@@ -189,6 +189,61 @@ def test_training_steps_are_timed_without_touching_user_grads(monkeypatch, kerne
     assert len(timed) == 1 and [d["choice"] for d in training] == [choice]
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_one_thread_rounds_count_cpu_time_not_time_off_cpu(threads):
+    """With one intra-op thread a round counts the thread's CPU time: time off the CPU (here a
+    sleep, on a loaded machine other processes' turns) does not make a path look slower. With
+    several threads their work runs outside the calling thread, so rounds count wall time."""
+    import time
+
+    def off_cpu():
+        time.sleep(0.05)
+
+    def on_cpu():
+        end = time.thread_time() + 0.005
+        while time.thread_time() < end:
+            pass
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        t_off, t_on, _ = speed._time_both(off_cpu, on_cpu, lambda: ())
+    finally:
+        torch.set_num_threads(before)
+    assert (t_off < t_on) if threads == 1 else (t_off > t_on)
+
+
+def test_training_step_seeds_are_made_once_outside_the_timed_rounds(monkeypatch):
+    """Filling the ones each output's gradient starts from is no part of either path: the timed
+    rounds of a two-output step make no seed (each is made once, before timing), every round of
+    both paths gets the same two seeds, and no backward writes into them."""
+    made_in_rounds, seen, in_rounds = [], [], []
+    seed = speed._seed
+
+    def recording_seed(seeds, o):
+        if in_rounds and (o.shape, o.stride(), o.dtype, o.device) not in seeds:
+            made_in_rounds.append(tuple(o.shape))
+        seen.append(seed(seeds, o))
+        return seen[-1]
+
+    def fake(kernels, eager, fresh):
+        in_rounds.append(1)
+        for _ in range(3):
+            kernels(*fresh()), eager(*fresh())
+        in_rounds.clear()
+        return 1.0, 2.0, None
+    monkeypatch.setattr(speed, "_seed", recording_seed)
+    monkeypatch.setattr(speed, "_time_both", fake)
+    lin = nn.Linear(16, 8)
+    cm = ember.compile(lambda x: (lin(x).relu(), lin(x).sum(0)))
+    x = torch.randn(4, 16, requires_grad=True)
+    for _ in range(3):
+        a, b = cm(x)
+        (a.sum() + b.sum()).backward()
+    assert made_in_rounds == [] and len(seen) == 2 * 7      # one untimed step, 3 rounds x 2
+    assert len({id(t) for t in seen}) == 2 and all(bool((t == 1).all()) for t in seen)
+    assert sorted(tuple(t.shape) for t in seen[:2]) == [(4, 8), (8,)]
+
+
 def test_real_training_timing_keeps_values():
     torch.manual_seed(0)
     ref = nn.Sequential(nn.Linear(64, 64), nn.LayerNorm(64), nn.ReLU())
