@@ -23,9 +23,9 @@ and backward, on detached copies of its inputs: `torch.autograd.grad` with
 respect to those copies, so nothing reaches the user's `.grad`, tensor hooks or autograd graph.
 The gradient seeds (ones) are made once, untimed: filling them is no part of either path, and a
 constant added to both pulls the ratio towards 1. It must hold only torch's own ops (no user
-autograd.Function or checkpoint body, whose Python could run twice) and no parameter held by the graph itself; its step is timed on the first
-call made with grad enabled after the first one. If eager wins, the captured graph runs under
-eager autograd.
+autograd.Function or checkpoint body, whose Python could run twice) and no parameter held by
+the graph itself; its step is timed on the first call made with grad enabled after the first
+one. If eager wins, the captured graph runs under eager autograd.
 
 Off: `options={"speed_check": False}` or EMBER_SPEED_CHECK=0. Decisions are logged under
 EMBER_LOGS=perf ("graph kept on aten/eager: ...").
