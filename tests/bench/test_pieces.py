@@ -155,3 +155,32 @@ def test_fp64_reference_with_nan_falls_back_to_eager_fp32():
     measure(spec, "infer", ["eager"], 1, 0, "ember", "ember", False, recs.append)
     (rec,) = recs
     assert rec["reference"].startswith("fp32 eager") and rec["rel_err"] == 0.0, rec
+
+
+def test_compare_judges_a_gradient_zero_in_exact_arithmetic_against_the_largest_tensor():
+    """BatchNorm -> 1x1 conv -> training-mode BatchNorm: the second BatchNorm removes any
+    per-channel shift, so the first BatchNorm's bias gradient is zero in exact arithmetic (fp64:
+    rounding residue) and any fp32 value there is noise. Noise at 1e-6 of the largest
+    gradient (fp32 rounding of the terms that cancel) passes; 1e-3 of it still fails."""
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.Conv2d(8, 8, 1),
+                            torch.nn.BatchNorm2d(8), torch.nn.ReLU())
+    x = torch.randn(4, 3, 12, 12)
+
+    def grads(model, inp):
+        model.zero_grad()
+        model(inp).square().mean().backward()
+        return [p.grad.clone() for p in model.parameters()]
+    import copy
+    ref = grads(copy.deepcopy(m).double(), x.double())
+    eager = grads(m, x)
+    bias = 3                                         # parameters: conv w, b, bn w, bn b, ...
+    overall = max(float(g.abs().max()) for g in ref)
+    assert float(ref[bias].abs().max()) < 1e-12 * overall      # zero in exact arithmetic
+    _, _, eager_per = compare(eager, ref)
+    noisy = [g.clone() for g in eager]
+    noisy[bias] += 1e-6 * overall * torch.randn(noisy[bias].shape)
+    assert worst_excess(compare(noisy, ref)[2], eager_per, 1e-4) is None
+    wrong = [g.clone() for g in eager]
+    wrong[bias] += 1e-3 * overall
+    assert worst_excess(compare(wrong, ref)[2], eager_per, 1e-4) is not None
