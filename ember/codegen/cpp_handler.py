@@ -58,7 +58,7 @@ CPP = {
     "neg": "(-{0})", "abs": "ember::abs_({0})", "exp": "ember::exp({0})", "exp2": "std::exp2({0})",
     "expm1": "ember::expm1({0})", "log": "ember::log({0})", "log2": "std::log2({0})",
     "log10": "std::log10({0})", "log1p": "ember::log1p({0})", "sqrt": "std::sqrt({0})",
-    "rsqrt": "ember::rsqrt({0})", "sin": "std::sin({0})", "cos": "std::cos({0})",
+    "rsqrt": "ember::rsqrt({0})", "sin": "ember::sin_({0})", "cos": "ember::cos_({0})",
     "tan": "std::tan({0})", "asin": "std::asin({0})", "acos": "std::acos({0})",
     "atan": "std::atan({0})", "sinh": "std::sinh({0})", "cosh": "std::cosh({0})",
     "tanh": "ember::tanh({0})", "asinh": "std::asinh({0})", "acosh": "std::acosh({0})",

@@ -38,6 +38,24 @@ EMBER_SIMD(expm1) EMBER_SIMD(log1p) EMBER_SIMD2(atan2) EMBER_SIMD2(hypot)
 #endif
 #undef EMBER_SIMD
 #undef EMBER_SIMD2
+namespace ember {
+// sin and cos of one value: g++ merges std::sin and std::cos into one scalar sincos call, which
+// no loop vectorizes (RoPE's cos/sin cache); names of their own for the same symbols are not
+// merged
+#pragma omp declare simd notinbranch
+float sin_(float) __asm__("sinf");
+#pragma omp declare simd notinbranch
+double sin_(double) __asm__("sin");
+#pragma omp declare simd notinbranch
+float cos_(float) __asm__("cosf");
+#pragma omp declare simd notinbranch
+double cos_(double) __asm__("cos");
+}
+#else
+namespace ember {
+template <typename T> static inline T sin_(T x) { return std::sin(x); }
+template <typename T> static inline T cos_(T x) { return std::cos(x); }
+}
 #endif
 
 typedef uint16_t ember_bf16;
