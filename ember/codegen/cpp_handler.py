@@ -296,7 +296,7 @@ class CppHandler:
         if dt == torch.bfloat16:
             return self.emit(f"ember::bf16_to_float({name}[{idx}])", torch.float32, hoist, True)
         if dt == torch.float16:
-            return self.emit(f"static_cast<float>({name}[{idx}])", torch.float32, hoist, True)
+            return self.emit(f"ember::half_to_float({name}[{idx}])", torch.float32, hoist, True)
         if dt == torch.bool:
             # read as bytes: g++ 12 does not vectorize a loop that loads through a bool* and
             # also works on float lanes ("no vectype": a masked_fill(mask, -inf) before exp
@@ -319,7 +319,7 @@ class CppHandler:
         if dt == torch.bfloat16:
             self.code.writeline(f"{name}[{idx}] = ember::float_to_bf16({value});")
         elif dt == torch.float16:
-            self.code.writeline(f"{name}[{idx}] = static_cast<_Float16>({value});")
+            self.code.writeline(f"{name}[{idx}] = ember::float_to_half({value});")
         else:
             self.code.writeline(f"{name}[{idx}] = {value};")
         return None

@@ -72,7 +72,37 @@ static inline uint16_t float_to_bf16(float f) {
     return f != f ? static_cast<uint16_t>(0x7fc0u) : static_cast<uint16_t>(rounded);
 }
 static inline float round_bf16(float f) { return bf16_to_float(float_to_bf16(f)); }
-static inline float round_half(float f) { return static_cast<float>(static_cast<_Float16>(f)); }
+// fp16 <-> float with integer and float ops, bit-exact with torch's conversions (nan payloads
+// kept and quieted, round to nearest even, denormals): g++ 12 vectorizes no loop that converts
+// _Float16, even with AVX512-FP16 (scalar vcvtsh2ss; without it a libgcc call a value), which
+// made fp16 kernels 5-30x slower than eager
+static inline float half_to_float(ember_half h) {
+    uint16_t v; std::memcpy(&v, &h, 2);
+    uint32_t em = static_cast<uint32_t>(v & 0x7fffu) << 13;
+    float f; std::memcpy(&f, &em, 4);
+    f *= 5.192296858534828e33f;                       // 2^112: rebias; denormals come out exact
+    uint32_t bits; std::memcpy(&bits, &f, 4);
+    bits |= em >= (0x7c00u << 13) ? 0x7f800000u : 0u;   // inf, nan
+    bits |= em > (0x7c00u << 13) ? 0x00400000u : 0u;    // nan: quieted
+    bits |= static_cast<uint32_t>(v & 0x8000u) << 16;
+    std::memcpy(&f, &bits, 4);
+    return f;
+}
+static inline ember_half float_to_half(float f) {
+    uint32_t u; std::memcpy(&u, &f, 4);
+    uint32_t sign = u & 0x80000000u;
+    u ^= sign;
+    uint32_t normal = (u - (112u << 23) + 0xfffu + ((u >> 13) & 1u)) >> 13;   // nearest even
+    float fu; std::memcpy(&fu, &u, 4);
+    float sub = fu + 0.5f;                            // below 2^-14: the fp16 denormal's bits
+    uint32_t sb; std::memcpy(&sb, &sub, 4);
+    uint32_t o = u < (113u << 23) ? sb - 0x3f000000u : normal;
+    o = u >= (143u << 23) ? (u > 0x7f800000u ? 0x7e00u | ((u >> 13) & 0x3ffu) : 0x7c00u) : o;
+    uint16_t v = static_cast<uint16_t>(o | (sign >> 16));
+    ember_half h; std::memcpy(&h, &v, 2);
+    return h;
+}
+static inline float round_half(float f) { return half_to_float(float_to_half(f)); }
 
 // a kernel's per-thread row scratch too long for the stack (kernel-local rows, schedule/memory.py):
 // allocated once per thread and kept (aligned for the simd loops)
