@@ -162,7 +162,11 @@ class GraphLowering:
             self.realize(value)
 
     def realize_broadcast_inputs(self, node: torch.fx.Node, args) -> None:
-        """See AMPLIFY: realize the pending inputs `node` would recompute many times over."""
+        """See AMPLIFY: realize the pending inputs `node` would recompute many times over. A
+        constant pad reads its input once, however many zeros it adds (a pad backward's folded
+        edge rows, 3 of 56, were stored by a kernel of their own)."""
+        if node.target is aten.constant_pad_nd.default:
+            return
         out = meta_of(node)
         outs = [t for t in (out if isinstance(out, (list, tuple)) else (out,))
                 if isinstance(t, torch.Tensor)]
