@@ -350,16 +350,18 @@ class GraphLowering:
 
 
 def _disjoint_slices(node: torch.fx.Node) -> bool:
-    """Are all of node's users slices of disjoint ranges of one dim (a cat's backward, a split)?
-    Inlined, they compute each element once between them, as one user would: realizing the
-    value stored and re-read all of it (cat16's backward: 2 kernels, 1.3x eager's time)."""
+    """Are all of node's users slices of disjoint ranges of one dim (a cat's backward, a split),
+    each read once? Inlined, they compute each element once between them, as one user would:
+    realizing the value stored and re-read all of it (cat16's backward: 2 kernels, 1.3x eager's
+    time)."""
     users = list(node.users)
     meta = meta_of(node)
     if len(users) < 2 or not isinstance(meta, torch.Tensor) or shapes.is_symbolic(meta):
         return False
     spans, dims = [], set()
     for u in users:
-        if u.op != "call_function" or u.target is not aten.slice.Tensor or u.args[0] is not node:
+        if (u.op != "call_function" or u.target is not aten.slice.Tensor or u.args[0] is not node
+                or len(u.users) != 1):      # a slice read twice would compute its part twice
             return False
         a = {**dict(zip(("dim", "start", "end", "step"), u.args[1:])), **u.kwargs}
         dim, start, end, step = a.get("dim", 0), a.get("start"), a.get("end"), a.get("step", 1)
