@@ -163,11 +163,11 @@ class GraphLowering:
 
     def realize_broadcast_inputs(self, node: torch.fx.Node, args) -> None:
         """See AMPLIFY: realize the pending inputs `node` would recompute many times over. A
-        constant pad reads its input once, however many zeros it adds (a pad backward's folded
-        edge rows, 3 of 56, were stored by a kernel of their own)."""
-        if node.target is aten.constant_pad_nd.default:
-            return
+        constant pad reads as many elements as its input has, however many zeros it adds (a pad
+        backward's folded edge rows, 3 of 56, were stored by a kernel of their own)."""
         out = meta_of(node)
+        if node.target is aten.constant_pad_nd.default:
+            out = meta_of(node.args[0])
         outs = [t for t in (out if isinstance(out, (list, tuple)) else (out,))
                 if isinstance(t, torch.Tensor)]
         if not outs or any(shapes.is_symbolic(t) for t in outs):
