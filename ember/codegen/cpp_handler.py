@@ -205,6 +205,7 @@ class CppHandler:
         self.spans: dict = {}         # loop var -> (lo, hi): the segment of a split loop
         self.known: dict = {}         # temporary or literal -> its index expr or constant
         self.index_t = index_type(buffers)   # a gather's index (indirect_indexing)
+        self.rounded: dict = {}       # a to_dtype(fp16/bf16) temporary -> (its input, dtype)
 
     def simple(self, index):
         return simplify_index(sympy.expand(index), self.ranges)
@@ -316,6 +317,8 @@ class CppHandler:
             return None
         if name in self.local:
             return None
+        if self.rounded.get(str(value), (None, None))[1] == dt:
+            value = self.rounded[str(value)][0]   # stored rounded anyway: one conversion
         if dt == torch.bfloat16:
             self.code.writeline(f"{name}[{idx}] = ember::float_to_bf16({value});")
         elif dt == torch.float16:
@@ -361,10 +364,12 @@ class CppHandler:
         return None if got is None else CppVal("true" if got else "false", torch.bool)
 
     def to_dtype(self, x, dtype):
-        if dtype == torch.bfloat16:
-            return self.emit(f"ember::round_bf16({self._as(x, torch.float32)})", torch.float32)
-        if dtype == torch.float16:
-            return self.emit(f"ember::round_half({self._as(x, torch.float32)})", torch.float32)
+        if dtype in (torch.bfloat16, torch.float16):
+            x = self._as(x, torch.float32)
+            fn = "round_bf16" if dtype == torch.bfloat16 else "round_half"
+            val = self.emit(f"ember::{fn}({x})", torch.float32)
+            self.rounded[str(val)] = (x, dtype)
+            return val
         return self._as(x, dtype)
 
     def _as(self, x, dtype):

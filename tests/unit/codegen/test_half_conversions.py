@@ -66,3 +66,28 @@ def test_conversions_vectorize(lib):
         body = body[:body.index("\n\n")]
         assert "vcvtsh2ss" not in body and "vcvtss2sh" not in body and "hf2" not in body, fn
         assert "zmm" in body or "ymm" in body, fn
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("also_computed", [False, True])
+def test_a_value_rounded_for_a_store_converts_once(tmp_path, monkeypatch, dtype, also_computed):
+    """A cast to fp16/bf16 whose value is only stored is converted once, by the store (round to
+    half and back, then to half again was three conversions a value); a rounded value that is
+    also computed with keeps its rounding there. Bits equal eager's either way."""
+    import ember
+    monkeypatch.setenv("EMBER_DEBUG_DIR", str(tmp_path / "dump"))
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path / "cache"))     # compiled, not loaded
+
+    def f(x):
+        y = (x.float() * 1.7).to(dtype)
+        return (y, y.float() * 3.0) if also_computed else y
+    x = torch.randn(4, 1000).to(dtype)
+    got, want = ember.compile(f)(x), f(x)
+    for g, w in zip(*(o if also_computed else (o,) for o in (got, want))):
+        bits = (lambda t: t.view(torch.int16) if t.dtype == dtype else t)
+        assert torch.equal(bits(g), bits(w))
+    src = "".join(p.read_text() for p in (tmp_path / "dump").rglob("*kernels.cpp"))
+    kernels = src[src.index('extern "C" void'):]
+    fn = "half" if dtype == torch.float16 else "bf16"
+    assert kernels.count(f"ember::float_to_{fn}(") == 1, kernels
+    assert kernels.count(f"ember::round_{fn}(") == int(also_computed), kernels
