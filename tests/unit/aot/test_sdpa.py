@@ -105,3 +105,17 @@ def test_a_boolean_mask_shared_by_layers_is_converted_once():
                    and tuple(n.meta["val"].shape) == (2, 1, 16, 16)]
     assert len(conversions) == 1, gm.code
     _check_values_and_grads(f, xs, tol=1e-5)
+
+
+def test_a_boolean_mask_changed_in_place_between_calls_is_converted_again():
+    torch.manual_seed(4)
+    xs = [torch.randn(2, 4, 16, 8, requires_grad=True) for _ in range(2)]
+
+    def f(x0, x1):
+        m = torch.ones(2, 1, 16, 16, dtype=torch.bool).tril()
+        h = F.scaled_dot_product_attention(x0, x1, x1, attn_mask=m)
+        m[..., :4] = False
+        m[..., 0] = True                               # no fully masked row
+        return F.scaled_dot_product_attention(h, x1, x1, attn_mask=m) + h
+
+    _check_values_and_grads(f, xs, tol=1e-5)
