@@ -706,6 +706,7 @@ class LiftTensorLiterals(TorchFunctionMode):
     def __init__(self, tracer: Tracer):
         super().__init__()
         self.tracer = tracer
+        self.float_masks: dict = {}     # cpu_sdpa: boolean masks converted in this trace
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -715,7 +716,7 @@ class LiftTensorLiterals(TorchFunctionMode):
             # the real tensor itself: every op that uses it lifts it as a graph constant
             return func(*args, **{**kwargs, "device": self.tracer.device})
         if func is torch._C._nn.scaled_dot_product_attention and self.tracer.device.type == "cpu":
-            out = cpu_sdpa(*args, **kwargs)
+            out = cpu_sdpa(*args, **kwargs, float_masks=self.float_masks)
             if out is not None:
                 return out
         if func is torch.Tensor.__getitem__ or func is torch.Tensor.__setitem__:

@@ -45,3 +45,77 @@ def test_sdpa_with_dropout_is_left_to_decompose():
     q = torch.randn(1, 2, 8, 4)
     gm = trace_aten(lambda a: F.scaled_dot_product_attention(a, a, a, dropout_p=0.5), (q,))
     assert not any(n.target is FLASH for n in gm.graph.nodes)
+
+
+def _check_values_and_grads(f, inputs, tol=1e-6):
+    compiled = ember.compile(f, backend="ember", fullgraph=True)
+    got, want = compiled(*inputs), f(*inputs)
+    torch.testing.assert_close(got, want, rtol=tol, atol=tol)
+    grad_out = torch.randn_like(want)
+    gg = torch.autograd.grad(got, inputs, grad_out)
+    gw = torch.autograd.grad(want, inputs, grad_out)
+    for a, b in zip(gg, gw):
+        assert a.shape == b.shape
+        torch.testing.assert_close(a, b, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("mask", ["none", "float", "bool"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_grouped_query_attention_takes_the_fused_kernel_unrepeated(mask, causal):
+    """enable_gqa (8 query heads, 2 key/value heads): eager runs the fused kernel with key and
+    value as given; so does ember (it ran bmm + softmax before), gradients of k/v's own shape."""
+    m = _masks()[mask]
+    if causal and m is not None:
+        pytest.skip("sdpa takes either a mask or is_causal")
+    torch.manual_seed(2)
+    q = torch.randn(2, 8, 16, 8, requires_grad=True)
+    k, v = [torch.randn(2, 2, 16, 8, requires_grad=True) for _ in range(2)]
+
+    def f(a, b, c):
+        return F.scaled_dot_product_attention(a, b, c, attn_mask=m, is_causal=causal,
+                                              enable_gqa=True) * 2
+
+    gm = trace_aten(f, (q, k, v))
+    flash = [n for n in gm.graph.nodes if n.target is FLASH]
+    assert len(flash) == 1, gm.code
+    assert tuple(flash[0].args[1].meta["val"].shape) == (2, 2, 16, 8)      # k not repeated
+    assert not any(n.target in (torch.ops.aten.bmm.default, torch.ops.aten.expand.default)
+                   for n in gm.graph.nodes), gm.code
+    _check_values_and_grads(f, (q, k, v))
+
+
+def test_a_boolean_mask_shared_by_layers_is_converted_once():
+    """A decoder hands one boolean mask to every layer: one float mask serves all the fused
+    calls (it was converted, and stored, once per call, forward and backward)."""
+    torch.manual_seed(3)
+    m = torch.rand(2, 1, 16, 16) > 0.3
+    m[..., 0] = True                                   # no fully masked row
+    xs = [torch.randn(2, 4, 16, 8, requires_grad=True) for _ in range(3)]
+
+    def f(x0, x1, x2):
+        h = x0
+        for w in (x1, x2, x1):
+            h = F.scaled_dot_product_attention(h, w, w, attn_mask=m) + h
+        return h
+
+    gm = trace_aten(f, xs)
+    assert sum(n.target is FLASH for n in gm.graph.nodes) == 3
+    conversions = [n for n in gm.graph.nodes
+                   if n.target in (torch.ops.aten.masked_fill.Scalar, torch.ops.aten.where.self)
+                   and tuple(n.meta["val"].shape) == (2, 1, 16, 16)]
+    assert len(conversions) == 1, gm.code
+    _check_values_and_grads(f, xs, tol=1e-5)
+
+
+def test_a_boolean_mask_changed_in_place_between_calls_is_converted_again():
+    torch.manual_seed(4)
+    xs = [torch.randn(2, 4, 16, 8, requires_grad=True) for _ in range(2)]
+
+    def f(x0, x1):
+        m = torch.ones(2, 1, 16, 16, dtype=torch.bool).tril()
+        h = F.scaled_dot_product_attention(x0, x1, x1, attn_mask=m)
+        m[..., :4] = False
+        m[..., 0] = True                               # no fully masked row
+        return F.scaled_dot_product_attention(h, x1, x1, attn_mask=m) + h
+
+    _check_values_and_grads(f, xs, tol=1e-5)
