@@ -16,8 +16,9 @@ Conditions (K1 the earlier kernel, K2 the later one):
    at the index K1 writes them (a reduction over R, or a stage over R), or anywhere in the
    row K1 stores in the same outer iteration (a sum over a small R unrolled into loads,
    GroupNorm's over 2 or 4 channels per group; deps.row_gather).
-3. K2 reads a buffer K1 reads (the point: the block is in the cache), and one segment's row
-   (K1's inner size times R) has at most ROW_MAX elements.
+3. K2 reads a buffer K1 reads (the point: the block is in the cache), one segment's row
+   (K1's inner size times R) has at most ROW_MAX elements and K2 has at least MIN_ROWS outer
+   iterations (its loop is the parallel one).
 C++ only (schedule(columns=True)): Triton's stages have no loops of their own to keep.
 
 Consumes: steps from fuse(), NodeDeps. Produces: the steps with such pairs merged.
@@ -30,6 +31,9 @@ from .deps import row_gather
 
 #: elements of one segment row (a group's block): it is re-read from the cache
 ROW_MAX = 1 << 18
+#: outer iterations of the merged kernel, at least: its parallel loop (the per-channel sums
+#: were parallel over N*C, now over N*G; eager's d_input loop is too)
+MIN_ROWS = 8
 
 
 def merge_segments(steps, deps) -> list:
@@ -75,8 +79,8 @@ def _partner(steps, i, deps):
 def _fits(k1, k2) -> bool:
     row = numel(k1.outer[len(k2.outer):])
     inner = max(numel(s.inner) for s in k1.stages)
-    return not is_symbolic(row) and not is_symbolic(inner) and hint(numel(k2.outer)) > 1 \
-        and int(row) * int(inner) <= ROW_MAX
+    return not is_symbolic(row) and not is_symbolic(inner) \
+        and hint(numel(k2.outer)) >= MIN_ROWS and int(row) * int(inner) <= ROW_MAX
 
 
 def _reads_ok(k1, k2, outs, deps) -> bool:

@@ -48,11 +48,14 @@ def test_groupnorm_backward_reads_grad_once(n, c, hw, g):
     check(fn, *args, atol=1e-4, rtol=1e-4)
 
 
-def test_long_segment_rows_stay_apart(monkeypatch):
-    """A group's block longer than ROW_MAX would not stay in the cache: two kernels."""
-    monkeypatch.setattr(segments, "ROW_MAX", 1000)
-    args = _gn_args(4, 16, 300, 4)
-    fn = _gn_backward(4, 16, 300, 4)
+@pytest.mark.parametrize("n,g,row_max", [
+    (4, 4, 1000),           # a group's block longer than ROW_MAX would not stay in the cache
+    (1, 4, segments.ROW_MAX),   # 4 (n, group) rows: too few for the parallel loop
+])
+def test_segments_stay_apart(monkeypatch, n, g, row_max):
+    monkeypatch.setattr(segments, "ROW_MAX", row_max)
+    args = _gn_args(n, 16, 300, g)
+    fn = _gn_backward(n, 16, 300, g)
     plan, _ = _plan(fn, *args)
     assert not any(s.keep for k in plan.kernels for s in k.stages)
     assert sum(plan.inputs[0].name in r for r in plan.reads) == 2
