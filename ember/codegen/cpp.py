@@ -23,6 +23,7 @@ import torch
 
 from ..loopir.index import SIZE_NAME, hint, is_symbolic, numel
 from ..loopir.ops import compute_dtype, set_handler
+from ..loopir.plan import Stage
 from .common import IndentedBuffer
 from .cpp_columns import ColumnPartials
 from .cpp_handler import CHECKED, CppHandler, CppVal, _blocks, _int, cexpr, ctype, \
@@ -168,9 +169,10 @@ class KernelCodegen:
             def rows():     # every stage's body, for the compares on the row vars
                 for st in k.stages:
                     rv = [loop_var(m + i) for i in range(len(st.inner))]
+                    kv, rv = xv + rv[:st.keep], rv[st.keep:]
                     for n in st.nodes:
-                        (n.reduction_value(xv, rv) if st.kind == "reduction"
-                         else n.store_pointwise(xv + rv))
+                        (n.reduction_value(kv, rv) if st.kind == "reduction"
+                         else n.store_pointwise(kv + rv))
                     if cols:
                         cols.bodies(st, xv, rv)
             if cols:
@@ -210,7 +212,7 @@ class KernelCodegen:
         column once per stage."""
         k = self.kernel
         if not k.outer or k.row_local or not any(st.kind == "reduction" for st in k.stages) \
-                or any(st.columns for st in k.stages):
+                or any(st.columns or st.keep for st in k.stages):
             return False
         if hint(k.outer[-1]) < 16:
             return False
@@ -645,6 +647,9 @@ class KernelCodegen:
         h = self.h
         code = h.code
         rv = [loop_var(m + i) for i in range(len(stage.inner))]
+        if stage.keep:
+            self._segmented(stage, xv, m, rv)
+            return
         h.ranges = ranges = self.ranges_with(rv, stage.inner)
         cols = self.columns if stage.columns or (pre and pre.columns) else None
         if pre and (parallel_inner or _red_clause(
@@ -766,6 +771,29 @@ class KernelCodegen:
                 # final here: a later stage's simd loop hoists what it computes from it (an SE
                 # block's sigmoid(mean) was recomputed for each of the row's elements)
                 h.invariant.add(acc)
+
+
+    def _segmented(self, stage, xv, m, rv):
+        """A segmented reduction stage (schedule/segments.py): serial loops over its kept dims,
+        in them the reduction over the rest as a stage of a kernel whose outer loops include
+        the kept ones; its accumulators are scoped to the loop (stored, never hoisted)."""
+        h, code = self.h, self.h.code
+        keep = stage.keep
+        saved, outer_ranges, invariant = h.push(), self.outer_ranges, set(h.invariant)
+        self.outer_ranges = {**outer_ranges, **dict(zip(rv[:keep], stage.inner[:keep]))}
+        for v, size in zip(rv[:keep], stage.inner[:keep]):
+            code.writeline(_for(v, size))
+            code.writeline("{")
+            code.level += 1
+        self._stage(Stage("reduction", tuple(stage.inner[keep:]), stage.nodes),
+                    list(xv) + rv[:keep], m + keep, parallel_inner=False)
+        for _ in range(keep):
+            code.level -= 1
+            code.writeline("}")
+        self.outer_ranges = outer_ranges
+        h.ranges = outer_ranges
+        h.pop(saved)
+        h.invariant = invariant
 
 
 def kernel_args(kernel, deps) -> list:

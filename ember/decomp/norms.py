@@ -199,6 +199,10 @@ def native_group_norm_backward(grad_output, input, mean, rstd, gamma, N, C, HxW,
     """d_input = g * (rstd * gamma) + x * c2 + c3 with per-channel [N, C] coefficients (see
     _per_channel), reading grad and input in their own layout."""
     acc = opmath_dtype(input.dtype)
+    if not is_symbolic(input) and input.is_contiguous() and grad_output.is_contiguous() \
+            and input.numel() > 0:
+        return _group_norm_backward_rows(grad_output, input, mean, rstd, gamma, N, C, HxW,
+                                         group, output_mask, acc)
     g = to(aten.reshape.default(grad_output, [N, C, HxW]), acc)
     x = to(aten.reshape.default(input, [N, C, HxW]), acc)
     mean, rstd = to(mean, acc), to(rstd, acc)
@@ -234,6 +238,48 @@ def native_group_norm_backward(grad_output, input, mean, rstd, gamma, N, C, HxW,
             aten.mul.Tensor(t, aten.unsqueeze.default(rstd, -1)), [0]), [C]), wdt)
     if output_mask[2]:
         d_bias = to(aten.sum.dim_IntList(db, [0]), wdt)
+    return d_input, d_gamma, d_bias
+
+
+def _group_norm_backward_rows(grad_output, input, mean, rstd, gamma, N, C, HxW, group,
+                              output_mask, acc):
+    """Contiguous grad and input: everything over [N, group, cpg, HxW], so each group's block
+    is one row of the schedule: the per-channel sums (over HxW), the group sums of them (over
+    cpg) and d_input run in one kernel per (n, group) that reads grad and input from memory
+    once (schedule/segments.py); the [N, C] form read both twice, as eager does."""
+    cpg = C // group
+    shape4 = [N, group, cpg, HxW]
+    g = to(aten.view.default(grad_output, shape4), acc)
+    x = to(aten.view.default(input, shape4), acc)
+    mean, rstd = to(mean, acc), to(rstd, acc)
+    gm = to(aten.view.default(gamma, [group, cpg]), acc) if gamma is not None else None
+    ds = aten.sum.dim_IntList(aten.mul.Tensor(g, x), [3])          # [N, group, cpg]
+    db = aten.sum.dim_IntList(g, [3])
+    d_input = d_gamma = d_bias = None
+    if output_mask[0]:
+        s = 1.0 / (HxW * cpg)
+        ds_val = aten.sum.dim_IntList(aten.mul.Tensor(ds, gm) if gm is not None else ds, [2])
+        db_val = aten.sum.dim_IntList(aten.mul.Tensor(db, gm) if gm is not None else db, [2])
+        r3 = aten.mul.Tensor(aten.mul.Tensor(rstd, rstd), rstd)
+        c2 = aten.mul.Tensor(aten.mul.Tensor(aten.sub.Tensor(aten.mul.Tensor(db_val, mean), ds_val), r3), s)
+        c3 = aten.sub.Tensor(aten.mul.Tensor(aten.neg.default(c2), mean),
+                             aten.mul.Tensor(aten.mul.Tensor(db_val, rstd), s))
+
+        def col(t):                         # [N, group] -> [N, group, 1, 1]
+            return aten.view.default(t, [N, group, 1, 1])
+        c1 = col(rstd)
+        if gm is not None:
+            c1 = aten.mul.Tensor(c1, aten.view.default(gm, [1, group, cpg, 1]))
+        d = aten.add.Tensor(aten.add.Tensor(aten.mul.Tensor(g, c1), aten.mul.Tensor(x, col(c2))),
+                            col(c3))
+        d_input = to(aten.view.default(d, list(input.shape)), input.dtype)
+    wdt = gamma.dtype if gamma is not None else input.dtype
+    if output_mask[1]:
+        t = aten.sub.Tensor(ds, aten.mul.Tensor(db, aten.unsqueeze.default(mean, -1)))
+        d_gamma = to(aten.view.default(aten.sum.dim_IntList(
+            aten.mul.Tensor(t, aten.unsqueeze.default(rstd, -1)), [0]), [C]), wdt)
+    if output_mask[2]:
+        d_bias = to(aten.view.default(aten.sum.dim_IntList(db, [0]), [C]), wdt)
     return d_input, d_gamma, d_bias
 
 

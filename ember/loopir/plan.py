@@ -32,6 +32,9 @@ class Stage:
     # expression of the kernel's loop vars v0, v1, ... (outer vars, then this stage's inner)
     columns: list = dataclasses.field(default_factory=list)
     axes: dict = dataclasses.field(default_factory=dict)
+    # a reduction stage whose first `keep` inner dims are output dims of its nodes (a segmented
+    # reduction, schedule/segments.py): one reduction over the rest per point of those dims
+    keep: int = 0
 
 
 @dataclasses.dataclass

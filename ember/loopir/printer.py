@@ -146,7 +146,8 @@ def print_plan(plan) -> str:
                          f"outer iterations, {len(step.stages)} stage(s)")
             for s in step.stages:
                 inner = " x ".join(map(str, s.inner)) or "-"
-                lines.append(f"#   {s.kind:9} inner {inner:12} {' '.join(n.name for n in s.nodes)}")
+                kind = f"{s.kind} keeping {s.keep}" if s.keep else s.kind
+                lines.append(f"#   {kind:9} inner {inner:12} {' '.join(n.name for n in s.nodes)}")
                 if s.columns:
                     lines.append(f"#     + column sums in its loop: {' '.join(n.name for n in s.columns)}")
             if step.local:

@@ -17,6 +17,7 @@ from ..loopir.plan import Kernel, Plan
 from .columns import attach_columns
 from .deps import node_deps
 from .fuse import fuse
+from .segments import merge_segments
 from .memory import ROW_LOCAL_MAX, ROW_LOCAL_MAX_TRITON, can_write_in_place, mark_locals, \
     plan_memory, step_reads, step_writes
 
@@ -33,7 +34,7 @@ def schedule(lowered, *, fusion: bool = True, row_local_max: int = ROW_LOCAL_MAX
             buffers[o.name] = o
     steps = fuse(nodes, deps, enable=fusion, row_gather=row_gather)
     if columns and fusion:
-        steps = attach_columns(steps, deps)
+        steps = attach_columns(merge_segments(steps, deps), deps)
     mark_locals(steps, deps, keep=out_names, row_local_max=row_local_max)
     memory = plan_memory(steps, deps, out_names)
     reads = tuple(tuple(step_reads(s, deps)) for s in steps)

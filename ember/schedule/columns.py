@@ -103,7 +103,8 @@ def _attach_to(host, col, deps, made, ri, ci) -> bool:
     # value read there that only the columns read is then a row scratch, never stored), or once
     # per outer iteration (GroupNorm's weight gradients: per-(n, c) row sums, summed over n)
     stages = host.stages
-    tries = [(si, stages[si]) for si in reversed(range(len(stages)))]
+    # (not a segmented stage, segments.py: its loop is a reduction's per kept point)
+    tries = [(si, stages[si]) for si in reversed(range(len(stages))) if not stages[si].keep]
     tries += [(len(stages), Stage("pointwise", inner, [])) for inner in
               dict.fromkeys([tuple(s.inner) for s in reversed(stages) if s.inner] + [()])]
     for si, stage in tries:

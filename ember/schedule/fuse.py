@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import sympy
 
-from ..loopir.index import is_symbolic
+from ..loopir.index import is_symbolic, simplify_index
 from ..loopir.plan import ExternStep, Kernel, Stage
 from .deps import loop_vars, row_gather as row_gather_at
 
@@ -162,9 +162,12 @@ def _walks_rows(node, d) -> bool:
     """Does pointwise `node` store and load along its innermost dim (stride 1, or 0)?"""
     if not node.ranges or d.indirect:
         return False
-    v = loop_vars(len(node.ranges))[-1]
+    xv = loop_vars(len(node.ranges))
+    ranges = dict(zip(xv, node.ranges))
+    # (a read through reshapes, 64*(v3 // 64) + v3 % 64, is v3 in the node's ranges)
     exprs = [d.write_index] + [e for es in d.reads.values() for e in (es or ())]
-    return all(e is not None and sympy.diff(e, v) in (0, 1) for e in exprs)
+    return all(e is not None and sympy.diff(simplify_index(e, ranges), xv[-1]) in (0, 1)
+               for e in exprs)
 
 
 def _reads_of(kernel: Kernel, deps) -> set:

@@ -51,7 +51,8 @@ def mark_locals(steps, deps, keep: set, row_local_max: int = ROW_LOCAL_MAX) -> N
             continue
         stage_of = {n.name: s for s in step.stages for n in s.nodes + s.columns}
         for n in step.nodes:
-            if n.name in keep:
+            if n.name in keep or stage_of[n.name].keep:
+                # (a segmented reduction's results are stored: one per kept point)
                 continue
             rs = readers.get(n.name, [])
             if not rs:
