@@ -6,7 +6,7 @@ kernel over N, G). fuse() keeps them apart (their outer loops differ), so d_inpu
 and x from memory a second time; eager's CPU kernel does too. `merge_segments` puts the first
 kernel's reduction stages into the second, in front, as *segmented* stages: for each point of
 the kept dims (C/G), a reduction over the rest (HxW). A group's block is then read from memory
-once and re-read from the cache. docs/design/043-segmented-reductions.md.
+once and re-read from the cache. docs/design/045-segmented-reductions.md.
 
 Conditions (K1 the earlier kernel, K2 the later one):
 1. K1 is reduction stages only (no columns), and its outer loops are K2's followed by more,

@@ -1,5 +1,5 @@
 """Segmented reductions in the row kernel (schedule/segments.py,
-docs/design/043-segmented-reductions.md): GroupNorm's backward sums grad*x and grad per channel,
+docs/design/045-segmented-reductions.md): GroupNorm's backward sums grad*x and grad per channel,
 then per group, then computes d_input, all in one kernel per (n, group) that reads grad and x
 from memory once. Values and every gradient against eager in float32."""
 import pytest
