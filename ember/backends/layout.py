@@ -120,6 +120,12 @@ def _conv_args(node: fx.Node):
             x.dtype != torch.float32 or w.dtype != torch.float32 or \
             isinstance(a["padding"], str) or not isinstance(a["groups"], int):
         return None
+    if x.shape[2] * x.shape[3] == 1:
+        # a conv on a pooled vector (squeeze-excite, a classifier head) is a small GEMM with
+        # no layout to choose; oneDNN's fused op costs a fixed ~30 us per call there (1 thread,
+        # [8,256,1,1] -> 16 channels + relu: 36 us with a prepacked weight, aten conv2d + relu
+        # 8.5 us), and the activation after it fuses into ember's next kernel instead
+        return None
     return (a["input"], a["weight"], a["bias"], _pair(a["padding"]), _pair(a["stride"]),
             _pair(a["dilation"]), a["groups"])
 

@@ -404,10 +404,12 @@ class WrapperCodegen:
         fn = self.op_name(node.op)
         code.writeline(f"{node.name} = {fn}({', '.join(args + kwargs)})")
         if node.outputs:
+            read = set(self.output_names).union(*self.plan.reads[i + 1:])
             for out in node.outputs:
                 path = "".join(f"[{p}]" for p in out.path)
                 code.writeline(f"{out.name} = {node.name}{path}")
-                self._fix_layout(out)
+                if out.name in read:    # (embedding_bag's unused offset2bag: no check per call)
+                    self._fix_layout(out)
             code.writeline(f"del {node.name}")
         else:
             self._fix_layout(node)

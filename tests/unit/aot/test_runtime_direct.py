@@ -31,3 +31,35 @@ def test_mutation_alias_and_nesting_are_rebuilt():
     assert not rt.direct
     torch.testing.assert_close(out["a"], x * 2)
     ember.reset()
+
+
+def test_flat_view_outputs_skip_the_pytree(monkeypatch):
+    """A view output (global pooling's .flatten(1)) is rebuilt per call, but a flat tuple of
+    outputs needs no pytree round trip (training too); nested outputs still take it."""
+    from ember.aot import runtime
+
+    def unflatten(*a):
+        raise AssertionError("tree_unflatten called for flat outputs")
+    x = torch.randn(2, 3, 4, 4)
+    fn = lambda x: x.mean((2, 3), keepdim=True).flatten(1)  # noqa: E731
+    rt, _ = _run(fn, x)
+    assert not rt.direct and rt.outputs.leaf
+    monkeypatch.setattr(runtime, "tree_unflatten", unflatten)
+    torch.testing.assert_close(rt(x), fn(x))
+    rt, _ = _run(lambda x: (fn(x), x.flatten(2)), x)
+    assert not rt.direct and rt.outputs.flat
+    out = rt(x)
+    torch.testing.assert_close(out[0], fn(x))
+    torch.testing.assert_close(out[1], x.flatten(2))
+    xg = x.clone().requires_grad_()
+    gm = torch.fx.symbolic_trace(fn)
+    rt = aot_compile(gm, [xg], fw_compiler=lambda g, ex: g)
+    out = rt(xg)
+    out.sum().backward()
+    torch.testing.assert_close(out, fn(x))
+    torch.testing.assert_close(xg.grad, torch.full_like(x, 1 / 16))
+    monkeypatch.undo()
+    rt, out = _run(lambda x: {"a": x.flatten(1)}, x)
+    assert not rt.outputs.flat and not rt.outputs.leaf
+    torch.testing.assert_close(out["a"], x.flatten(1))
+    ember.reset()

@@ -567,3 +567,37 @@ def test_training_cost_rule_takes_comparable_activations_and_weights_channels_la
     ref.train()
     compare(ember.compile(copy.deepcopy(ref)), ref, torch.randn(1, 16, 15, 15), True)
     assert count("channels_last_graphs") == 1 and count("graphs") == 1
+
+
+class SqueezeExcite(nn.Module):
+    """A conv, then squeeze-excite: its two convs run on the pooled (N, C, 1, 1) vector."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 32, 3, padding=1)
+        self.fc1, self.fc2 = nn.Conv2d(32, 8, 1), nn.Conv2d(8, 32, 1)
+
+    def forward(self, x):
+        y = F.relu(self.conv(x))
+        w = torch.sigmoid(self.fc2(F.relu(self.fc1(y.mean((2, 3), keepdim=True)))))
+        return y * w
+
+
+@pytest.mark.parametrize("fmt", FORMATS, ids=["nchw", "channels_last"])
+@pytest.mark.parametrize("train", [False, True], ids=["infer", "train"])
+def test_convs_on_a_pooled_vector_stay_aten_convs(fmt, train):
+    """Only the 3x3 conv runs on oneDNN's fused op: the squeeze-excite convs on the 1x1
+    pooled vector stay aten convs (oneDNN's fixed per-call cost is several times theirs)."""
+    torch.manual_seed(0)
+    ref = SqueezeExcite().train(train)
+    m = ember.compile(copy.deepcopy(ref), options={"layout": "channels_last"})
+    x = torch.randn(2, 3, 12, 12).contiguous(memory_format=fmt)
+    compare(m, ref, x, train)
+    if not train:
+        with torch.no_grad(), torch.profiler.profile() as prof:
+            m(x)
+        fused = [e for e in prof.events() if e.name == "mkldnn::_convolution_pointwise"]
+        assert len(fused) == 1, [e.name for e in prof.events()]
+    compare(m, ref, x, train)
+    assert count("channels_last_graphs") == 1
+    assert count("graphs") == 1 and count("fallbacks") == 0

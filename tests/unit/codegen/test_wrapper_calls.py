@@ -244,3 +244,27 @@ def test_scatter_into_a_dying_buffer_runs_in_place(op):
     run = compile_aten_graph(gm, list(args))
     for a, b in zip(run(*args), keeps(*args)):
         torch.testing.assert_close(a, b)
+
+
+def test_unread_extern_outputs_get_no_layout_check():
+    """A multi-output extern's outputs that nothing reads (embedding_bag's offset2bag, bag_size,
+    max_indices in inference) are not stride-checked per call; a read one still is."""
+    def bags(w, i, o):
+        return torch.ops.aten._embedding_bag.default(w, i, o, False, 1)[0]
+
+    def bags_and_sizes(w, i, o):
+        out = torch.ops.aten._embedding_bag.default(w, i, o, False, 1)
+        return out[0], out[2] * 2
+    g = torch.Generator().manual_seed(0)
+    args = (torch.randn(50, 8, generator=g), torch.randint(0, 50, (37,), generator=g),
+            torch.tensor([0, 5, 5, 20]))
+    for fn, checked in ((bags, 1), (bags_and_sizes, 2)):
+        gm = trace_aten(fn, args, decompositions=get_decompositions())
+        run = compile_aten_graph(gm, list(args))
+        text = run.ember_wrapper
+        assert "_embedding_bag" in text, text
+        assert text.count(".stride() != ") == checked, text
+        want = fn(*args)
+        got = run(*args)
+        for a, b in zip(got, want if isinstance(want, tuple) else (want,)):
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
