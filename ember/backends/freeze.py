@@ -247,13 +247,26 @@ def _val(node):
 def constant_nodes(gm: fx.GraphModule, consts: set) -> set:
     """`consts` (placeholders and folded nodes) plus every node computed from them only."""
     out = set(consts)
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
     for n in gm.graph.nodes:
         if n in out or n.op not in ("call_function", "call_method") or not n.all_input_nodes:
             continue
-        if all(i in out for i in n.all_input_nodes) and not layout.writes_in_place(n) and \
-                not is_random(n) and isinstance(_val(n), torch.Tensor):
+        if all(i in out for i in n.all_input_nodes) and not is_random(n) and \
+                isinstance(_val(n), torch.Tensor) and \
+                (not layout.writes_in_place(n) or _writes_constant_copy(n, out, order)):
             out.add(n)
     return out
+
+
+def _writes_constant_copy(n: fx.Node, out: set, order: dict) -> bool:
+    """Whether the in-place op `n` writes into a copy the constant graph makes (Swin v2's
+    `b = qkv_bias.clone(); b[C:2 * C].zero_()`), so it can run there too: the written tensor
+    is (a view of) a fresh constant node, no placeholder, and nothing outside the constant
+    graph reads it before the write (the main graph sees the constant graph's final values)."""
+    family = _aliases(n.args[0]) if n.args and isinstance(n.args[0], fx.Node) else None
+    return family is not None and all(a in out and a.op != "placeholder" for a in family) and \
+        all(u in out or u in family or order[u] > order[n]
+            for a in family for u in a.users if u is not n)
 
 
 #: ops whose result is a new tensor, never a view of an input (a write into the result
@@ -285,15 +298,19 @@ def written_inputs(gm: fx.GraphModule) -> set:
     for n in gm.graph.nodes:
         if n.op in ("call_function", "call_method") and layout.writes_in_place(n) and \
                 isinstance(n.args[0] if n.args else None, fx.Node):
-            todo, seen = [n.args[0]], set()
-            while todo:
-                a = todo.pop()
-                if a.op == "placeholder":
-                    out.add(a)
-                seen.add(a)
-                if not _fresh(a):
-                    todo.extend(i for i in a.all_input_nodes if i not in seen)
+            out.update(a for a in _aliases(n.args[0]) if a.op == "placeholder")
     return out
+
+
+def _aliases(x: fx.Node) -> set:
+    """`x` and what it may be a view of, back to freshly computed tensors (and placeholders)."""
+    todo, seen = [x], set()
+    while todo:
+        a = todo.pop()
+        seen.add(a)
+        if not _fresh(a):
+            todo.extend(i for i in a.all_input_nodes if i not in seen)
+    return seen
 
 
 def mutated_constant(gm: fx.GraphModule, const: set) -> bool:
@@ -536,8 +553,9 @@ def plan(gm: fx.GraphModule, example_inputs, options: dict) -> FreezePlan | str:
     layout.plan(work, example_inputs, options, consts=consts)
     budget = max(MIN_BUDGET, BUDGET_FRACTION * state_bytes(
         x for x, n in zip(example_inputs, phs) if n in consts))
-    n_pack = prepack_linears(work, example_inputs, consts, options,
-                             budget - sum(map(_bytes, consts - set(phs))))
+    folded = sum(map(_bytes, consts - set(phs)))
+    consts = constant_nodes(work, consts)   # a bias the graph computes from constants too
+    n_pack = prepack_linears(work, example_inputs, consts, options, budget - folded)
     const = constant_nodes(work, consts)
     if mutated_constant(work, const):
         return "the graph writes into a module's parameter or buffer"

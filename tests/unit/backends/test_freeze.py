@@ -429,3 +429,58 @@ def test_instances_of_one_class_keep_their_own_folds(monkeypatch):
     check(ca, ref_a, x)
     check(cb, ref_b, x)
     assert count("refolds") == 0 and count("instance_folds") == 2
+
+
+class MaskedQKVBias(nn.Module):
+    """Swin v2's attention: the qkv bias is cloned and its k part zeroed on every call, an
+    in-place write into a copy of a parameter (before, the graph was not frozen at all)."""
+
+    def __init__(self, c=64):
+        super().__init__()
+        self.qkv = nn.Linear(c, 3 * c)
+        self.c = c
+
+    def forward(self, x):
+        b = self.qkv.bias.clone()
+        b[self.c:2 * self.c].zero_()
+        return torch.nn.functional.linear(x, self.qkv.weight, b).relu()
+
+
+def test_write_into_a_copy_of_a_parameter_is_folded():
+    """clone + zero_ on the copy run in the constant graph: the graph is frozen, the
+    parameter is untouched, values equal eager, and a changed bias is refolded."""
+    torch.manual_seed(0)
+    m = MaskedQKVBias().eval()
+    ref = copy.deepcopy(m)
+    c = ember.compile(m.requires_grad_(False))
+    x = torch.randn(2, 49, 64)
+    check(c, ref, x)
+    assert count("frozen_graphs") == 1
+    torch.testing.assert_close(m.qkv.bias, ref.qkv.bias, rtol=0, atol=0)  # not written
+    with torch.no_grad():
+        for mod in (m, ref):
+            mod.qkv.bias.add_(0.5)
+    check(c, ref, x)
+    assert count("refolds") == 1
+    gm = _captured(ref, x)
+    const = fz.constant_nodes(gm, {n for n in gm.graph.nodes if n.op == "placeholder" and
+                                   ("bias" in n.name or "weight" in n.name)})
+    assert any(n.op != "placeholder" and fz.layout.writes_in_place(n) for n in const)
+
+
+def test_copy_read_before_the_write_is_not_folded_stale():
+    """A copy the main graph reads before the write cannot take the write into the constant
+    graph (the main graph would see the written values): not frozen, and still right."""
+    class M(MaskedQKVBias):
+        def forward(self, x):
+            b = self.qkv.bias.clone()
+            y = x[..., :1] * b
+            b[self.c:2 * self.c].zero_()
+            return y + torch.nn.functional.linear(x, self.qkv.weight, b)
+    torch.manual_seed(0)
+    m = M().eval()
+    ref = copy.deepcopy(m)
+    c = ember.compile(m.requires_grad_(False))
+    for _ in range(2):
+        check(c, ref, torch.randn(2, 49, 64))
+    assert count("frozen_graphs") == 0

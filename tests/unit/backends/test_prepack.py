@@ -89,6 +89,38 @@ def test_sequence_batches_use_packed_weights(shape):
     assert mkl_externs() == 1
 
 
+class ChannelsLastMLP(nn.Module):
+    """torchvision Swin/ConvNeXt: linears on [B, H, W, C]; a bias computed from parameters
+    (Swin v2's qkv bias with its k part zeroed)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(128, 384), nn.Linear(384, 128)
+
+    def forward(self, x):
+        b = self.fc1.bias.clone()
+        b[128:256].zero_()
+        return self.fc2(torch.nn.functional.linear(x, self.fc1.weight, b).relu())
+
+
+def test_four_dim_inputs_and_computed_bias_packed():
+    """Both linears are packed (before: a 4-D input was never packed, and a bias computed in
+    the constant graph did not count as a constant); values as eager."""
+    torch.manual_seed(0)
+    m = ChannelsLastMLP().eval()
+    ref = copy.deepcopy(m)
+    c = ember.compile(m.requires_grad_(False))
+    x = torch.randn(2, 7, 7, 128)
+    check(c, ref, x)
+    check(c, ref, x)
+    assert count("frozen_graphs") == 1 and count("prepacked_linears") == 2
+    with torch.no_grad():
+        for mod in (m, ref):
+            mod.fc1.bias.add_(0.5)
+    check(c, ref, x)
+    assert count("refolds") == 1
+
+
 def test_large_batch_not_packed():
     m, ref = frozen_pair()
     check(m, ref, torch.randn(prepack.MAX_ROWS + 1, 128))
