@@ -484,3 +484,45 @@ def test_copy_read_before_the_write_is_not_folded_stale():
     for _ in range(2):
         check(c, ref, torch.randn(2, 49, 64))
     assert count("frozen_graphs") == 0
+
+
+class PreActivation(nn.Module):
+    """BatchNorms that read no conv/linear: DenseNet's BN-ReLU-conv (NCHW, channels-last),
+    BatchNorm1d over (N, C, L) and over LeViT's flattened linear output."""
+
+    def __init__(self):
+        super().__init__()
+        self.bn0, self.conv = nn.BatchNorm2d(3), nn.Conv2d(3, 8, 3, padding=1)
+        self.bn1, self.fc, self.bn2 = nn.BatchNorm1d(8), nn.Linear(8, 6, bias=False), \
+            nn.BatchNorm1d(6)
+
+    def forward(self, x):
+        y = self.conv(torch.relu(self.bn0(x)))
+        y = self.bn1(y.flatten(2)).transpose(1, 2)           # (N, C, L)
+        z = self.fc(y)
+        return self.bn2(z.flatten(0, 1)).reshape_as(z)
+
+
+def test_batchnorm_without_conv_becomes_affine_in_frozen_graphs():
+    """Each becomes x * scale + shift with scale/shift folded once; values as eager (1e-4),
+    in both layouts, and a changed running_var is refolded."""
+    torch.manual_seed(0)
+    m = PreActivation()
+    for mod in m.modules():
+        if isinstance(mod, (nn.BatchNorm1d, nn.BatchNorm2d)):
+            mod.running_mean.uniform_(-1, 1)
+            mod.running_var.uniform_(0.5, 2)
+            mod.weight.data.uniform_(0.5, 1.5)
+    m.eval()
+    ref = copy.deepcopy(m)
+    c = ember.compile(m.requires_grad_(False))
+    x = torch.randn(2, 3, 6, 6)
+    check(c, ref, x)
+    check(c, ref, x.contiguous(memory_format=torch.channels_last))
+    assert count("batchnorms_as_affine") >= 3
+    with torch.no_grad():
+        for mod in (m, ref):
+            mod.bn0.running_var.mul_(3.0)
+            mod.bn2.running_mean.add_(1.0)
+    check(c, ref, x)
+    assert count("refolds") >= 1
