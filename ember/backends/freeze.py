@@ -364,6 +364,24 @@ def _aliases(x: fx.Node) -> set:
     return seen
 
 
+_VIEWS = {"view", "reshape", "t", "transpose", "permute", "unsqueeze", "squeeze", "expand",
+          "flatten", "detach", "getitem", "narrow", "select", "view_as", "reshape_as",
+          "expand_as", "contiguous", "to", "float"}
+
+
+def _view_of_state(n: fx.Node) -> bool:
+    """Whether a constant node is (most likely) a view of the user's tensors, not new memory:
+    the freezing budget counts the rest (a gathered relative-position bias, a cat of biases)
+    before packing weights into what is left of it."""
+    while n.op != "placeholder":
+        name = n.target if isinstance(n.target, str) else getattr(n.target, "__name__", "")
+        if name not in _VIEWS or not n.args or not isinstance(n.args[0], fx.Node) or \
+                any(isinstance(a, fx.Node) for a in n.args[1:]) and not name.endswith("_as"):
+            return False
+        n = n.args[0]
+    return True
+
+
 def mutated_constant(gm: fx.GraphModule, const: set) -> bool:
     """Whether a non-constant node writes in place into a constant (then nothing is frozen)."""
     return any(n not in const and layout.writes_in_place(n) and n.args and
@@ -605,9 +623,12 @@ def plan(gm: fx.GraphModule, example_inputs, options: dict) -> FreezePlan | str:
     layout.plan(work, example_inputs, options, consts=consts)
     budget = max(MIN_BUDGET, BUDGET_FRACTION * state_bytes(
         x for x, n in zip(example_inputs, phs) if n in consts))
-    folded = sum(map(_bytes, consts - set(phs)))
+    folded = consts - set(phs)
     consts = constant_nodes(work, consts)   # a bias the graph computes from constants too
-    n_pack = prepack_linears(work, example_inputs, consts, options, budget - folded)
+    computed = {n for n in consts - folded if n.op != "placeholder" and
+                not _view_of_state(n) and any(u not in consts for u in n.users)}
+    n_pack = prepack_linears(work, example_inputs, consts, options,
+                             budget - sum(map(_bytes, folded | computed)))
     const = constant_nodes(work, consts)
     if mutated_constant(work, const):
         return "the graph writes into a module's parameter or buffer"

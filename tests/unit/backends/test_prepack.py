@@ -236,3 +236,36 @@ def test_budget_counts_resident_bytes_of_packs(monkeypatch):
     assert count("frozen_graphs") == 1 and count("prepacked_linears") == 4
     assert sum(torch.ops.mkl._mkl_reorder_linear_weight(w, 64).numel() * 4 for w in
                (ref[0].weight, ref[2].weight.t(), ref[4].weight, ref[5].weight)) > 2 << 20
+
+
+class GatheredBias(nn.Module):
+    """BEiT's attention: a relative-position bias gathered from a table by an index buffer
+    (a constant the graph computes: new memory), and a linear whose weight may be packed."""
+
+    def __init__(self, n=64, heads=4):
+        super().__init__()
+        self.table = nn.Parameter(torch.randn(2 * n, heads))
+        self.register_buffer("index", torch.randint(0, 2 * n, (n * n,)))
+        self.fc = nn.Linear(128, 384)
+        self.n, self.heads = n, heads
+
+    def forward(self, x):                                   # x: (B, n, 128)
+        bias = self.table[self.index].view(self.n, self.n, self.heads).permute(2, 0, 1)
+        y = self.fc(x)[..., :self.n]                         # (B, n, n)
+        return y.unsqueeze(1) + bias.contiguous()
+
+
+def test_budget_counts_constants_the_graph_computes(monkeypatch):
+    """The packs get what the computed constants (65 KB here) leave of the budget: before, the
+    pack (226 KB) was taken against the whole 250 KB, the total came out over it, and the
+    graph was not frozen at all."""
+    monkeypatch.setattr(fz, "MIN_BUDGET", 250_000)
+    monkeypatch.setattr(fz, "BUDGET_FRACTION", 0.0)
+    torch.manual_seed(0)
+    m = GatheredBias().eval()
+    ref = copy.deepcopy(m)
+    c = ember.compile(m.requires_grad_(False))
+    x = torch.randn(2, 64, 128)
+    check(c, ref, x)
+    check(c, ref, x)
+    assert count("frozen_graphs") == 1 and count("prepacked_linears") == 0
