@@ -4,7 +4,8 @@ When the graph runs with grad disabled (or under `options={"freeze": True}`, nev
 training graph), the torch-level graph is rewritten before aot
 (docs/design/024-layout-and-freezing.md):
   1. BatchNorm in eval mode after a conv/linear whose output only it reads is folded into that
-     conv/linear's weight and bias (computed in float64, stored in the weight's dtype);
+     conv/linear's weight and bias (computed in float64, stored in the weight's dtype); any
+     other eval BatchNorm becomes `x * scale + shift` with scale and shift folded once;
   2. the layout pass (layout.py) turns conv2d into oneDNN channels-last convolutions, their
      weights reordered into oneDNN's blocked layout in the constant graph;
   3. small-batch linears use MKL-packed weights (prepack.py), packed in the constant graph;
