@@ -35,7 +35,8 @@ def main():
         with torch.no_grad():
             return f(*args, **kw)
     want, got = step(eager), step(comp)
-    want, got = (x if isinstance(x, torch.Tensor) else x[0] for x in (want, got))
+    want, got = (x if isinstance(x, torch.Tensor) else next(iter(x.values())) if
+                 isinstance(x, dict) else x[0] for x in (want, got))
     err = ((got - want).abs().max() / want.abs().max()).item()
     step(eager), step(comp)
     times = {"eager": [], "ember": []}
