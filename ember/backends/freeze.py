@@ -4,7 +4,8 @@ When the graph runs with grad disabled (or under `options={"freeze": True}`, nev
 training graph), the torch-level graph is rewritten before aot
 (docs/design/024-layout-and-freezing.md):
   1. BatchNorm in eval mode after a conv/linear whose output only it reads is folded into that
-     conv/linear's weight and bias (computed in float64, stored in the weight's dtype);
+     conv/linear's weight and bias (computed in float64, stored in the weight's dtype); any
+     other eval BatchNorm becomes `x * scale + shift` with scale and shift folded once;
   2. the layout pass (layout.py) turns conv2d into oneDNN channels-last convolutions, their
      weights reordered into oneDNN's blocked layout in the constant graph;
   3. small-batch linears use MKL-packed weights (prepack.py), packed in the constant graph;
@@ -195,6 +196,57 @@ def fold_batchnorm(gm: fx.GraphModule, consts: set) -> int:
     return folded
 
 
+def bn_affine_scale(x_dim, var, bn_w, eps):
+    """A frozen BatchNorm's per-channel scale, shaped to broadcast over dim 1 of its input."""
+    s = _bn_scale(var, bn_w, eps)
+    return s.to(var.dtype).reshape(-1, *[1] * (x_dim - 2))
+
+
+def bn_affine_shift(x_dim, mean, var, bn_w, bn_b, eps):
+    s = _bn_scale(var, bn_w, eps)
+    out = -mean.double() * s + (bn_b.double() if bn_b is not None else 0.0)
+    return out.to(mean.dtype).reshape(-1, *[1] * (x_dim - 2))
+
+
+def batchnorm_as_affine(gm: fx.GraphModule, consts: set) -> int:
+    """An eval-mode BatchNorm left after folding (one that reads no conv/linear: DenseNet's
+    pre-activation BN, LeViT's BN on a reshaped linear output) whose statistics and affine
+    parameters are constants becomes `x * scale + shift`, scale and shift computed once in the
+    constant graph: the kernel no longer computes rsqrt(var + eps) and four per-channel loads
+    for every element. How many."""
+    done = 0
+    for bn in list(gm.graph.nodes):
+        if bn.op != "call_function" or bn.target is not F.batch_norm:
+            continue
+        a = _bind(_BN_SIG, bn)
+        x = _val(a["input"]) if a is not None else None
+        if a is None or a["training"] is not False or not isinstance(x, torch.Tensor) or \
+                x.dim() < 2 or x.dtype != torch.float32 or \
+                any(p is None or p not in consts for p in (a["running_mean"], a["running_var"])) \
+                or any(p is not None and p not in consts for p in (a["weight"], a["bias"])):
+            continue
+        shape = (x.shape[1], *[1] * (x.dim() - 2))
+        g = gm.graph
+        with g.inserting_before(bn):
+            sc = g.call_function(bn_affine_scale, (x.dim(), a["running_var"], a["weight"],
+                                                   a["eps"]))
+            sh = g.call_function(bn_affine_shift, (x.dim(), a["running_mean"], a["running_var"],
+                                                   a["weight"], a["bias"], a["eps"]))
+            mul = g.call_function(operator.mul, (a["input"], sc))
+            add = g.call_function(operator.add, (mul, sh))
+        for n in (sc, sh):
+            n.meta["example_value"] = torch.empty(shape, dtype=x.dtype, device="meta")
+            consts.add(n)
+        mul.meta["example_value"] = add.meta["example_value"] = _val(bn)
+        bn.replace_all_uses_with(add)
+        g.erase_node(bn)
+        done += 1
+    if done:
+        counters.bump("batchnorms_as_affine", done)
+        perf_log.info("frozen: %d BatchNorms as x * scale + shift", done)
+    return done
+
+
 def _bn_scale_per_call(var, bn_w, eps):
     s = torch.rsqrt(var + eps)
     return s if bn_w is None else s * bn_w
@@ -247,13 +299,26 @@ def _val(node):
 def constant_nodes(gm: fx.GraphModule, consts: set) -> set:
     """`consts` (placeholders and folded nodes) plus every node computed from them only."""
     out = set(consts)
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
     for n in gm.graph.nodes:
         if n in out or n.op not in ("call_function", "call_method") or not n.all_input_nodes:
             continue
-        if all(i in out for i in n.all_input_nodes) and not layout.writes_in_place(n) and \
-                not is_random(n) and isinstance(_val(n), torch.Tensor):
+        if all(i in out for i in n.all_input_nodes) and not is_random(n) and \
+                isinstance(_val(n), torch.Tensor) and \
+                (not layout.writes_in_place(n) or _writes_constant_copy(n, out, order)):
             out.add(n)
     return out
+
+
+def _writes_constant_copy(n: fx.Node, out: set, order: dict) -> bool:
+    """Whether the in-place op `n` writes into a copy the constant graph makes (Swin v2's
+    `b = qkv_bias.clone(); b[C:2 * C].zero_()`), so it can run there too: the written tensor
+    is (a view of) a fresh constant node, no placeholder, and nothing outside the constant
+    graph reads it before the write (the main graph sees the constant graph's final values)."""
+    family = _aliases(n.args[0]) if n.args and isinstance(n.args[0], fx.Node) else None
+    return family is not None and all(a in out and a.op != "placeholder" for a in family) and \
+        all(u in out or u in family or order[u] > order[n]
+            for a in family for u in a.users if u is not n)
 
 
 #: ops whose result is a new tensor, never a view of an input (a write into the result
@@ -285,15 +350,37 @@ def written_inputs(gm: fx.GraphModule) -> set:
     for n in gm.graph.nodes:
         if n.op in ("call_function", "call_method") and layout.writes_in_place(n) and \
                 isinstance(n.args[0] if n.args else None, fx.Node):
-            todo, seen = [n.args[0]], set()
-            while todo:
-                a = todo.pop()
-                if a.op == "placeholder":
-                    out.add(a)
-                seen.add(a)
-                if not _fresh(a):
-                    todo.extend(i for i in a.all_input_nodes if i not in seen)
+            out.update(a for a in _aliases(n.args[0]) if a.op == "placeholder")
     return out
+
+
+def _aliases(x: fx.Node) -> set:
+    """`x` and what it may be a view of, back to freshly computed tensors (and placeholders)."""
+    todo, seen = [x], set()
+    while todo:
+        a = todo.pop()
+        seen.add(a)
+        if not _fresh(a):
+            todo.extend(i for i in a.all_input_nodes if i not in seen)
+    return seen
+
+
+_VIEWS = {"view", "reshape", "t", "transpose", "permute", "unsqueeze", "squeeze", "expand",
+          "flatten", "detach", "getitem", "narrow", "select", "view_as", "reshape_as",
+          "expand_as", "contiguous", "to", "float"}
+
+
+def _view_of_state(n: fx.Node) -> bool:
+    """Whether a constant node is (most likely) a view of the user's tensors, not new memory:
+    the freezing budget counts the rest (a gathered relative-position bias, a cat of biases)
+    before packing weights into what is left of it."""
+    while n.op != "placeholder":
+        name = n.target if isinstance(n.target, str) else getattr(n.target, "__name__", "")
+        if name not in _VIEWS or not n.args or not isinstance(n.args[0], fx.Node) or \
+                any(isinstance(a, fx.Node) for a in n.args[1:]) and not name.endswith("_as"):
+            return False
+        n = n.args[0]
+    return True
 
 
 def mutated_constant(gm: fx.GraphModule, const: set) -> bool:
@@ -533,11 +620,16 @@ def plan(gm: fx.GraphModule, example_inputs, options: dict) -> FreezePlan | str:
     if not consts:
         return "the graph writes into all its module state"
     n_bn = fold_batchnorm(work, consts)
+    batchnorm_as_affine(work, consts)
     layout.plan(work, example_inputs, options, consts=consts)
     budget = max(MIN_BUDGET, BUDGET_FRACTION * state_bytes(
         x for x, n in zip(example_inputs, phs) if n in consts))
+    folded = consts - set(phs)
+    consts = constant_nodes(work, consts)   # a bias the graph computes from constants too
+    computed = {n for n in consts - folded if n.op != "placeholder" and
+                not _view_of_state(n) and any(u not in consts for u in n.users)}
     n_pack = prepack_linears(work, example_inputs, consts, options,
-                             budget - sum(map(_bytes, consts - set(phs))))
+                             budget - sum(map(_bytes, folded | computed)))
     const = constant_nodes(work, consts)
     if mutated_constant(work, const):
         return "the graph writes into a module's parameter or buffer"

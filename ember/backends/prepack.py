@@ -118,7 +118,7 @@ def prepack_linears(gm: fx.GraphModule, example_inputs, consts: set, options: di
             continue
         x, w, b, transposed = found
         xv, (n, k) = _val(x), _val(w).shape[::-1] if transposed else _val(w).shape
-        if not 1 <= xv.dim() <= 3 or any(not isinstance(s, int) for s in xv.shape):
+        if xv.dim() < 1 or any(not isinstance(s, int) for s in xv.shape):
             continue
         m = math.prod(xv.shape[:-1])
         if not pays(m, n, k):

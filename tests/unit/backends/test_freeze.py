@@ -429,3 +429,100 @@ def test_instances_of_one_class_keep_their_own_folds(monkeypatch):
     check(ca, ref_a, x)
     check(cb, ref_b, x)
     assert count("refolds") == 0 and count("instance_folds") == 2
+
+
+class MaskedQKVBias(nn.Module):
+    """Swin v2's attention: the qkv bias is cloned and its k part zeroed on every call, an
+    in-place write into a copy of a parameter (before, the graph was not frozen at all)."""
+
+    def __init__(self, c=64):
+        super().__init__()
+        self.qkv = nn.Linear(c, 3 * c)
+        self.c = c
+
+    def forward(self, x):
+        b = self.qkv.bias.clone()
+        b[self.c:2 * self.c].zero_()
+        return torch.nn.functional.linear(x, self.qkv.weight, b).relu()
+
+
+def test_write_into_a_copy_of_a_parameter_is_folded():
+    """clone + zero_ on the copy run in the constant graph: the graph is frozen, the
+    parameter is untouched, values equal eager, and a changed bias is refolded."""
+    torch.manual_seed(0)
+    m = MaskedQKVBias().eval()
+    ref = copy.deepcopy(m)
+    c = ember.compile(m.requires_grad_(False))
+    x = torch.randn(2, 49, 64)
+    check(c, ref, x)
+    assert count("frozen_graphs") == 1
+    torch.testing.assert_close(m.qkv.bias, ref.qkv.bias, rtol=0, atol=0)  # not written
+    with torch.no_grad():
+        for mod in (m, ref):
+            mod.qkv.bias.add_(0.5)
+    check(c, ref, x)
+    assert count("refolds") == 1
+    gm = _captured(ref, x)
+    const = fz.constant_nodes(gm, {n for n in gm.graph.nodes if n.op == "placeholder" and
+                                   ("bias" in n.name or "weight" in n.name)})
+    assert any(n.op != "placeholder" and fz.layout.writes_in_place(n) for n in const)
+
+
+def test_copy_read_before_the_write_is_not_folded_stale():
+    """A copy the main graph reads before the write cannot take the write into the constant
+    graph (the main graph would see the written values): not frozen, and still right."""
+    class M(MaskedQKVBias):
+        def forward(self, x):
+            b = self.qkv.bias.clone()
+            y = x[..., :1] * b
+            b[self.c:2 * self.c].zero_()
+            return y + torch.nn.functional.linear(x, self.qkv.weight, b)
+    torch.manual_seed(0)
+    m = M().eval()
+    ref = copy.deepcopy(m)
+    c = ember.compile(m.requires_grad_(False))
+    for _ in range(2):
+        check(c, ref, torch.randn(2, 49, 64))
+    assert count("frozen_graphs") == 0
+
+
+class PreActivation(nn.Module):
+    """BatchNorms that read no conv/linear: DenseNet's BN-ReLU-conv (NCHW, channels-last),
+    BatchNorm1d over (N, C, L) and over LeViT's flattened linear output."""
+
+    def __init__(self):
+        super().__init__()
+        self.bn0, self.conv = nn.BatchNorm2d(3), nn.Conv2d(3, 8, 3, padding=1)
+        self.bn1, self.fc, self.bn2 = nn.BatchNorm1d(8), nn.Linear(8, 6, bias=False), \
+            nn.BatchNorm1d(6)
+
+    def forward(self, x):
+        y = self.conv(torch.relu(self.bn0(x)))
+        y = self.bn1(y.flatten(2)).transpose(1, 2)           # (N, C, L)
+        z = self.fc(y)
+        return self.bn2(z.flatten(0, 1)).reshape_as(z)
+
+
+def test_batchnorm_without_conv_becomes_affine_in_frozen_graphs():
+    """Each becomes x * scale + shift with scale/shift folded once; values as eager (1e-4),
+    in both layouts, and a changed running_var is refolded."""
+    torch.manual_seed(0)
+    m = PreActivation()
+    for mod in m.modules():
+        if isinstance(mod, (nn.BatchNorm1d, nn.BatchNorm2d)):
+            mod.running_mean.uniform_(-1, 1)
+            mod.running_var.uniform_(0.5, 2)
+            mod.weight.data.uniform_(0.5, 1.5)
+    m.eval()
+    ref = copy.deepcopy(m)
+    c = ember.compile(m.requires_grad_(False))
+    x = torch.randn(2, 3, 6, 6)
+    check(c, ref, x)
+    check(c, ref, x.contiguous(memory_format=torch.channels_last))
+    assert count("batchnorms_as_affine") >= 3
+    with torch.no_grad():
+        for mod in (m, ref):
+            mod.bn0.running_var.mul_(3.0)
+            mod.bn2.running_mean.add_(1.0)
+    check(c, ref, x)
+    assert count("refolds") >= 1

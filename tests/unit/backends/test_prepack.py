@@ -89,6 +89,38 @@ def test_sequence_batches_use_packed_weights(shape):
     assert mkl_externs() == 1
 
 
+class ChannelsLastMLP(nn.Module):
+    """torchvision Swin/ConvNeXt: linears on [B, H, W, C]; a bias computed from parameters
+    (Swin v2's qkv bias with its k part zeroed)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(128, 384), nn.Linear(384, 128)
+
+    def forward(self, x):
+        b = self.fc1.bias.clone()
+        b[128:256].zero_()
+        return self.fc2(torch.nn.functional.linear(x, self.fc1.weight, b).relu())
+
+
+def test_four_dim_inputs_and_computed_bias_packed():
+    """Both linears are packed (before: a 4-D input was never packed, and a bias computed in
+    the constant graph did not count as a constant); values as eager."""
+    torch.manual_seed(0)
+    m = ChannelsLastMLP().eval()
+    ref = copy.deepcopy(m)
+    c = ember.compile(m.requires_grad_(False))
+    x = torch.randn(2, 7, 7, 128)
+    check(c, ref, x)
+    check(c, ref, x)
+    assert count("frozen_graphs") == 1 and count("prepacked_linears") == 2
+    with torch.no_grad():
+        for mod in (m, ref):
+            mod.fc1.bias.add_(0.5)
+    check(c, ref, x)
+    assert count("refolds") == 1
+
+
 def test_large_batch_not_packed():
     m, ref = frozen_pair()
     check(m, ref, torch.randn(prepack.MAX_ROWS + 1, 128))
@@ -204,3 +236,36 @@ def test_budget_counts_resident_bytes_of_packs(monkeypatch):
     assert count("frozen_graphs") == 1 and count("prepacked_linears") == 4
     assert sum(torch.ops.mkl._mkl_reorder_linear_weight(w, 64).numel() * 4 for w in
                (ref[0].weight, ref[2].weight.t(), ref[4].weight, ref[5].weight)) > 2 << 20
+
+
+class GatheredBias(nn.Module):
+    """BEiT's attention: a relative-position bias gathered from a table by an index buffer
+    (a constant the graph computes: new memory), and a linear whose weight may be packed."""
+
+    def __init__(self, n=64, heads=4):
+        super().__init__()
+        self.table = nn.Parameter(torch.randn(2 * n, heads))
+        self.register_buffer("index", torch.randint(0, 2 * n, (n * n,)))
+        self.fc = nn.Linear(128, 384)
+        self.n, self.heads = n, heads
+
+    def forward(self, x):                                   # x: (B, n, 128)
+        bias = self.table[self.index].view(self.n, self.n, self.heads).permute(2, 0, 1)
+        y = self.fc(x)[..., :self.n]                         # (B, n, n)
+        return y.unsqueeze(1) + bias.contiguous()
+
+
+def test_budget_counts_constants_the_graph_computes(monkeypatch):
+    """The packs get what the computed constants (65 KB here) leave of the budget: before, the
+    pack (226 KB) was taken against the whole 250 KB, the total came out over it, and the
+    graph was not frozen at all."""
+    monkeypatch.setattr(fz, "MIN_BUDGET", 250_000)
+    monkeypatch.setattr(fz, "BUDGET_FRACTION", 0.0)
+    torch.manual_seed(0)
+    m = GatheredBias().eval()
+    ref = copy.deepcopy(m)
+    c = ember.compile(m.requires_grad_(False))
+    x = torch.randn(2, 64, 128)
+    check(c, ref, x)
+    check(c, ref, x)
+    assert count("frozen_graphs") == 1 and count("prepacked_linears") == 0

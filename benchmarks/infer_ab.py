@@ -1,0 +1,56 @@
+"""Eager vs ember at inference on one broad-suite model, CPU time of this thread per call
+(time.thread_time: the 2-core box is shared), alternating order, median ratio and per-round
+range. For a before/after A/B run it alternately with PYTHONPATH on each tree:
+
+    EMBER_SPEED_CHECK=0 PYTHONPATH=/path/to/base python benchmarks/infer_ab.py b_tv_swin_v2_t
+    EMBER_SPEED_CHECK=0 PYTHONPATH=. python benchmarks/infer_ab.py b_tv_swin_v2_t
+"""
+import argparse
+import copy
+import os
+import statistics as st
+import time
+
+import torch
+
+import ember
+from ember.bench import broad, suites  # noqa: F401 - registers the models
+from ember.bench.spec import REGISTRY
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model")
+    ap.add_argument("--reps", type=int, default=9)
+    ap.add_argument("--tag", default=os.environ.get("TAG", ""))
+    a = ap.parse_args()
+    torch.set_num_threads(1)
+    spec = REGISTRY[a.model]
+    torch.manual_seed(0)
+    m = spec.build().eval()
+    args, kw = spec.inputs(), spec.kwargs()
+    eager, comp = copy.deepcopy(m), ember.compile(copy.deepcopy(m))
+
+    def step(f):
+        with torch.no_grad():
+            return f(*args, **kw)
+    want, got = step(eager), step(comp)
+    want, got = (x if isinstance(x, torch.Tensor) else next(iter(x.values())) if
+                 isinstance(x, dict) else x[0] for x in (want, got))
+    err = ((got - want).abs().max() / want.abs().max()).item()
+    step(eager), step(comp)
+    times = {"eager": [], "ember": []}
+    for r in range(a.reps):
+        for name in ("eager", "ember") if r % 2 == 0 else ("ember", "eager"):
+            t = time.thread_time()
+            step(eager if name == "eager" else comp)
+            times[name].append(time.thread_time() - t)
+    rat = sorted(e / c for e, c in zip(times["eager"], times["ember"]))
+    print("%s %s eager %.1f ember %.1f ms, eager/ember median %.3f [%.3f, %.3f], rel err %.1e, "
+          "load %.1f" % (a.tag, a.model, st.median(times["eager"]) * 1e3,
+                         st.median(times["ember"]) * 1e3, st.median(rat), rat[0], rat[-1], err,
+                         os.getloadavg()[0]))
+
+
+if __name__ == "__main__":
+    main()
