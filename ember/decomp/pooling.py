@@ -1,12 +1,13 @@
 """Stage 3, decomp: pooling. max_pool2d_with_indices (+backward) are extern prims. avg and
 adaptive-avg pooling decompose where the decomposition is good (sum of kernel-shifted strided
-slices; reshape+mean when the adaptive windows are uniform); other cases return NotImplemented
+slices; reshape+mean when the adaptive windows are uniform, separable masked sums of gathers
+when they are not, e.g. 30 -> 7); other cases return NotImplemented
 and stay aten calls (the kernel backend's extern fallback)."""
 from __future__ import annotations
 
 import torch
 
-from ._util import in_format_of
+from ._util import in_format_of, to, upcast, where
 from .registry import register
 
 aten = torch.ops.aten
@@ -100,12 +101,81 @@ def avg_pool2d_backward(grad_output, self, kernel_size, stride, padding, ceil_mo
     return in_format_of(aten.constant_pad_nd.default(g, [0, W - ow * kw, 0, H - oh * kh], 0), self)
 
 
+def _adaptive_windows(n, out, device):
+    """ATen's adaptive windows along one dim: output i pools [floor(i*n/out), ceil((i+1)*n/out)).
+    Per output, as int64 iotas: the window's first and last index and its size; and the
+    smallest and largest size (uneven windows differ by one)."""
+    sizes = [-(-((i + 1) * n) // out) - (i * n) // out for i in range(out)]
+    i = aten.arange.start_step(0, out, 1, dtype=torch.int64, device=device)
+    first = aten.div.Tensor_mode(aten.mul.Tensor(i, n), out, rounding_mode="floor")
+    last = aten.div.Tensor_mode(aten.add.Tensor(aten.mul.Tensor(i, n), n - 1), out,
+                                rounding_mode="floor")
+    return first, last, aten.add.Tensor(aten.sub.Tensor(last, first), 1), min(sizes), max(sizes)
+
+
+def _window_taps(n, out, device):
+    """(index, mask) per window offset along one dim: offsets below the smallest size read
+    first + a (always inside the window); the one offset past it, where windows are uneven,
+    reads the last element, masked where the window is the short one. Indices stay affine
+    floors of the iota (no clamp), which the gather computes in place instead of a table."""
+    first, last, size, kmin, kmax = _adaptive_windows(n, out, device)
+    taps = [(aten.add.Tensor(first, a), None) for a in range(kmin)]
+    if kmax > kmin:
+        taps.append((last, aten.gt.Scalar(size, kmin)))
+    return taps, kmax - kmin
+
+
+def _taps_sum(x, dim, n_out):
+    """Sum over the adaptive windows of x along `dim` (-2 or -1) into n_out: one gather per
+    window offset, masked where a window is one shorter; None if they are too many to unroll."""
+    taps, spread = _window_taps(x.shape[dim], n_out, x.device)
+    if len(taps) > 16 or spread > 1:
+        return None
+    lead = [None] * (x.dim() + dim)
+    acc = None
+    for idx, mask in taps:
+        if dim == -2 and mask is not None:
+            mask = aten.unsqueeze.default(mask, -1)
+        v = aten._unsafe_index.Tensor(x, lead + [idx])
+        v = v if mask is None else where(mask, v, 0)
+        acc = v if acc is None else aten.add.Tensor(acc, v)
+    return acc
+
+
+def _window_sum(x, oh, ow):
+    """Sum of x's last two dims over the adaptive windows of an [oh, ow] output, one dim at a
+    time (each pass a kernel: the first is stored since the second reads it per tap). The pass
+    along W gathers within rows, so it runs on the smaller side: second when pooling shrinks W,
+    first when it grows it (a backward). None where the sizes are symbolic or the windows too
+    large to unroll."""
+    if not all(isinstance(v, int) for v in (*x.shape[-2:], oh, ow)):
+        return None                 # dynamic sizes: the unroll depends on them
+    order = [(-2, oh), (-1, ow)] if ow <= x.shape[-1] else [(-1, ow), (-2, oh)]
+    for dim, n in order:
+        x = _taps_sum(x, dim, n) if x is not None else None
+    return x
+
+
+def _window_count(n_h, oh, n_w, ow, like):
+    """[oh, ow] element counts of the adaptive windows pooling [n_h, n_w] into [oh, ow]."""
+    nh = _adaptive_windows(n_h, oh, like.device)[2]
+    nw = _adaptive_windows(n_w, ow, like.device)[2]
+    return to(aten.mul.Tensor(aten.unsqueeze.default(nh, -1), nw), like.dtype)
+
+
 @register(aten._adaptive_avg_pool2d.default)
 def adaptive_avg_pool2d(self, output_size):
     oh, ow = _pair(output_size)
     H, W = self.shape[-2], self.shape[-1]
-    if oh == 0 or ow == 0 or H % oh or W % ow:
+    if oh == 0 or ow == 0:
         return NotImplemented
+    if H % oh or W % ow:
+        # uneven windows (30 -> 7, sizes 5 and 6): masked window sums over the counts
+        acc = _window_sum(upcast(self), oh, ow)
+        if acc is None:
+            return NotImplemented
+        out = aten.div.Tensor(acc, _window_count(H, oh, W, ow, acc))
+        return in_format_of(to(out, self.dtype), self)
     lead = list(self.shape[:-2])
     x = aten.reshape.default(self, lead + [oh, H // oh, ow, W // ow])
     n = x.dim()
@@ -116,8 +186,16 @@ def adaptive_avg_pool2d(self, output_size):
 def adaptive_avg_pool2d_backward(grad_output, self):
     oh, ow = grad_output.shape[-2], grad_output.shape[-1]
     H, W = self.shape[-2], self.shape[-1]
-    if oh == 0 or ow == 0 or H % oh or W % ow:
+    if oh == 0 or ow == 0:
         return NotImplemented
+    if H % oh or W % ow:
+        # input h lies in the outputs [floor(h*oh/H), ceil((h+1)*oh/H)): the same window rule
+        # with the sizes swapped, so the gradient is a windowed sum of grad / count
+        g = upcast(grad_output)
+        acc = _window_sum(aten.div.Tensor(g, _window_count(H, oh, W, ow, g)), H, W)
+        if acc is None:
+            return NotImplemented
+        return in_format_of(to(acc, grad_output.dtype), self)
     kh, kw = H // oh, W // ow
     lead = list(grad_output.shape[:-2])
     g = aten.div.Tensor(grad_output, kh * kw)
