@@ -479,8 +479,6 @@ def _cl(t):
     (aten.avg_pool2d.default, (_cl(img), [3, 3], [1, 1], [1, 1], False, False)),
     (aten._adaptive_avg_pool2d.default, (_cl(img), [3, 2])),
     (aten._adaptive_avg_pool2d_backward.default, (_cl(r(2, 4, 3, 2)), _cl(img))),
-    (aten._adaptive_avg_pool2d.default, (_cl(img), [4, 5])),
-    (aten._adaptive_avg_pool2d_backward.default, (_cl(r(2, 4, 4, 5)), _cl(img))),
     (aten.upsample_nearest2d.default, (_cl(img), [12, 9])),
     (aten.upsample_nearest2d_backward.default, (_cl(r(2, 4, 12, 9)), [12, 9], [2, 4, 6, 6])),
     (aten.upsample_bilinear2d.default, (_cl(img), [12, 9], False)),

@@ -15,13 +15,14 @@ aten = torch.ops.aten
 
 @pytest.mark.parametrize("channels_last", [False, True])
 def test_uneven_adaptive_avg_pool_is_kernels_not_externs(channels_last):
+    # channels-last keeps eager's kernel (vectorized over C; the gathers measured 0.2x of it)
     fmt = torch.channels_last if channels_last else torch.contiguous_format
     x = torch.randn(2, 5, 30, 23).contiguous(memory_format=fmt)
     g = torch.randn(2, 5, 7, 6).contiguous(memory_format=fmt)
     stats = check(lambda t: F.adaptive_avg_pool2d(t, (7, 6)) * 2, x)
-    assert stats["externs"] == 0 and not stats["fallbacks"], stats
+    assert stats["externs"] == len(stats["fallbacks"]) == int(channels_last), stats
     stats = check(lambda gg, t: aten._adaptive_avg_pool2d_backward(gg, t), g, x)
-    assert stats["externs"] == 0 and not stats["fallbacks"], stats
+    assert stats["externs"] == len(stats["fallbacks"]) == int(channels_last), stats
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
