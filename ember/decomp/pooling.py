@@ -142,14 +142,20 @@ def _taps_sum(x, dim, n_out):
     return acc
 
 
+def _static(*sizes):
+    """Whether the sizes are plain ints: the unroll depends on them, and asking a symbolic
+    tensor's layout (channels-last) would add guards, a recompile per size."""
+    return all(isinstance(v, int) for v in sizes)
+
+
 def _window_sum(x, oh, ow):
     """Sum of x's last two dims over the adaptive windows of an [oh, ow] output, one dim at a
     time (each pass a kernel: the first is stored since the second reads it per tap). The pass
     along W gathers within rows, so it runs on the smaller side: second when pooling shrinks W,
     first when it grows it (a backward). None where the sizes are symbolic or the windows too
     large to unroll."""
-    if not all(isinstance(v, int) for v in (*x.shape[-2:], oh, ow)):
-        return None                 # dynamic sizes: the unroll depends on them
+    if not _static(*x.shape[-2:], oh, ow):
+        return None
     order = [(-2, oh), (-1, ow)] if ow <= x.shape[-1] else [(-1, ow), (-2, oh)]
     for dim, n in order:
         x = _taps_sum(x, dim, n) if x is not None else None
@@ -172,7 +178,7 @@ def adaptive_avg_pool2d(self, output_size):
     if H % oh or W % ow:
         # uneven windows (30 -> 7, sizes 5 and 6): masked window sums over the counts;
         # channels-last stays eager's kernel (vectorized over C; the gathers ran 0.2x of it)
-        if channels_last(self):
+        if not _static(H, W, oh, ow) or channels_last(self):
             return NotImplemented
         acc = _window_sum(upcast(self), oh, ow)
         if acc is None:
@@ -194,7 +200,7 @@ def adaptive_avg_pool2d_backward(grad_output, self):
     if H % oh or W % ow:
         # input h lies in the outputs [floor(h*oh/H), ceil((h+1)*oh/H)): the same window rule
         # with the sizes swapped, so the gradient is a windowed sum of grad / count
-        if channels_last(self) or channels_last(grad_output):
+        if not _static(H, W, oh, ow) or channels_last(self) or channels_last(grad_output):
             return NotImplemented
         g = upcast(grad_output)
         acc = _window_sum(aten.div.Tensor(g, _window_count(H, oh, W, ow, g)), H, W)

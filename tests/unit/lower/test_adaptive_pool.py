@@ -43,3 +43,22 @@ def test_uneven_adaptive_avg_pool_training_matches_eager(size, out, dtype):
     torch.testing.assert_close(xc.grad, xe.grad, **tol)
     for p, q in zip(m.parameters(), ref.parameters()):
         torch.testing.assert_close(p.grad, q.grad, **tol)
+
+
+def test_uneven_adaptive_avg_pool_at_a_second_size_compiles_and_matches():
+    # the second size recompiles with symbolic H, W: the unroll depends on them, so that graph
+    # keeps the aten calls (no eager fallback: EMBER_STRICT=1 would raise)
+    from ember.capture.entry import stats as capture_stats
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.AdaptiveAvgPool2d(7))
+    ref = copy.deepcopy(m)
+    c = ember.compile(m)
+    for s in (30, 23, 19):
+        x = torch.randn(2, 3, s, s)
+        xc, xe = x.clone().requires_grad_(), x.clone().requires_grad_()
+        out, want = c(xc), ref(xe)
+        torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
+        out.pow(2).sum().backward()
+        want.pow(2).sum().backward()
+        torch.testing.assert_close(xc.grad, xe.grad, atol=1e-5, rtol=1e-5)
+    assert capture_stats().get("graphs", 0) == 2
