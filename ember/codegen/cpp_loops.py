@@ -1,6 +1,6 @@
 """C++ loop planning: the index expressions a kernel body uses (IndexCollector), dim
-reordering and merging (plan_loops), layout-conversion tiles, and the split of (n, 2) pair dims.
-Used by cpp.py and triton_kernel.py."""
+reordering and merging (plan_loops), layout-conversion tiles, and the split of a dim read only
+as v // k and v % k. Used by cpp.py and triton_kernel.py."""
 from __future__ import annotations
 
 import sympy
@@ -123,11 +123,26 @@ def _drop_simd_over_masked_ifs(lines, start):
             lines[i] = kept if kept.strip() != "#pragma omp" else ""
 
 
-def split_pair(outer, xv, exprs_of):
-    """A loop dim whose indices read it only as v // 2 and v % 2 (a pointwise op on the
-    flattened view of (..., n, 2) pairs: LLaMA's `view_as_real(x).flatten(3).type_as(q)`) is
-    split into v = 2*a + b, so the kernel loops over a and the pair b (unrolled, see generate)
-    with affine indices instead of dividing per element in a loop g++ does not vectorize.
+def _divisors(v, exprs) -> list:
+    """The integer divisors (b, and b*m of (x // b) % m) the div/mod atoms of `exprs` apply
+    to sums over loop var `v`, largest first."""
+    ks = set()
+    for e in exprs:
+        for f in e.atoms(FloorDiv, ModularIndexing):
+            if not f.args[0].has(v):
+                continue
+            b = f.args[1]
+            ks |= {b} | ({b * f.args[2]} if isinstance(f, ModularIndexing) else set())
+    return sorted((int(k) for k in ks if isinstance(k, sympy.Integer)), reverse=True)
+
+
+def split_divided(outer, xv, exprs_of):
+    """A loop dim whose indices read it only as v // k and v % k is split into v = k*a + b,
+    so the kernel loops over a and b with affine indices instead of dividing per element in
+    a loop g++ does not vectorize. Two cases: a pointwise op on the flattened view of (..., n,
+    2) pairs (LLaMA's `view_as_real(x).flatten(3).type_as(q)`, k = 2: the pair b is unrolled,
+    see generate), and a pointwise op on a head-merging reshape of a batched matmul's output
+    ([B, H, N, D] permuted to [B, N, H*D], levit's attention: k = D).
     `exprs_of(point, ranges)` collects the body's index expressions at loop point `point`.
     Returns (ranges, loop vars, point) or None."""
     c = exprs_of(xv, dict(zip(xv, outer)))
@@ -136,15 +151,18 @@ def split_pair(outer, xv, exprs_of):
         for f in e.atoms(FloorDiv, ModularIndexing):
             opaque |= f.free_symbols
     for d, (v, n) in enumerate(zip(xv, outer)):
-        if v not in opaque or is_symbolic(n) or int(n) % 2 or int(n) < 4:
+        if v not in opaque or is_symbolic(n):
             continue
-        a, b = loop_var(len(xv)), loop_var(len(xv) + 1)
-        ranges = list(outer[:d]) + [sympy.Integer(int(n) // 2), sympy.Integer(2)] + \
-            list(outer[d + 1:])
-        lv = list(xv[:d]) + [a, b] + list(xv[d + 1:])
-        point = list(xv[:d]) + [2 * a + b] + list(xv[d + 1:])
-        split = exprs_of(point, dict(zip(lv, ranges)))
-        if not any(f.has(a) or f.has(b) for e in split.exprs
-                   for f in e.atoms(FloorDiv, ModularIndexing)):
-            return ranges, lv, point
+        for k in _divisors(v, c.exprs):
+            if not 1 < k < int(n) or int(n) % k:
+                continue
+            a, b = loop_var(len(xv)), loop_var(len(xv) + 1)
+            ranges = list(outer[:d]) + [sympy.Integer(int(n) // k), sympy.Integer(k)] + \
+                list(outer[d + 1:])
+            lv = list(xv[:d]) + [a, b] + list(xv[d + 1:])
+            point = list(xv[:d]) + [k * a + b] + list(xv[d + 1:])
+            split = exprs_of(point, dict(zip(lv, ranges)))
+            if not any(f.has(a) or f.has(b) for e in split.exprs
+                       for f in e.atoms(FloorDiv, ModularIndexing)):
+                return ranges, lv, point
     return None
