@@ -96,7 +96,7 @@ class KernelCodegen:
 
             def exprs_of(point, ranges):
                 return collect(lambda: [n.store_pointwise(point) for n in nodes], ranges)
-            ranges, lv, point = split_divided(outer, xv, exprs_of) or (outer, xv, xv)
+            ranges, lv, point = split_divided(outer, xv, exprs_of)
             h.ranges = dict(zip(lv, ranges))
             c = exprs_of(point, h.ranges)
             first = c.stores[0] if c.stores else sympy.Integer(0)

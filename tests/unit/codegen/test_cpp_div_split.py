@@ -36,3 +36,18 @@ def test_other_divisors_values():
           .flatten(-2) + 1, x)
     y = torch.randn(3, 7, 4)
     check(lambda y: y.permute(0, 2, 1).reshape(3, 28).sigmoid(), y)
+
+
+def _window_mask(m):
+    """torchvision swin's shifted-window attention mask from its [H, W] region ids: windows and
+    both in-window positions are each read through a // 7 and a % 7."""
+    w = m.view(4, 7, 4, 7).permute(0, 2, 1, 3).reshape(16, 49)
+    a = w.unsqueeze(1) - w.unsqueeze(2)
+    return a.masked_fill(a != 0, -100.0).masked_fill(a == 0, 0.0)
+
+
+def test_every_divided_dim_is_split():
+    m = torch.randint(0, 9, (28, 28)).float()
+    check(_window_mask, m, kernels=1)
+    _, src = _source(_window_mask, m)
+    assert not re.search(r"\(v\d+ [/%] \d+\)", src), src
