@@ -1,6 +1,6 @@
 """C++ loop planning: the index expressions a kernel body uses (IndexCollector), dim
-reordering and merging (plan_loops), layout-conversion tiles, and the split of (n, 2) pair dims.
-Used by cpp.py and triton_kernel.py."""
+reordering and merging (plan_loops), layout-conversion tiles, and the split of a dim read only
+as v // k and v % k. Used by cpp.py and triton_kernel.py."""
 from __future__ import annotations
 
 import sympy
@@ -123,28 +123,61 @@ def _drop_simd_over_masked_ifs(lines, start):
             lines[i] = kept if kept.strip() != "#pragma omp" else ""
 
 
-def split_pair(outer, xv, exprs_of):
-    """A loop dim whose indices read it only as v // 2 and v % 2 (a pointwise op on the
-    flattened view of (..., n, 2) pairs: LLaMA's `view_as_real(x).flatten(3).type_as(q)`) is
-    split into v = 2*a + b, so the kernel loops over a and the pair b (unrolled, see generate)
-    with affine indices instead of dividing per element in a loop g++ does not vectorize.
+def _divisors(v, exprs) -> list:
+    """The integer divisors (b, and b*m of (x // b) % m) the div/mod atoms of `exprs` apply
+    to sums over loop var `v`, largest first."""
+    ks = set()
+    for e in exprs:
+        for f in e.atoms(FloorDiv, ModularIndexing):
+            if not f.args[0].has(v):
+                continue
+            b = f.args[1]
+            ks |= {b} | ({b * f.args[2]} if isinstance(f, ModularIndexing) else set())
+    return sorted((int(k) for k in ks if isinstance(k, sympy.Integer)), reverse=True)
+
+
+def split_divided(outer, xv, exprs_of):
+    """A loop dim whose indices read it only as v // k and v % k is split into v = k*a + b,
+    so the kernel loops over a and b with affine indices instead of dividing per element in
+    a loop g++ does not vectorize. Two cases: a pointwise op on the flattened view of (..., n,
+    2) pairs (LLaMA's `view_as_real(x).flatten(3).type_as(q)`, k = 2: the pair b is unrolled,
+    see generate), and a pointwise op on a head-merging reshape of a batched matmul's output
+    ([B, H, N, D] permuted to [B, N, H*D], levit's attention: k = D). Every dim that can be is
+    split (swin's shifted-window mask reads three: windows, and both window-position dims).
     `exprs_of(point, ranges)` collects the body's index expressions at loop point `point`.
-    Returns (ranges, loop vars, point) or None."""
-    c = exprs_of(xv, dict(zip(xv, outer)))
+    Returns (ranges, loop vars, point): the loop nest, and the original vars in its vars."""
+    ranges, lv, point = list(outer), list(xv), list(xv)
+    fresh = len(xv)
+    while True:
+        subs = dict(zip(xv, point))
+        c = exprs_of(point, dict(zip(lv, ranges)))
+        done = _split_one(ranges, lv, c.exprs, fresh, subs, exprs_of)
+        if done is None:
+            return ranges, lv, point
+        ranges, lv, point = done
+        fresh += 2
+
+
+def _split_one(ranges, lv, exprs, fresh, subs, exprs_of):
+    """The first split of split_divided's loop nest (ranges, lv) that removes the div/mod of
+    one dim, as (ranges, loop vars, point), or None. `subs`: original var -> its expression."""
     opaque = set()
-    for e in c.exprs:
+    for e in exprs:
         for f in e.atoms(FloorDiv, ModularIndexing):
             opaque |= f.free_symbols
-    for d, (v, n) in enumerate(zip(xv, outer)):
-        if v not in opaque or is_symbolic(n) or int(n) % 2 or int(n) < 4:
+    for d, (v, n) in enumerate(zip(lv, ranges)):
+        if v not in opaque or is_symbolic(n):
             continue
-        a, b = loop_var(len(xv)), loop_var(len(xv) + 1)
-        ranges = list(outer[:d]) + [sympy.Integer(int(n) // 2), sympy.Integer(2)] + \
-            list(outer[d + 1:])
-        lv = list(xv[:d]) + [a, b] + list(xv[d + 1:])
-        point = list(xv[:d]) + [2 * a + b] + list(xv[d + 1:])
-        split = exprs_of(point, dict(zip(lv, ranges)))
-        if not any(f.has(a) or f.has(b) for e in split.exprs
-                   for f in e.atoms(FloorDiv, ModularIndexing)):
-            return ranges, lv, point
+        for k in _divisors(v, exprs):
+            if not 1 < k < int(n) or int(n) % k:
+                continue
+            a, b = loop_var(fresh), loop_var(fresh + 1)
+            new_ranges = ranges[:d] + [sympy.Integer(int(n) // k), sympy.Integer(k)] + \
+                ranges[d + 1:]
+            new_lv = lv[:d] + [a, b] + lv[d + 1:]
+            point = [sympy.expand(e.xreplace({v: k * a + b})) for e in subs.values()]
+            split = exprs_of(point, dict(zip(new_lv, new_ranges)))
+            if not any(f.has(a) or f.has(b) for e in split.exprs
+                       for f in e.atoms(FloorDiv, ModularIndexing)):
+                return new_ranges, new_lv, point
     return None

@@ -41,7 +41,7 @@ def test_pair_dim_unrolled_and_flattened_view_split():
 
 
 def test_odd_or_unsplittable_dims_keep_their_loops():
-    # a flattened view of triples is not split (only pairs are), values still equal eager
+    # a flattened view of triples and pairs of it: values equal eager
     x = torch.randn(4, 30)
     check(lambda x: torch.stack([x.view(4, 10, 3)[..., 0] * 2, x.view(4, 10, 3)[..., 1]], -1)
           .flatten(-2) + 1, x)
