@@ -113,7 +113,7 @@ class KernelCodegen:
                 # is unrolled, so the simd loop runs over the dim above it: g++ vectorizes the
                 # stride-2 loads and stores as interleaved groups, not a 2-lane loop (RoPE's
                 # complex multiply ran 3x slower than eager's); so are innermost dims of 3 and 4
-                # (a [B, k, M] -> [B, M*k] permute split by k, 047: 0.28 -> 2.1x eager at k = 3)
+                # (a [B, k, M] -> [B, M*k] permute split by k, design 048: 0.28 -> 2.1x eager at k = 3)
                 def body():
                     for k in range(int(sizes[-1])):
                         h.subs = {**subs, lvars[-1]: sympy.Integer(k)}
