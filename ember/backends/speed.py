@@ -259,7 +259,7 @@ def _seed(seeds: dict, o: torch.Tensor) -> torch.Tensor:
     return seeds[key]
 
 
-def _clock():
+def step_clock():
     """The timer for a round (module docstring, Clock)."""
     return time.thread_time if torch.get_num_threads() == 1 else time.perf_counter
 
@@ -269,7 +269,7 @@ def _time_both(kernels, eager, fresh) -> tuple[float, float, object]:
     `fresh()` gives each call its arguments (copies of the mutated ones), made untimed."""
     tk, te = [], []
     out = None
-    clock = _clock()
+    clock = step_clock()
     start = time.perf_counter()
     for _ in range(ROUNDS):
         a, b = fresh(), fresh()

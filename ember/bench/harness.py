@@ -15,7 +15,9 @@ Worker (`measure`): builds the model once (seeded), then per compiler a fresh de
      move when the inputs of ReLU-like activations move by 10x eager's error there); with 4-D
      inputs eager's error is the larger of its NCHW and channels-last runs';
   3. warm-up, then `reps` rounds that time every compiler once, order reversed every round
-     (ABBA...), and report the median of the per-round ratios eager/compiler;
+     (ABBA...), and report the median of the per-round ratios eager/compiler; with one intra-op
+     thread a round is timed in the worker thread's CPU time (steady on a loaded machine; wall
+     times are kept beside it), otherwise in wall time;
   4. peak memory of one step from the profiler's allocation events (eager peak / compiler peak).
 """
 from __future__ import annotations
@@ -33,6 +35,7 @@ import tempfile
 import time
 from typing import Any
 
+from ..backends.speed import step_clock
 from . import hygiene, kinks
 
 RESULT_FIELDS = ("model", "suite", "mode", "compiler", "status", "error", "path", "graphs",
@@ -422,12 +425,15 @@ def measure(spec, mode: str, compiler_names: list[str], reps: int, warmup: int, 
         for i in range(warmup):
             for c in (order if i % 2 == 0 else order[::-1]):
                 compilers.call_recording(records[c]["_path"], runners[c].step)
+        clock = step_clock()
         times: dict[str, list[float]] = {c: [] for c in order}
+        walls: dict[str, list[float]] = {c: [] for c in order}
         for r in range(reps):
             for c in (order if r % 2 == 0 else order[::-1]):
-                t0 = time.perf_counter()
+                w0, t0 = time.perf_counter(), clock()
                 runners[c].step()
-                times[c].append(time.perf_counter() - t0)
+                times[c].append(clock() - t0)
+                walls[c].append(time.perf_counter() - w0)
     except Exception as exc:  # noqa: BLE001 - a later-step failure fails only that model
         for c in order:
             records[c].update(status="fail", error="timing: " + compilers.describe_exception(exc))
@@ -436,6 +442,8 @@ def measure(spec, mode: str, compiler_names: list[str], reps: int, warmup: int, 
         rec = records[c]
         if times.get(c):
             rec["times"] = [round(t, 6) for t in times[c]]
+            rec["wall_times"] = [round(t, 6) for t in walls[c]]
+            rec["clock"] = "thread_cpu" if clock is time.thread_time else "wall"
             rec["step_s"] = statistics.median(times[c])
             rec["eager_step_s"] = statistics.median(times["eager"])
             rec["speedup"] = statistics.median(e / t for e, t in zip(times["eager"], times[c]))

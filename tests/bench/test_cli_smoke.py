@@ -14,7 +14,7 @@ import pytest
 
 FIELDS = {"model", "suite", "mode", "compiler", "status", "error", "path", "graphs", "graph_breaks",
           "max_err", "rel_err", "first_call_s", "compile_s", "step_s", "speedup", "mem_ratio",
-          "peak_bytes", "threads", "allocator", "env", "reps", "times"}
+          "peak_bytes", "threads", "allocator", "env", "reps", "times", "wall_times", "clock"}
 
 
 def _run(tmp_path, *args, timeout=110):
@@ -46,6 +46,9 @@ def test_smoke_reports_failures_and_goes_on(tmp_path):
     assert FIELDS <= set(ok), FIELDS - set(ok)
     assert ok["status"] == "pass" and ok["speedup"] == 1.0 and len(ok["times"]) == 2, ok
     assert ok["threads"] >= 1 and ok["allocator"]
+    # one intra-op thread: rounds in the worker thread's CPU time, never more than wall time
+    assert ok["clock"] == ("thread_cpu" if ok["threads"] == 1 else "wall"), ok["clock"]
+    assert all(t <= w + 1e-4 for t, w in zip(ok["times"], ok["wall_times"]))
     assert ok["env"]["strict"] == ""          # EMBER_STRICT from conftest does not leak
     em = by[("test_tiny_mlp", "ember")]
     assert FIELDS <= set(em), FIELDS - set(em)
