@@ -243,8 +243,8 @@ static inline float fmadd(float a, float b, float c) {
 }
 
 // ---- vectorizable float math ----
-// exp's range reduction x = z ln2 + r (|r| <= ln2 / 2) and expm1(r) = r + r^2 P(r) (Cephes),
-// shared by exp and expm1; the callers clamp x, so z stays in [-150, 128]
+// expm1's range reduction x = z ln2 + r (|r| <= ln2 / 2) and expm1(r) = r + r^2 P(r) (Cephes);
+// the caller clamps x, so z stays in [-150, 128]
 static inline float expm1_reduced(float x, float& z) {
     z = std::nearbyint(x * 1.44269504088896341f);
     float r = fmadd(z, -0.693359375f, x);
@@ -259,33 +259,47 @@ static inline float expm1_reduced(float x, float& z) {
 }
 
 static inline float exp(float x) {
-    // x clamped to [-104, 89] by two selects that let NaN through (one vmaxps and one vminps
-    // each): beyond them the two-step scaling below rounds to 0 or overflows to inf by itself,
-    // and NaN stays NaN through the polynomial, so no select on the result is needed (three
-    // compare+blend pairs and a clamp of z took a third of the vector loop; #23 exp-bound rows)
-    x = x < -104.0f ? -104.0f : x;
-    x = x > 89.0f ? 89.0f : x;
-    float z;
-    float p = expm1_reduced(x, z) + 1.0f;
-    int32_t zi = static_cast<int32_t>(z), z1 = zi >> 1, z2 = zi - z1;   // two steps: denormals
-    int32_t b1 = (z1 + 127) << 23, b2 = (z2 + 127) << 23;
+    // z = round(x / ln2) by adding 1.5*2^23 + 254 (t's low mantissa bits then hold w = z + 254),
+    // exp(r) on |r| <= ln2/2 as one degree-7 Horner chain (Cephes' coefficients), and 2^z as
+    // two factors 2^(z>>1) * 2^(z - (z>>1)) so that results down to the denormals come out
+    // (their exponent fields are (w>>1) << 23 and (w << 23) minus that: four integer ops, no
+    // clamp of z). Beyond [-104, 88.7] two selects give 0 and inf; NaN stays NaN through r.
+    // 30 loop instructions where the clamped form took 38: 0.48x -> 0.69x eager (MKL) in cache (#23)
+    float t = fmadd(x, 1.44269504088896341f, 12583166.0f);
+    float z = t - 12583166.0f;
+    float r = fmadd(z, -0.693359375f, x);
+    r = fmadd(z, 2.12194440e-4f, r);
+    float p = 1.9875691500E-4f;
+    p = fmadd(p, r, 1.3981999507E-3f);
+    p = fmadd(p, r, 8.3334519073E-3f);
+    p = fmadd(p, r, 4.1665795894E-2f);
+    p = fmadd(p, r, 1.6666665459E-1f);
+    p = fmadd(p, r, 5.0000001201E-1f);
+    p = fmadd(p, r, 1.0f);
+    p = fmadd(p, r, 1.0f);
+    uint32_t tb; std::memcpy(&tb, &t, 4);
+    uint32_t b1 = (tb >> 1) << 23, b2 = (tb << 23) - b1;
     float s1, s2; std::memcpy(&s1, &b1, 4); std::memcpy(&s2, &b2, 4);
-    return (p * s1) * s2;
+    float y = (p * s1) * s2;
+    y = x > 88.72283935546875f ? std::numeric_limits<float>::infinity() : y;
+    return x < -104.0f ? 0.0f : y;
 }
 static inline double exp(double x) { return std::exp(x); }
 
 static inline float log(float x) {
     // branch-free and call-free so that g++ vectorizes it (a libm call in a select, even one
-    // taken only for zero/denormals/negatives, made every loop using log scalar)
-    bool tiny = x < 1.17549435e-38f;                // zero, denormals, negatives
-    float xs = tiny ? x * 8388608.0f : x;           // denormals scaled by 2^23 into normal range
-    int32_t bits; std::memcpy(&bits, &xs, 4);
-    int32_t e = ((bits >> 23) & 0xff) - 126 - (tiny ? 23 : 0);
-    int32_t mb = (bits & 0x807fffff) | 0x3f000000;
+    // taken only for zero/denormals/negatives, made every loop using log scalar). x = 2^e m
+    // with m in [sqrt(1/2), sqrt(2)) straight from the bits (subtracting sqrt(1/2)'s bits moves
+    // the exponent step there: no select on m); denormals are scaled by k = 2^23 first, and
+    // subtracting k's bits takes the 23 off e in the same integer op
+    float k = x < 1.17549435e-38f ? 8388608.0f : 1.0f;
+    float xs = x * k;
+    int32_t ix, ik; std::memcpy(&ix, &xs, 4); std::memcpy(&ik, &k, 4);
+    ix = ix - ik + (0x3f800000 - 0x3f3504f3);
+    int32_t mb = (ix & 0x007fffff) + 0x3f3504f3;
     float m; std::memcpy(&m, &mb, 4);
-    bool small = m < 0.707106781186547524f;
-    float fe = static_cast<float>(small ? e - 1 : e);
-    m = small ? m + m - 1.0f : m - 1.0f;
+    m -= 1.0f;
+    float fe = static_cast<float>(ix >> 23);
     float z = m * m;
     float y = 7.0376836292E-2f;
     y = fmadd(y, m, -1.1514610310E-1f);
@@ -297,13 +311,12 @@ static inline float log(float x) {
     y = fmadd(y, m, -2.4999993993E-1f);
     y = fmadd(y, m, 3.3333331174E-1f);
     y = y * m * z;
-    y += fe * -2.12194440e-4f;
-    y += -0.5f * z;
-    float r = m + y + fe * 0.693359375f;
+    y = fmadd(fe, -2.12194440e-4f, y);
+    y = fmadd(-0.5f, z, y);
+    float r = fmadd(fe, 0.693359375f, m + y);
     r = x == std::numeric_limits<float>::infinity() ? x : r;
     r = x == 0.0f ? -std::numeric_limits<float>::infinity() : r;
-    r = x < 0.0f ? std::numeric_limits<float>::quiet_NaN() : r;
-    return x != x ? x : r;
+    return x >= 0.0f ? r : std::numeric_limits<float>::quiet_NaN();   // negative, NaN
 }
 static inline double log(double x) { return std::log(x); }
 
