@@ -34,7 +34,7 @@ from .cpp_prelude import PRELUDE
 from .cpp_ranges import split_points, unswitch
 from .cpp_reduce import ARG, CASCADE_BLOCK, CASCADE_ROWS, PARALLEL_BLOCK, SIMD_RED, UDR, Span, \
     _acc_value, _arg_better, _block_split, _cascaded, _combine, _count, _flat, _for, _init, \
-    _red_clause, _update
+    _red_clause, _update, lane_count, lane_loops
 from .welford import find_welford
 
 PARALLEL_MIN_WORK = 32768
@@ -628,8 +628,9 @@ class KernelCodegen:
                 if t != name:
                     code.writeline(f"{ctype(dt)} {t} = {_init(rt, dt)};")
             clause = simd and _red_clause([(rt, t, dt) for t, (_, rt, dt, _) in zip(targets, accs)])
-            self._loops([span] + list(sizes[i + 1:]), lvars[i:], False,
-                        simd_last=simd, reduction=clause or None, body=lambda: body(targets))
+            self._reduce_loops([span] + list(sizes[i + 1:]), lvars[i:], simd, clause or None,
+                               [(t, rt, dt, False) for t, (_, rt, dt, _) in zip(targets, accs)],
+                               body)
             for t, (name, rt, _, _) in zip(targets, accs):
                 if t != name:
                     code.writeline(_combine(rt, name, t))
@@ -640,6 +641,19 @@ class KernelCodegen:
                         partial=omp_for)
         else:
             blocks()
+
+    def _reduce_loops(self, sizes, lvars, simd, clause, accs, body):
+        """A reduction's loop nest updating `accs` [(name, rtype, dtype, fast)] through
+        body(targets) (an (accumulator, NaN flag) pair each; fast: a max/min as compare-select
+        plus a NaN flag, see _stage): a simd loop with `clause`, or lane accumulators for long
+        float rows (cpp_reduce.lane_loops)."""
+        lanes = simd and not self.columns and lane_count(
+            [(rt, dt, fast) for _, rt, dt, fast in accs], _count(sizes[-1]))
+        if lanes:
+            lane_loops(self.h, self._loops, sizes, lvars, accs, lanes, body)
+        else:
+            self._loops(sizes, lvars, False, simd_last=simd, reduction=clause,
+                        body=lambda: body([(name, f"{name}_nan") for name, *_ in accs]))
 
     def _stage(self, stage, xv, m, parallel_inner, pre=None):
         """Emit one stage; `pre`: a pointwise stage over the same inner dims just before this
@@ -719,11 +733,11 @@ class KernelCodegen:
                 n.store_pointwise(xv + rv)
             if cols:
                 adds()
-            for (n, acc, rt, dt), tgt in zip(accs, targets):
+            for (n, acc, rt, dt), (tgt, nan) in zip(accs, targets):
                 v = h._as(n.reduction_value(xv, rv), dt)
-                if tgt in fast:
-                    code.writeline(f"{acc}_nan |= ({v} != {v});")
-                    code.writeline(f"{acc} = {v} {'>' if rt == 'max' else '<'} {acc} ? {v} : {acc};")
+                if acc in fast:
+                    code.writeline(f"{nan} |= ({v} != {v});")
+                    code.writeline(f"{tgt} = {v} {'>' if rt == 'max' else '<'} {tgt} ? {v} : {tgt};")
                 elif rt in ARG:
                     code.writeline(f"if ({_arg_better(rt, v, acc, dt)}) "
                                    f"{{ {acc} = {v}; {acc}_i = {_flat(rv, stage.inner)}; }}")
@@ -757,8 +771,8 @@ class KernelCodegen:
             self._blocked(sizes, lvars, [(acc, rt, dt, widened[acc]) for _, acc, rt, dt in accs],
                           body, simd=clause is not None)
         else:
-            self._loops(sizes, lvars, False, simd_last=clause is not None, reduction=clause,
-                        body=lambda: body([acc for _, acc, _, _ in accs]))
+            self._reduce_loops(sizes, lvars, clause is not None, clause,
+                               [(acc, rt, dt, acc in fast) for _, acc, rt, dt in accs], body)
         for v in subs:
             h.subs.pop(v, None)
         for acc in sorted(fast):

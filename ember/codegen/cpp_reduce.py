@@ -41,6 +41,38 @@ CASCADE_BLOCK = 1024
 CASCADE_ROWS = 128
 #: iterations per `omp for` block of a reduction to a scalar that is not cascaded
 PARALLEL_BLOCK = 4096
+#: bytes of the lane accumulators of a float row sum/max along a simd loop (docs/design/050):
+#: 64 float lanes = 4 zmm registers, four independent add (or max) chains; one vector
+#: accumulator waits on the add latency (4 cycles per 16 floats: 2.4x slower on a row in L1)
+LANE_BYTES = 256
+
+
+def lane_count(accs, count) -> int:
+    """Lanes per accumulator of a row reduction over a simd loop of `count` iterations, or 0
+    (one accumulator and an OpenMP reduction clause, as before). accs: [(rtype, dtype, fast)]:
+    float/double sums, and max/min in the compare-select form with a NaN flag (fast). Element k
+    of the loop goes to lane k % L, in order, and the lanes are combined as a fixed tree, so a
+    sum does not depend on how g++ vectorizes it."""
+    ok = all(dt in (torch.float32, torch.float64) and (rt == "sum" or fast)
+             for rt, dt, fast in accs)
+    if not accs or not ok:
+        return 0
+    lanes = LANE_BYTES // max(dt.itemsize for _, dt, _ in accs)
+    return lanes if count >= 4 * lanes else 0
+
+
+def lane_tree(name: str, rtype: str, lanes: int) -> list[str]:
+    """Combine lanes [w, 2w) into [0, w) for w = lanes/2 ... 1: lane 0 holds the result (a
+    max/min's NaN is in its flag, so the tree is a plain compare-select)."""
+    out, w = [], lanes // 2
+    while w:
+        b = f"{name}[j + {w}]"
+        step = {"sum": f"{name}[j] += {b};",
+                "max": f"{name}[j] = {b} > {name}[j] ? {b} : {name}[j];",
+                "min": f"{name}[j] = {b} < {name}[j] ? {b} : {name}[j];"}[rtype]
+        out.append(f"for (int64_t j = 0; j < {w}; ++j) {step}")
+        w //= 2
+    return out
 
 
 def _cascaded(node, length) -> bool:
@@ -150,3 +182,49 @@ def _red_clause(rtypes_accs) -> str:
         else:
             return None
     return " ".join(parts)
+
+
+def lane_loops(h, loops, sizes, lvars, accs, lanes: int, body):
+    """Emit a reduction's loop nest over `sizes` with `lanes` accumulators per acc (accs:
+    [(name, rtype, dtype, fast)]): the innermost loop in chunks of `lanes` iterations, iteration
+    k of a chunk updating lane k of `name_l`, a tail loop, then the lane tree combined into
+    `name` (and the NaN flags of fast max/min ORed into `name_nan`). body(targets) writes the
+    updates; loops is KernelCodegen._loops."""
+    code = h.code
+    for name, rt, dt, fast in accs:
+        code.writeline(f"alignas(64) {ctype(dt)} {name}_l[{lanes}];")
+        code.writeline(f"for (int64_t j = 0; j < {lanes}; ++j) {name}_l[j] = {_init(rt, dt)};")
+        if fast:
+            code.writeline(f"alignas(64) int {name}_nan_l[{lanes}] = {{}};")
+
+    def targets(start, v):
+        return [(f"{n}_l[{v} - {start}]", f"{n}_nan_l[{v} - {start}]") for n, *_ in accs]
+
+    def inner():
+        size, v = sizes[-1], lvars[-1]
+        lo, hi = (size.lo, size.hi) if isinstance(size, Span) else ("0", _int(size))
+        full = size.size if isinstance(size, Span) else size
+        base, end = h.fresh("lb"), h.fresh("le")
+        if lo.isdigit() and hi.isdigit():
+            code.writeline(f"int64_t {end} = {int(lo) + (int(hi) - int(lo)) // lanes * lanes};")
+        else:
+            code.writeline(f"int64_t {end} = {lo} + (({hi} - {lo}) & -{lanes});")
+        code.writeline(f"for (int64_t {base} = {lo}; {base} < {end}; {base} += {lanes})")
+        code.writeline("{")
+        code.level += 1
+        loops([Span(base, f"{base} + {lanes}", full)], [v], False, simd_last=True,
+              body=lambda: body(targets(base, v)))
+        code.level -= 1
+        code.writeline("}")
+        loops([Span(end, hi, full)], [v], False, simd_last=True,
+              body=lambda: body(targets(end, v)))
+    if len(sizes) > 1:
+        loops(sizes[:-1], lvars[:-1], False, simd_last=False, body=inner)
+    else:
+        inner()
+    for name, rt, _, fast in accs:
+        for line in lane_tree(f"{name}_l", rt, lanes):
+            code.writeline(line)
+        code.writeline(_combine(rt, name, f"{name}_l[0]"))
+        if fast:
+            code.writeline(f"for (int64_t j = 0; j < {lanes}; ++j) {name}_nan |= {name}_nan_l[j];")

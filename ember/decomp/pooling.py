@@ -1,7 +1,8 @@
 """Stage 3, decomp: pooling. max_pool2d_with_indices (+backward) are extern prims. avg and
 adaptive-avg pooling decompose where the decomposition is good (sum of kernel-shifted strided
 slices; reshape+mean when the adaptive windows are uniform, separable masked sums of gathers
-when they are not, e.g. 30 -> 7); other cases return NotImplemented
+when they are not, e.g. 30 -> 7); adaptive max pooling over uniform windows (max, and the
+index by vectorized min/max reductions with ATen's NaN rule); other cases return NotImplemented
 and stay aten calls (the kernel backend's extern fallback)."""
 from __future__ import annotations
 
@@ -213,3 +214,73 @@ def adaptive_avg_pool2d_backward(grad_output, self):
     g = aten.expand.default(aten.view.default(g, lead + [oh, 1, ow, 1]), lead + [oh, kh, ow, kw])
     g = aten.clone.default(g, memory_format=torch.contiguous_format)
     return in_format_of(aten.view.default(g, list(self.shape)), self)
+
+
+def _max_windows(self, output_size):
+    """(L, oh, ow, kh, kw) when adaptive max pooling of `self` [..., H, W] is over whole,
+    uniform windows of a contiguous float input (3-D or 4-D, static sizes), else None."""
+    oh, ow = _pair(output_size)
+    H, W = self.shape[-2], self.shape[-1]
+    if self.dim() not in (3, 4) or not _static(*self.shape, oh, ow) or not self.dtype.is_floating_point:
+        return None
+    if oh == 0 or ow == 0 or H % oh or W % ow or channels_last(self) or self.numel() == 0:
+        return None
+    return _lead_numel(self), oh, ow, H // oh, W // ow
+
+
+def _lead_numel(t) -> int:
+    n = 1
+    for s in t.shape[:-2]:
+        n *= s
+    return n
+
+
+@register(aten.adaptive_max_pool2d.default)
+def adaptive_max_pool2d(self, output_size):
+    """Uniform windows: a max and an argmax per window, in one row kernel. Index rule: ATen's
+    CPU kernel takes a window's first maximum, but the LAST NaN (`val > max || isnan(val)`),
+    where argmax takes the first NaN: a window with a NaN takes the position of its last NaN
+    (a max over `isnan ? position : -1`). The index is the position in the H x W plane."""
+    win = _max_windows(self, output_size)
+    if win is None:
+        return NotImplemented
+    L, oh, ow, kh, kw = win
+    H, W = self.shape[-2], self.shape[-1]
+    x = aten.reshape.default(self, [L, oh, kh, ow, kw])
+    x = aten.reshape.default(aten.permute.default(x, [0, 1, 3, 2, 4]), [L, oh, ow, kh * kw])
+    value = aten.amax.default(x, [-1], True)
+    k = aten.arange.start_step(0, kh * kw, 1, dtype=torch.int64, device=self.device)
+    # argmax as a min over positions where x is the max: a plain vectorized min reduction
+    # (argmax's compare-and-branch per element ran scalar, 5x the max's time)
+    first = aten.amin.default(where(aten.eq.Tensor(x, value), k, kh * kw), [-1])
+    last_nan = aten.amax.default(where(aten.isnan.default(x), k, -1), [-1])
+    k = aten.where.self(aten.ge.Scalar(last_nan, 0), last_nan, first)
+    value = aten.squeeze.dim(value, -1)
+    i = aten.arange.start_step(0, oh, 1, dtype=torch.int64, device=self.device)
+    j = aten.arange.start_step(0, ow, 1, dtype=torch.int64, device=self.device)
+    h = aten.add.Tensor(aten.unsqueeze.default(aten.mul.Tensor(i, kh), -1),
+                        aten.div.Tensor_mode(k, kw, rounding_mode="floor"))
+    w = aten.add.Tensor(aten.mul.Tensor(j, kw), aten.remainder.Scalar(k, kw))
+    index = aten.add.Tensor(aten.mul.Tensor(h, W), w)
+    shape = list(self.shape[:-2]) + [oh, ow]
+    return aten.reshape.default(value, shape), aten.reshape.default(index, shape)
+
+
+@register(aten.adaptive_max_pool2d_backward.default)
+def adaptive_max_pool2d_backward(grad_output, self, indices):
+    """Uniform windows do not overlap: each input position takes its window's gradient where
+    it is the window's index, else 0 (one pointwise kernel, no zero fill and scatter)."""
+    win = _max_windows(self, grad_output.shape[-2:])
+    if win is None or channels_last(grad_output):
+        return NotImplemented
+    L, oh, ow, kh, kw = win
+    H, W = self.shape[-2], self.shape[-1]
+
+    def spread(t):      # [..., oh, ow] -> [..., H, W], each window's value over its window
+        t = aten.expand.default(aten.reshape.default(t, [L, oh, 1, ow, 1]), [L, oh, kh, ow, kw])
+        return aten.reshape.default(aten.clone.default(t, memory_format=torch.contiguous_format),
+                                    list(self.shape))
+    # the plane position as one iota viewed [H, W]: the kernel's loops over H and W merge
+    pos = aten.reshape.default(
+        aten.arange.start_step(0, H * W, 1, dtype=torch.int64, device=self.device), [H, W])
+    return where(aten.eq.Tensor(spread(indices), pos), spread(grad_output), 0)

@@ -32,6 +32,14 @@ def idx(n, *shape):
     return torch.randint(0, n, shape)
 
 
+def _nans(x):
+    """x with NaNs: two in one window, one alone, and a window of -inf."""
+    flat = x.view(-1)
+    flat[[0, 5, 17]] = float("nan")
+    x[0, 1, :2, :2] = float("-inf")
+    return x
+
+
 x34, x234 = r(3, 4), r(2, 3, 4)
 img = r(2, 4, 6, 6)
 g34 = r(3, 4)
@@ -222,6 +230,12 @@ CASES = {
     aten._adaptive_avg_pool2d.default: [(img, [1, 1]), (img, [3, 2]), (img, [4, 5]),
                                         (r(2, 3, 30, 30), [7, 7]), (r(1, 3, 5, 7), [3, 9]),
                                         (r(3, 9, 11), [4, 1])],
+    # uniform windows (global max pooling, 3x2 and 1x6 windows, 3-D); NaNs: the last NaN's index
+    aten.adaptive_max_pool2d.default: [(img, [1, 1]), (img, [2, 3]), (r(3, 4, 6), [2, 1]),
+                                       (_nans(r(2, 3, 4, 4)), [2, 2])],
+    aten.adaptive_max_pool2d_backward.default: [
+        (r(2, 4, 1, 1), img, idx(36, 2, 4, 1, 1)),
+        (r(2, 4, 2, 3), img, torch.ops.aten.adaptive_max_pool2d(img, [2, 3])[1])],
     aten._adaptive_avg_pool2d_backward.default: [(r(2, 4, 3, 2), img), (r(2, 4, 4, 5), img),
                                                  (r(2, 3, 7, 7), r(2, 3, 30, 30)),
                                                  (r(1, 3, 3, 9), r(1, 3, 5, 7)),
