@@ -226,15 +226,25 @@ class _Chooser:
         else:
             self.run, self.decided = chosen, True
             counters.bump(f"speed_{choice}_graphs")
-        DECISIONS.append({"choice": choice, "kernels_ms": t_kernels, "eager_ms": t_eager,
-                          "source": source, "training": self.training})
+        name = graph_name(self.gm, key)
+        DECISIONS.append({"graph": name, "choice": choice, "kernels_ms": t_kernels,
+                          "eager_ms": t_eager, "source": source, "training": self.training})
         if choice == "eager":
-            perf_log.info("graph kept on eager PyTorch: kernels %.3f ms, eager %.3f ms (%s)",
-                          t_kernels, t_eager, source)
+            perf_log.info("graph %s kept on eager PyTorch: kernels %.3f ms, eager %.3f ms (%s)",
+                          name, t_kernels, t_eager, source)
         else:
-            perf_log.info("graph runs its kernels: %.3f ms, eager %.3f ms (%s)", t_kernels,
-                          t_eager, source)
+            perf_log.info("graph %s runs its kernels: %.3f ms, eager %.3f ms (%s)", name,
+                          t_kernels, t_eager, source)
         return out if out is not None else chosen(*args)
+
+
+def graph_name(gm, key: str) -> str:
+    """How logs name a timed graph: its decision key's first hex digits (the same graph, inputs
+    and code in another process: the same name) and its first few ops."""
+    ops = [getattr(n.target, "__name__", str(n.target)) for n in gm.graph.nodes
+           if n.op in ("call_function", "call_method", "call_module")]
+    more = f", +{len(ops) - 3}" if len(ops) > 3 else ""
+    return f"{key[:8]} ({', '.join(ops[:3])}{more})"
 
 
 def _training_step(fn, args, seeds: dict) -> None:
