@@ -176,7 +176,9 @@ class _Chooser:
         # no gradient flows through, but its views of such inputs must stay views autograd
         # tracks (made under no_grad, DeBERTa's `q /= scale` on one raised, and a use of one
         # lost its gradient): only a graph no autograd can reach runs under no_grad
-        if self.training or torch.is_grad_enabled() and any(
+        # (grad already off: no no_grad() block, which costs ~1.5 us on each call of a graph
+        # kept on eager)
+        if self.training or not torch.is_grad_enabled() or any(
                 isinstance(a, torch.Tensor) and a.requires_grad for a in args):
             return self.gm.forward(*args)
         with torch.no_grad():

@@ -89,6 +89,7 @@ def test_choice_is_cached_on_disk_and_logged(monkeypatch, caplog):
     with torch.no_grad():
         f = ember.compile(_fn)
         f(x), f(x)
+    first = speed.DECISIONS[-1]["graph"]
     ember.reset()
 
     def never(*a):
@@ -107,7 +108,12 @@ def test_choice_is_cached_on_disk_and_logged(monkeypatch, caplog):
         lg.setLevel(level)
         lg.propagate = propagate
     assert [d["source"] for d in speed.DECISIONS] == ["disk cache"]
-    assert any("kept on eager" in r.getMessage() for r in caplog.records)
+    # the log names the graph (its decision key's prefix and first ops: the same name in
+    # another process) and the two times
+    name = speed.DECISIONS[0]["graph"]
+    assert name == first and "(mul, add, sigmoid, +1)" in name
+    assert any(f"graph {name} kept on eager PyTorch: kernels 3.000 ms, eager 1.000 ms "
+               "(disk cache)" in r.getMessage() for r in caplog.records)
 
 
 def _train_step(m, x):
