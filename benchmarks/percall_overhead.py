@@ -144,9 +144,8 @@ def layers(comp, args) -> dict:
     gargs = eval(f"({m.group(1)},)", ns, loc)
     graph = lambda f: (lambda *a: f(*gargs))    # noqa: E731
     out["compiled (speed check)"] = graph(c)
-    inner = getattr(c, "run", None)
-    if inner is not None and getattr(c, "decided", True):
-        c = inner
+    if getattr(c, "decided", False):        # the speed check's _Chooser, decided
+        c = c.run
         out["chosen"] = graph(c)
     if hasattr(c, "main_args"):            # FrozenRuntime
         out["frozen runtime"] = graph(c)
