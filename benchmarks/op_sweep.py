@@ -457,6 +457,7 @@ def run_pattern(name, mode, scale, rounds, with_torch):
         torch._dynamo.reset()
         compilers["inductor"] = torch.compile(copy.deepcopy(base))
     ember.reset()
+    decided = len(speed.DECISIONS)
     grads = None
     if mode == "train":
         with torch.no_grad():
@@ -491,6 +492,8 @@ def run_pattern(name, mode, scale, rounds, with_torch):
     # timing, which inside the timed rounds made single rounds 3-5x slow (p25 ~0.2)
     for _ in range(speed.RECHECK_CALLS + 2):
         steps["ember"]()
+    # the speed check's choices for this row's graphs (graph names match across processes)
+    row["speed"] = speed.DECISIONS[decided:]
     samples, reps = _timing.paired(steps, (), rounds, target_s=0.04)
     med = {k: statistics.median(v) for k, v in samples.items()}
     row.update({f"{k}_ms": med[k] * 1e3 for k in med}, reps=reps, rounds=rounds)

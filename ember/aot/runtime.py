@@ -12,6 +12,7 @@ graph's outputs out) that
 """
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 import torch
@@ -19,6 +20,7 @@ import torch.fx as fx
 from torch.utils._pytree import tree_structure, tree_unflatten
 
 from .. import debug, shapes
+from ..runtime.pycode import compile_cached
 from .joint import Traced
 from .partition import Partition
 
@@ -58,41 +60,92 @@ def _size_binder(traced: Traced, args):
     return concrete
 
 
-class Outputs:
-    """Builds the user outputs from a call's args and graph output slots. What does not change
-    between calls is decided once: whether any output needs this call's sizes (dynamic shapes
-    with a view or size output) and whether the structure is a flat tuple or one tensor (no
-    pytree round trip). A one-op graph's whole call is ~15 us; the per-call scan and
-    tree_unflatten were ~2 of them."""
+#: aten view ops and the Tensor methods doing the same with the same positional arguments:
+#: a method's generated binding costs ~1.5-2 us less than the OpOverload's generic call
+_VIEW_METHODS = {
+    torch.ops.aten.view.default: torch.Tensor.view,
+    torch.ops.aten.permute.default: torch.Tensor.permute,
+    torch.ops.aten.transpose.int: torch.Tensor.transpose,
+    torch.ops.aten.unsqueeze.default: torch.Tensor.unsqueeze,
+    torch.ops.aten.squeeze.dim: torch.Tensor.squeeze,
+    torch.ops.aten.squeeze.dims: torch.Tensor.squeeze,
+    torch.ops.aten.select.int: torch.Tensor.select,
+    torch.ops.aten.as_strided.default: torch.Tensor.as_strided,
+    torch.ops.aten.t.default: torch.Tensor.t,
+    torch.ops.aten.diagonal.default: torch.Tensor.diagonal,
+    torch.ops.aten.unfold.default: torch.Tensor.unfold,
+    torch.ops.aten.expand.default: torch.Tensor.expand,
+}
 
-    def __init__(self, traced: Traced, treespec):
-        self.traced, self.treespec = traced, treespec
-        self.sized = bool(traced.symbols) and any(
+
+def output_builder(traced: Traced, treespec) -> Callable:
+    """`build(args, slots)`: the user outputs from a call's args and graph output slots.
+
+    With static sizes it is generated straight-line code (one line per output, then the tuple,
+    the tensor or the pytree): what does not change between calls is decided here, once. A view
+    of a graph output is replayed with the Tensor method when there is one (graph outputs are
+    plain tensors; a view of an input, which may be a subclass, keeps the aten op). A one-op
+    graph's whole call is ~15 us; the per-call loop over the output kinds and one aten view
+    call were ~5 of them (GroupNorm, whose output is a view of its [N, G, C/G * HW] result).
+    With dynamic sizes, outputs that need this call's sizes take the loop below."""
+    n = len(traced.outputs)
+    if bool(traced.symbols) and any(
             s.kind == "view" or isinstance(s.value, (torch.SymInt, torch.SymFloat))
-            for s in traced.outputs)
-        n = len(traced.outputs)
-        self.flat = treespec == tree_structure(tuple(range(n)))
-        self.leaf = n == 1 and treespec == tree_structure(0)
+            for s in traced.outputs):
+        return functools.partial(_build_sized, traced, treespec)
+    ns: dict = {"unflatten": tree_unflatten, "spec": treespec}
+    lines = ["def build(a, s):"]
+    for i, spec in enumerate(traced.outputs):
+        if spec.kind == "graph":
+            expr = f"s[{spec.slot}]"
+        elif spec.kind == "input":
+            expr = f"a[{spec.index}]"
+        elif spec.kind == "dup":
+            expr = f"o{spec.index}"
+        elif spec.kind == "view":
+            expr = f"a[{spec.index}]" if spec.index is not None else f"s[{spec.slot}]"
+            for j, (op, args, kwargs, index) in enumerate(spec.views):
+                fn = _VIEW_METHODS.get(op) if spec.index is None and not kwargs else None
+                ns[f"V{i}_{j}"], ns[f"A{i}_{j}"], ns[f"K{i}_{j}"], ns[f"I{i}_{j}"] = \
+                    fn or op, tuple(args), kwargs, index
+                expr = f"V{i}_{j}({expr}, *A{i}_{j}" + (f", **K{i}_{j})" if kwargs else ")") + \
+                    (f"[I{i}_{j}]" if index is not None else "")
+        else:           # a constant output (a size, static here)
+            ns[f"C{i}"] = spec.value
+            expr = f"C{i}"
+        lines.append(f"    o{i} = {expr}")
+    outs = "".join(f"o{i}, " for i in range(n))
+    if treespec == tree_structure(tuple(range(n))):
+        lines.append(f"    return ({outs})")
+    elif n == 1 and treespec == tree_structure(0):
+        lines.append("    return o0")
+    else:
+        lines.append(f"    return unflatten([{outs}], spec)")
+    source = "\n".join(lines) + "\n"
+    exec(compile_cached(source, "<ember outputs>"), ns)    # noqa: S102
+    build = ns["build"]
+    build.source = source
+    return build
 
-    def __call__(self, args, slots):
-        sizes = _size_binder(self.traced, args) if self.sized else None
-        outs: list = []
-        for spec in self.traced.outputs:
-            kind = spec.kind
-            if kind == "graph":
-                outs.append(slots[spec.slot])
-            elif kind == "input":
-                outs.append(args[spec.index])
-            elif kind == "view":
-                src = args[spec.index] if spec.index is not None else slots[spec.slot]
-                outs.append(_apply_views(src, spec.views, sizes))
-            elif kind == "dup":
-                outs.append(outs[spec.index])
-            else:       # a size output (a SymInt) is this call's value of it, a Python number
-                outs.append(sizes(spec.value) if sizes is not None else spec.value)
-        if self.flat:
-            return tuple(outs)
-        return outs[0] if self.leaf else tree_unflatten(outs, self.treespec)
+
+def _build_sized(traced: Traced, treespec, args, slots):
+    """The user outputs when some need this call's sizes (dynamic shapes)."""
+    sizes = _size_binder(traced, args)
+    outs: list = []
+    for spec in traced.outputs:
+        kind = spec.kind
+        if kind == "graph":
+            outs.append(slots[spec.slot])
+        elif kind == "input":
+            outs.append(args[spec.index])
+        elif kind == "view":
+            src = args[spec.index] if spec.index is not None else slots[spec.slot]
+            outs.append(_apply_views(src, spec.views, sizes))
+        elif kind == "dup":
+            outs.append(outs[spec.index])
+        else:       # a size output (a SymInt) is this call's value of it, a Python number
+            outs.append(sizes(spec.value) if sizes is not None else spec.value)
+    return tree_unflatten(outs, treespec)
 
 
 def _apply_mutations(traced: Traced, args, new_values) -> None:
@@ -108,7 +161,7 @@ class InferenceRuntime:
 
     def __init__(self, traced: Traced, fw: Callable, treespec):
         self.traced, self.fw, self.treespec = traced, fw, treespec
-        self.outputs = Outputs(traced, treespec)
+        self.outputs = output_builder(traced, treespec)
         n = len(traced.outputs)
         # the common case needs no rebuilding: graph outputs in order, a flat tuple, no
         # mutations, no constants (saves the pytree round trip: microseconds per call)
@@ -147,7 +200,7 @@ class TrainingRuntime:
                  bw_module: fx.GraphModule, treespec, backward: Callable | None = None):
         """`backward`: the compiled backward when it is known already (a warm disk cache)."""
         self.traced, self.part, self.fw, self.treespec = traced, part, fw, treespec
-        self.outputs = Outputs(traced, treespec)
+        self.outputs = output_builder(traced, treespec)
         self._bw_compiler, self._bw_module, self._bw = bw_compiler, bw_module, backward
         self._debug_scope = debug.current_scope()    # the backward's dumps join the forward's
         self.function = self._make_function()

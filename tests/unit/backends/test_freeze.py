@@ -526,3 +526,68 @@ def test_batchnorm_without_conv_becomes_affine_in_frozen_graphs():
             mod.bn2.running_mean.add_(1.0)
     check(c, ref, x)
     assert count("refolds") >= 1
+
+
+def _frozen_runtime():
+    from ember.capture import entry
+    rts = [e.run.__globals__.get("__compiled") for c in entry.CACHES.values() for e in c.entries]
+    rts = [r for r in rts if isinstance(r, fz.FrozenRuntime)]
+    assert len(rts) == 1
+    return rts[0]
+
+
+@pytest.mark.parametrize("route", ["version", "data_pointer", "identity", "another_instance"])
+def test_straight_line_call_path_sees_every_change(route):
+    """After its first call a frozen graph runs generated straight-line code (FrozenRuntime._arm:
+    each constant's identity, version and data pointer compared, then the main graph called).
+    A change by each route after many such calls is still seen: values equal eager's, the
+    change refolds (or swaps in the other instance's fold), and the path is re-armed with the
+    new tensors."""
+    def pair():                 # instances compiled with the same settings share a graph
+        m = make()
+        ref = copy.deepcopy(m)
+        return ember.compile(m.requires_grad_(False)), ref
+    m, ref = pair()
+    x = torch.randn(2, 3, 10, 10)
+    for _ in range(5):
+        check(m, ref, x)
+    rt = _frozen_runtime()
+    assert rt.run.__name__ == "run" and rt.run.__code__.co_filename == "<ember frozen call>"
+    held = rt.held
+    other = make(seed=1)
+    with torch.no_grad():
+        if route == "version":
+            for mod in (m, ref):
+                mod.bn2.running_var.mul_(2)
+        elif route == "data_pointer":
+            m.conv2.weight.data = other.conv2.weight.data.clone()
+            ref.conv2.weight.data = other.conv2.weight.data.clone()
+        elif route == "identity":
+            m.fc.weight = nn.Parameter(other.fc.weight.clone(), requires_grad=False)
+            ref.fc.weight = nn.Parameter(other.fc.weight.clone())
+        else:
+            m, ref = pair()
+            with torch.no_grad():
+                for mod in (m, ref):
+                    mod.bn1.running_mean.add_(1)
+    for _ in range(3):
+        check(m, ref, x)
+    assert rt.run.__code__.co_filename == "<ember frozen call>"
+    assert rt.held is not held or route == "version"
+    assert count("refolds") + count("instance_folds") == 1
+
+
+def test_straight_line_call_path_times_trained_weights(monkeypatch):
+    """Weights requiring grad: the straight-line path counts the main graph's calls and run
+    time, which decide whether a refold pays (REFOLD_SHARE)."""
+    m = make()
+    ref = copy.deepcopy(m)
+    c = ember.compile(m)
+    x = torch.randn(2, 3, 10, 10)
+    for _ in range(2):
+        check(c, ref, x)
+    rt = _frozen_runtime()
+    calls, run_s = rt.calls, rt.run_s
+    for _ in range(5):
+        check(c, ref, x)
+    assert rt.calls == calls + 5 and rt.run_s > run_s
