@@ -1,4 +1,4 @@
-"""Per-call overhead of small compiled graphs (#23, design note 049): eager vs ember per call,
+"""Per-call overhead of small compiled graphs (#23, design note 051): eager vs ember per call,
 in thread CPU time (1 thread), and ember's call peeled layer by layer.
 
     python benchmarks/percall_overhead.py [--calls 2000] [--blocks 9] [--only REGEX] [--layers]

@@ -9,7 +9,7 @@ more than MARGIN. A close call (the two within a factor CLEAR) is provisional: o
 loaded machine a few rounds can pick the wrong side, so the graph is timed once more
 RECHECK_CALLS calls later and the two timings' minima decide for good. A first timing that
 drops the kernels is provisional up to CLEAR_EAGER: the first timing (the graph's second call)
-is biased against them. Over a whole op sweep (docs/design/049) the re-timing lowered the
+is biased against them. Over a whole op sweep (docs/design/051) the re-timing lowered the
 kernels/eager ratio in 39 close calls and raised it in 16, all 5 choices it changed went from
 eager to the kernels, and one graph settled on eager at 1.22 in one process ran its kernels at
 0.81 in another. A settled choice is cached
@@ -35,7 +35,7 @@ one. If eager wins, the captured graph runs under eager autograd.
 Off: `options={"speed_check": False}` or EMBER_SPEED_CHECK=0. Decisions are logged under
 EMBER_LOGS=perf ("graph 8a17414e (group_norm) kept on eager PyTorch: kernels 1.033 ms, eager
 0.999 ms (re-timed)"): a graph is named by its decision key's first digits, the same in another
-process for the same graph, inputs and ember code (docs/design/049).
+process for the same graph, inputs and ember code (docs/design/051).
 
 Consumes: the captured FX graph, aot's compiled callable. Produces: a callable with the same
 calling convention.
