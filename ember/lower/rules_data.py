@@ -760,12 +760,20 @@ def convolution(ctx, node, x, *args):
 
 @rule(aten.convolution_backward.default)
 def convolution_backward(ctx, node, grad_out, x, *args):
-    """The same for the input gradient: channels-last when the forward input is."""
+    """The same for the input gradient: channels-last when the forward input is. A grad_output
+    not stored yet (and with no layout of its own) is stored channels-last too, so the call
+    gets one layout: a channel slice of a concat's channels-last gradient (densenet121's last
+    conv of each dense block) was stored NCHW, its meta being neither layout. oneDNN takes the
+    mixed call at about the same cost (3x3 128->32 b2 at 56x56: 6.87 vs 6.71 ms, docs 049)."""
     if _onednn_crashes(ctx, x, args[0], args[2]):
         grad_out, x = (_contiguous(ctx, t) for t in (grad_out, x))
     val = out_meta(node)
     if _cpu_channels_last_input(ctx, x) and isinstance(val, (tuple, list)):
         val = (_as_channels_last(val[0]), *val[1:])
+        if isinstance(grad_out, (Pending, Reindex)) and grad_out.preferred_stride is None \
+                and len(grad_out.size) == 4 and _channels_last(grad_out.size, None):
+            n, c, h, w = grad_out.size
+            grad_out = ctx.realize(grad_out, stride=(h * w * c, 1, w * c, c))
     return ctx.extern(node.target, (grad_out, x, *args), {}, val)
 
 

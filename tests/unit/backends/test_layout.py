@@ -522,6 +522,50 @@ def test_training_gradients_leave_in_their_values_layouts():
     assert count("channels_last_graphs") == 1 and count("fallbacks") == 0
 
 
+class DenseTail(nn.Module):
+    """A DenseNet block's end: the last conv's output is read only by the concat, so its
+    gradient is one channel slice of the concat's (BatchNorm backward) gradient."""
+
+    def __init__(self):
+        super().__init__()
+        self.c0 = nn.Conv2d(3, 16, 3, padding=1, bias=False)
+        self.c1 = nn.Conv2d(16, 8, 3, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(24)
+        self.c2 = nn.Conv2d(24, 8, 1, bias=False)
+
+    def forward(self, x):
+        h = self.c0(x)
+        z = torch.cat([h, self.c1(F.relu(h))], 1)
+        return self.c2(F.relu(self.bn(z))).mean((2, 3))
+
+
+def test_training_conv_backward_gets_a_channels_last_grad_output_from_a_slice():
+    """A conv whose gradient is a channel slice of a channels-last gradient (the slice's meta
+    is neither layout) gets it stored channels-last like its input; before, it was stored NCHW
+    (densenet121: 4 mixed-layout calls a step). Values and grads are eager's."""
+    torch.manual_seed(0)
+    ref = DenseTail().train()
+    m = ember.compile(copy.deepcopy(ref), options={"layout": "channels_last"})
+    x = torch.randn(2, 3, 12, 12)
+    for _ in range(2):
+        m.zero_grad(set_to_none=True)
+        ref.zero_grad(set_to_none=True)
+        out, want = m(x), ref(x)
+        torch.testing.assert_close(out, want, **TOL)
+        with _Recorder() as rec:
+            out.sum().backward()
+        want.sum().backward()
+        for a, b in zip(m.parameters(), ref.parameters()):
+            torch.testing.assert_close(a.grad, b.grad, **GRAD_TOL)
+        conv_bw = [a for f, a in rec.calls if f is torch.ops.aten.convolution_backward.default]
+        assert len(conv_bw) == 3
+        for grad_out, inp, *_ in conv_bw:
+            if inp.shape[1] > 3:            # c0's input: 3 channels, either layout
+                assert grad_out.is_contiguous(memory_format=torch.channels_last)
+                assert inp.is_contiguous(memory_format=torch.channels_last)
+    assert count("channels_last_graphs") == 1 and count("fallbacks") == 0
+
+
 @pytest.mark.parametrize("depth", [1, 4])
 def test_training_cost_rule_weighs_the_boundary_conversions(depth):
     """A training graph of a few convs between an NCHW input (requiring grad) and an NCHW
