@@ -764,7 +764,7 @@ def convolution_backward(ctx, node, grad_out, x, *args):
     not stored yet (and with no layout of its own) is stored channels-last too, so the call
     gets one layout: a channel slice of a concat's channels-last gradient (densenet121's last
     conv of each dense block) was stored NCHW, its meta being neither layout. oneDNN takes the
-    mixed call at about the same cost (3x3 128->32 b2 at 56x56: 6.87 vs 6.71 ms, docs 049)."""
+    mixed call at about the same cost (3x3 128->32 b2 at 56x56: 6.87 vs 6.71 ms, docs 052)."""
     if _onednn_crashes(ctx, x, args[0], args[2]):
         grad_out, x = (_contiguous(ctx, t) for t in (grad_out, x))
     val = out_meta(node)
