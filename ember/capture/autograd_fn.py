@@ -12,6 +12,7 @@ write outside `ctx` or the frame (print, a global, a closure cell, an attribute 
 a call to a function it cannot read), and guards the globals they read (a rebound constant or
 helper recompiles; class attributes read through a global class are not guarded). Data-dependent code (`.item()` on a meta tensor) fails in
 the trace: in forward as a break here, in backward as aot's loud fallback to the captured graph.
+Under no_grad (inference) only forward and setup_context run, so only they are checked.
 """
 from __future__ import annotations
 
@@ -40,7 +41,10 @@ _MAX_DEPTH = 4
 def call_function_apply(tr, f, args, kwargs):
     cls = f.__self__
     reads: list = []
-    for name in ("forward", "backward", "setup_context", "vjp"):
+    # with grad mode off here (as the trace replays it per call) apply never runs the backward
+    ctx_methods = ("forward", "setup_context") + (("backward", "vjp") if torch.is_grad_enabled()
+                                                  else ())
+    for name in ctx_methods:
         meth = _own_method(cls, name)
         if meth is not None:
             why = _check_pure(meth, is_ctx_method=True, depth=0, reads=reads)

@@ -212,6 +212,25 @@ def test_side_effects_break_and_run_eagerly(fn_cls, needle):
     assert st.get("graph_breaks", 0) >= 1, st
 
 
+@pytest.mark.parametrize("backend", ["aot_eager", "ember"])
+def test_backward_not_checked_when_grad_is_off(backend):
+    """Under no_grad apply runs only forward: a backward that prints (or builds user objects,
+    Reformer's reversible layers) does not break inference; with grad on it still does."""
+    def f(x):
+        return Printing.apply(x.sin()).cos()
+
+    x = torch.randn(3, 4)
+    ember.reset()
+    cf = ember.compile(f, backend=backend, fullgraph=True)
+    with torch.no_grad():
+        for _ in range(2):
+            torch.testing.assert_close(cf(x), f(x), rtol=1e-6, atol=1e-6)
+    st = ember.stats()["counts"]
+    assert st.get("graphs") == 1 and not st.get("graph_breaks"), st
+    with pytest.raises(ember.errors.Unsupported, match="print"):
+        cf(x.requires_grad_())
+
+
 def test_data_dependent_backward_falls_back_loudly(monkeypatch):
     ember.reset()
 
