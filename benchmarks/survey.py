@@ -326,6 +326,13 @@ class _SSDLite(torch.nn.Module):
         self.det = torchvision.models.detection.ssdlite320_mobilenet_v3_large(
             weights=None, weights_backbone=None, score_thresh=0.0)
 
+    def train(self, mode: bool = True):
+        """Inference only: the detector's training mode needs targets (the harness's BatchNorm
+        calibration calls train())."""
+        super().train(mode)
+        self.det.eval()
+        return self
+
     def forward(self, x):
         out = self.det(list(x))[0]
         return out["boxes"], out["scores"]
