@@ -472,27 +472,35 @@ def table(paths: list[str]) -> str:
     mode replaces an earlier one's)."""
     rows: dict = {}
     eager: dict = {}
+    inductor: dict = {}
     for path in paths:
         with open(path) as f:
             for line in f:
                 r = json.loads(line)
+                key = (r["model"], r["mode"])
                 if r.get("compiler") == "ember":
-                    rows[(r["model"], r["mode"])] = r
+                    rows[key] = r
+                    inductor.pop(key, None)      # a later run without the column drops it
                 elif r.get("compiler") == "eager":
-                    eager[(r["model"], r["mode"])] = r
+                    eager[key] = r
+                elif r.get("compiler") == "torch":
+                    inductor[key] = r
     out = ["| model | mode | status | path | graphs | breaks | fallbacks | max rel err | "
-           "eager/ember (min-max of rounds) | first break or error |", "|" + "---|" * 10]
+           "eager/ember (min-max of rounds) | eager/torch | compile s ember / torch | "
+           "first break or error |", "|" + "---|" * 12]
     for (model, mode), r in sorted(rows.items()):
         counts = (r.get("ember_stats") or {}).get("counts", {})
         te, tc = (eager.get((model, mode)) or {}).get("times") or [], r.get("times") or []
         ratios = [a / b for a, b in zip(te, tc)]
         spread = f" ({min(ratios):.2f}-{max(ratios):.2f})" if ratios else ""
+        t = inductor.get((model, mode)) or {}
         why = (r.get("breaks") or [r.get("error") or ""])[0]
         why = re.sub(r".*site-packages/", "", why).replace("|", "/")[:110]
         out.append(f"| {model[2:]} | {mode} | {r.get('status')} | {r.get('backend') or '-'} | "
                    f"{r.get('graphs')} | {counts.get('graph_breaks', 0)} | "
                    f"{len(r.get('fallback_log') or [])} | {_fmt(r.get('rel_err'))} | "
-                   f"{_fmt(r.get('speedup'))}{spread} | {why} |")
+                   f"{_fmt(r.get('speedup'))}{spread} | {_fmt(t.get('speedup'))} | "
+                   f"{_fmt(r.get('compile_s'))} / {_fmt(t.get('compile_s'))} | {why} |")
     return "\n".join(out)
 
 
