@@ -302,6 +302,107 @@ for _name, _model, _cfg, _inputs, _note in (
     hf_model(_name, _model, _model.replace("Model", "Config"), _cfg, _inputs, _note, suite=_S4)
 
 
+# ------------------------------------------- survey5: 31 more models, in no suite and no survey
+_S5 = "survey5"
+for _n, _b, _s, _kw in (("tf_efficientnet_b0", 2, 224, {}), ("resnetblur18", 2, 224, {}),
+                        ("sebotnet33ts_256", 1, 256, {}), ("nf_resnet26", 2, 224, {}),
+                        ("convformer_s18", 1, 224, {}), ("twins_pcpvt_small", 1, 224, {}),
+                        ("repvgg_a0", 2, 224, {}), ("hgnet_tiny", 2, 224, {}),
+                        ("vit_small_patch14_dinov2", 1, 224, {"img_size": 224}),
+                        ("swinv2_cr_tiny_ns_224", 1, 224, {}), ("gcresnet50t", 1, 224, {}),
+                        ("coat_tiny", 1, 224, {})):
+    timm_model(_n, _b, _s, suite=_S5, **_kw)
+tv_model("vgg11_bn", (1, 3, 224, 224), suite=_S5)
+tv_model("mobilenet_v3_small", (8, 3, 224, 224), suite=_S5)
+tv_model("r2plus1d_18", (1, 3, 8, 112, 112), sub="video", suite=_S5)
+
+
+class _SSDLite(torch.nn.Module):
+    """ssdlite320 (eval: boxes after NMS); the outputs are the first image's boxes and scores."""
+
+    def __init__(self):
+        super().__init__()
+        import torchvision
+        self.det = torchvision.models.detection.ssdlite320_mobilenet_v3_large(
+            weights=None, weights_backbone=None, score_thresh=0.0)
+
+    def train(self, mode: bool = True):
+        """Inference only: the detector's training mode needs targets (the harness's BatchNorm
+        calibration calls train())."""
+        super().train(mode)
+        self.det.eval()
+        return self
+
+    def forward(self, x):
+        out = self.det(list(x))[0]
+        return out["boxes"], out["scores"]
+
+
+_add(ModelSpec("s_tv_ssdlite320", _S5, _SSDLite, _images((1, 3, 320, 320)), family="tv",
+               note="1x3x320x320, eval-mode detection (NMS)"))
+for _name, _model, _cfg, _inputs, _note in (
+        ("gptj", "GPTJModel", _GPT, ids(), "rotary, parallel attn+MLP"),
+        ("gemma3_text", "Gemma3TextModel", {**_DEC, "head_dim": 64, "sliding_window": 64}, ids(),
+         "sliding window 64, qk-norm"),
+        ("qwen3", "Qwen3Model", {**_DEC, "head_dim": 64}, ids(), "qk-norm"),
+        ("starcoder2", "Starcoder2Model", {**_DEC, "sliding_window": None, "residual_dropout": 0.0,
+                                           "embedding_dropout": 0.0}, ids(), ""),
+        ("mpt", "MptModel", dict(d_model=256, n_heads=4, n_layers=2, expansion_ratio=4,
+                                 max_seq_len=512, vocab_size=1000), ids(), "alibi"),
+        ("mamba2", "Mamba2Model", dict(hidden_size=256, num_hidden_layers=2, vocab_size=1000,
+                                       state_size=16, num_heads=8, head_dim=64, n_groups=1,
+                                       chunk_size=64), ids(mask=False),
+         "pure-torch chunked scan"),
+        ("wav2vec2_conformer", "Wav2Vec2ConformerModel",
+         {**_ENC, "hidden_dropout": 0.0, "attention_dropout": 0.0, "feat_proj_dropout": 0.0,
+          "layerdrop": 0.0, "mask_time_prob": 0.0, "position_embeddings_type": "rotary"},
+         audio(), "1 s of 16 kHz, rotary"),
+        ("longt5", "LongT5Model", dict(d_model=256, d_kv=64, d_ff=1024, num_layers=2,
+                                       num_heads=4, vocab_size=1000, local_radius=32,
+                                       global_block_size=16, dropout_rate=0.0,
+                                       encoder_attention_type="transient-global"),
+         ids(decoder_input_ids=lambda: torch.randint(4, 1000, (2, 32))), "transient-global"),
+        ("switch_transformers", "SwitchTransformersModel",
+         dict(d_model=256, d_kv=64, d_ff=512, num_layers=2, num_decoder_layers=2, num_heads=4,
+              num_experts=4, vocab_size=1000, dropout_rate=0.0, router_jitter_noise=0.0,
+              encoder_sparse_step=1, decoder_sparse_step=1),
+         ids(decoder_input_ids=lambda: torch.randint(4, 1000, (2, 32))), "4 experts, top-1"),
+        ("reformer", "ReformerModel",
+         dict(hidden_size=256, num_attention_heads=4, attention_head_size=64,
+              attn_layers=["local", "lsh"], axial_pos_embds=False, max_position_embeddings=512,
+              vocab_size=1000, feed_forward_size=512, local_attn_chunk_length=64,
+              lsh_attn_chunk_length=64, num_hashes=1, num_buckets=4, hash_seed=0,
+              hidden_dropout_prob=0.0, lsh_attention_probs_dropout_prob=0.0,
+              local_attention_probs_dropout_prob=0.0, is_decoder=False),
+         ids(), "local + LSH attention, reversible layers"),
+        ("vit_mae", "ViTMAEModel", dict(hidden_size=256, num_hidden_layers=2,
+                                        num_attention_heads=4, intermediate_size=1024,
+                                        image_size=224, patch_size=16),
+         lambda: {"pixel_values": torch.randn(2, 3, 224, 224), "noise": torch.rand(2, 196)},
+         "75% masking from a given noise"),
+        ("modernbert", "ModernBertModel", dict(hidden_size=256, num_hidden_layers=3,
+                                               num_attention_heads=4, intermediate_size=512,
+                                               vocab_size=1000, local_attention=64,
+                                               global_attn_every_n_layers=3,
+                                               max_position_embeddings=512, pad_token_id=0),
+         ids(), "local attention 64, global every 3rd"),
+        ("lfm2", "Lfm2Model", dict(hidden_size=256, num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, intermediate_size=512, vocab_size=1000,
+                                   layer_types=["conv", "full_attention"],
+                                   max_position_embeddings=512), ids(), "short conv + attention"),
+        ("deepseek_v3", "DeepseekV3Model",
+         dict(hidden_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+              intermediate_size=512, moe_intermediate_size=128, vocab_size=1000,
+              kv_lora_rank=64, q_lora_rank=64, qk_rope_head_dim=16, qk_nope_head_dim=32,
+              v_head_dim=32, n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1,
+              first_k_dense_replace=1, n_group=1, topk_group=1, max_position_embeddings=512),
+         ids(), "MLA + 8 experts top-2"),
+        ("ast", "ASTModel", dict(hidden_size=256, num_hidden_layers=2, num_attention_heads=4,
+                                 intermediate_size=1024, max_length=256, num_mel_bins=128),
+         lambda: {"input_values": torch.randn(2, 256, 128)}, "256 frames x 128 mel")):
+    hf_model(_name, _model, _model.replace("Model", "Config"), _cfg, _inputs, _note, suite=_S5)
+
+
 # ------------------------------------------------------------------------------------ runner
 _LOG = {"breaks": re.compile(r"\[ember:graph_breaks\] (.*)"),
         "fallback_log": re.compile(r"\[ember:fallbacks\] (.*)"),
@@ -333,7 +434,7 @@ def run_one(name: str, mode: str, args) -> list[dict]:
     with tempfile.TemporaryDirectory(prefix="ember-survey-") as tmp:
         out, log = os.path.join(tmp, "out.jsonl"), os.path.join(tmp, "log.txt")
         cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--models", name,
-               "--modes", mode, "--reps", str(args.reps), "--out", out]
+               "--modes", mode, "--reps", str(args.reps), "--out", out] + ["--torch"] * args.torch
         records, outcome, wall = harness.run_worker(cmd, env, args.timeout, out, log)
         have = {r["compiler"] for r in records}
         for c in ("eager", "ember"):
@@ -357,10 +458,12 @@ def _summary(recs: list[dict]) -> str:
     st = e.get("ember_stats", {}).get("counts", {}) if isinstance(e.get("ember_stats"), dict) \
         else {}
     sp = e.get("speedup")
+    t = next((r for r in recs if r["compiler"] == "torch"), None)
+    tcol = "" if t is None else f"eager/torch={_fmt(t.get('speedup'))} "
     return (f"{e.get('model')} {e.get('mode')}: {e.get('status')} graphs={e.get('graphs')} "
             f"breaks={st.get('graph_breaks', 0)} fallbacks={st.get('fallbacks', 0)} "
             f"rel_err={_fmt(e.get('rel_err'))} "
-            f"eager/ember={_fmt(sp)} "
+            f"eager/ember={_fmt(sp)} {tcol}compile={_fmt(e.get('compile_s'))}s "
             f"{(e.get('error') or '')[:200]}")
 
 
@@ -369,27 +472,35 @@ def table(paths: list[str]) -> str:
     mode replaces an earlier one's)."""
     rows: dict = {}
     eager: dict = {}
+    inductor: dict = {}
     for path in paths:
         with open(path) as f:
             for line in f:
                 r = json.loads(line)
+                key = (r["model"], r["mode"])
                 if r.get("compiler") == "ember":
-                    rows[(r["model"], r["mode"])] = r
+                    rows[key] = r
+                    inductor.pop(key, None)      # a later run without the column drops it
                 elif r.get("compiler") == "eager":
-                    eager[(r["model"], r["mode"])] = r
+                    eager[key] = r
+                elif r.get("compiler") == "torch":
+                    inductor[key] = r
     out = ["| model | mode | status | path | graphs | breaks | fallbacks | max rel err | "
-           "eager/ember (min-max of rounds) | first break or error |", "|" + "---|" * 10]
+           "eager/ember (min-max of rounds) | eager/torch | compile s ember / torch | "
+           "first break or error |", "|" + "---|" * 12]
     for (model, mode), r in sorted(rows.items()):
         counts = (r.get("ember_stats") or {}).get("counts", {})
         te, tc = (eager.get((model, mode)) or {}).get("times") or [], r.get("times") or []
         ratios = [a / b for a, b in zip(te, tc)]
         spread = f" ({min(ratios):.2f}-{max(ratios):.2f})" if ratios else ""
+        t = inductor.get((model, mode)) or {}
         why = (r.get("breaks") or [r.get("error") or ""])[0]
         why = re.sub(r".*site-packages/", "", why).replace("|", "/")[:110]
         out.append(f"| {model[2:]} | {mode} | {r.get('status')} | {r.get('backend') or '-'} | "
                    f"{r.get('graphs')} | {counts.get('graph_breaks', 0)} | "
                    f"{len(r.get('fallback_log') or [])} | {_fmt(r.get('rel_err'))} | "
-                   f"{_fmt(r.get('speedup'))}{spread} | {why} |")
+                   f"{_fmt(r.get('speedup'))}{spread} | {_fmt(t.get('speedup'))} | "
+                   f"{_fmt(r.get('compile_s'))} / {_fmt(t.get('compile_s'))} | {why} |")
     return "\n".join(out)
 
 
@@ -404,6 +515,7 @@ def main(argv=None) -> int:
     p.add_argument("--list", action="store_true")
     p.add_argument("--table", nargs="+", metavar="JSONL", help="print a markdown table of runs")
     p.add_argument("--no-speed-check", action="store_true", help="EMBER_SPEED_CHECK=0")
+    p.add_argument("--torch", action="store_true", help="also time torch.compile (Inductor)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     names = [n for n in args.models.split(",") if n] or [
@@ -421,8 +533,8 @@ def main(argv=None) -> int:
             def emit(rec):
                 f.write(json.dumps(rec, default=str) + "\n")
                 f.flush()
-            harness.measure(SPECS[names[0]], args.modes, ["ember"], args.reps, 1, "ember",
-                            "ember", False, emit)
+            harness.measure(SPECS[names[0]], args.modes, ["ember"] + ["torch"] * args.torch,
+                            args.reps, 1, "ember", "ember", False, emit)
         return 0
     for name in names:
         for mode in args.modes.split(","):

@@ -11,7 +11,7 @@ import types
 
 import torch
 
-from . import ndarrays, stdlib
+from . import module_casts, ndarrays, stdlib  # noqa: F401 - they register rewrites
 from .sources import MODULE_TABLES, AttrSource, DictEntrySource
 from .subclasses import flatten_meta, is_traceable_subclass
 from .values import (BuiltinMethodV, DictV, FuncV, ListV, MethodV, NdarrayV, NewObjV, ObjV,
@@ -360,12 +360,18 @@ def store_attr(tr, obj_v: V, name: str, value: V, plain: bool = False) -> None:
         return
     if isinstance(obj_v, ObjV) and obj_v.source is not None and not isinstance(obj_v.value, type):
         obj = obj_v.value
+        if isinstance(obj, torch.nn.Module) and (id(obj), name) not in tr.overlay and \
+                isinstance(value, ObjV) and value.value is obj._modules.get(name, _MISSING):
+            return              # `self.sub = self.sub` (after a no-op cast) changes nothing
         if isinstance(obj, torch.nn.Module) and not _module_store_ok(obj, name, value):
             raise tr.unsupported(f"assigning module attribute {name!r} inside the graph")
         tr.overlay[(id(obj), name)] = value
         tr.effects.append(("setattr", obj_v, name, value, plain))
         return
     raise tr.unsupported(f"attribute write {name!r} on {type(obj_v).__name__}")
+
+
+_MISSING = object()
 
 
 def refuse_input_write(tr, obj_v: NewObjV, what: str) -> None:

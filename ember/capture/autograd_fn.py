@@ -12,6 +12,8 @@ write outside `ctx` or the frame (print, a global, a closure cell, an attribute 
 a call to a function it cannot read), and guards the globals they read (a rebound constant or
 helper recompiles; class attributes read through a global class are not guarded). Data-dependent code (`.item()` on a meta tensor) fails in
 the trace: in forward as a break here, in backward as aot's loud fallback to the captured graph.
+Under no_grad (inference) apply runs only forward and records nothing: the forward is inlined
+instead (`_inline_forward`), a plain traced call with a ctx that drops what it saves.
 """
 from __future__ import annotations
 
@@ -37,10 +39,47 @@ _PURE_MODULES = (math, operator)
 _MAX_DEPTH = 4
 
 
+class _NoGradCtx:
+    """The ctx an inlined no-grad forward sees: what it may record for a backward is dropped."""
+
+    def save_for_backward(self, *tensors):
+        pass
+
+    def save_for_forward(self, *tensors):
+        pass
+
+    def mark_dirty(self, *args):
+        pass
+
+    def mark_non_differentiable(self, *args):
+        pass
+
+    def set_materialize_grads(self, value):
+        pass
+
+
+def _inline_forward(tr, cls, args, kwargs):
+    """Under no_grad apply runs only `forward` (no graph is recorded): its code is traced as
+    the caller's own, with the capture's usual rules for side effects and breaks, so it may take
+    modules, lists and user objects (Reformer's reversible layers take all three)."""
+    from .values import NewObjV, ObjV
+    fwd = _own_method(cls, "forward")
+    if fwd is None:
+        return None
+    if _own_method(cls, "setup_context") is not None:        # forward(*args): no ctx
+        return tr.call(ObjV(fwd), list(args), kwargs)
+    ctx = NewObjV(_NoGradCtx, {"needs_input_grad": ObjV(tuple(False for _ in args))},
+                  dataclass=False)
+    return tr.call(ObjV(fwd), [ctx, *args], kwargs)
+
+
 def call_function_apply(tr, f, args, kwargs):
     cls = f.__self__
+    if not torch.is_grad_enabled() and (out := _inline_forward(tr, cls, args, kwargs)) is not None:
+        return out
     reads: list = []
-    for name in ("forward", "backward", "setup_context", "vjp"):
+    ctx_methods = ("forward", "backward", "setup_context", "vjp")
+    for name in ctx_methods:
         meth = _own_method(cls, name)
         if meth is not None:
             why = _check_pure(meth, is_ctx_method=True, depth=0, reads=reads)

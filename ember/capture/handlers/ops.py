@@ -14,7 +14,7 @@ from ..flex import index_scalar
 from ..dictkeys import dict_key, missing
 from ..values import (NULL, SYM_TYPES, DictV, DictViewV, ListV, NdarrayV, NewObjV, ObjV, TensorV,
                       TupleV,
-                      is_model_output, peek)
+                      is_literal, is_model_output, peek)
 from . import handler
 
 BINARY_OPS = [operator.add, operator.and_, operator.floordiv, operator.lshift, operator.matmul,
@@ -67,6 +67,8 @@ def binary(tr, op, a, b):
         # set operations and comparisons of views: on their values now (keys are constants)
         a, b = (ObjV(real(tr, x)) if isinstance(x, DictViewV) else x for x in (a, b))
         return binary(tr, op, a, b)
+    if (isinstance(a, DictV) or isinstance(b, DictV)) and op in (operator.or_, operator.ior):
+        return _dict_union(tr, op, a, b)
     plain = _INPLACE_TO_PLAIN.get(op, op)
     a, b = _as_seq(a, b), _as_seq(b, a)
     if isinstance(a, ListV) and op is operator.iadd:
@@ -106,6 +108,33 @@ def binary(tr, op, a, b):
             if isinstance(d, types.FunctionType):
                 return tr.call(ObjV(d), [v, other], {})
     raise tr.unsupported(f"operator {op.__name__} on {type(a).__name__} and {type(b).__name__}")
+
+
+_MERGEABLE = (dict, collections.OrderedDict, collections.defaultdict)
+
+
+def _dict_union(tr, op, a, b):
+    """`d | e` (a new dict of d's class) and `d |= e` (d updated in place), on item values;
+    a constant dict operand is read as its items. transformers merges kwargs this way."""
+    from ..builtins import _dict_method
+
+    def as_dict(v):
+        if isinstance(v, ObjV) and type(v.value) in _MERGEABLE and all(
+                is_literal(x) for x in v.value.values()):
+            return DictV({k: ObjV(x) for k, x in v.value.items()}, cls=type(v.value))
+        return v
+    if op is operator.ior:
+        if not (isinstance(a, DictV) and a.cls in _MERGEABLE):
+            raise tr.unsupported(f"operator ior on {type(a).__name__} and a dict")
+        _dict_method(tr, a, "update", [as_dict(b)], {})    # any mapping or pairs, as eagerly
+        return a
+    a, b = as_dict(a), as_dict(b)
+    if not (isinstance(a, DictV) and a.cls in _MERGEABLE):
+        raise tr.unsupported(f"operator or_ on {type(a).__name__} and a dict", hint="fails eagerly")
+    if not (isinstance(b, DictV) and b.cls in _MERGEABLE):
+        raise tr.unsupported(f"operator or_ on a dict and {type(b).__name__}",
+                             hint="fails eagerly")
+    return DictV({**a.items, **b.items}, cls=a.cls, factory=a.factory)
 
 
 def _as_seq(v, other):

@@ -212,6 +212,63 @@ def test_side_effects_break_and_run_eagerly(fn_cls, needle):
     assert st.get("graph_breaks", 0) >= 1, st
 
 
+@pytest.mark.parametrize("backend", ["aot_eager", "ember"])
+def test_backward_not_checked_when_grad_is_off(backend):
+    """Under no_grad apply runs only forward: a backward that prints (or builds user objects,
+    Reformer's reversible layers) does not break inference; with grad on it still does."""
+    def f(x):
+        return Printing.apply(x.sin()).cos()
+
+    x = torch.randn(3, 4)
+    ember.reset()
+    cf = ember.compile(f, backend=backend, fullgraph=True)
+    with torch.no_grad():
+        for _ in range(2):
+            torch.testing.assert_close(cf(x), f(x), rtol=1e-6, atol=1e-6)
+    st = ember.stats()["counts"]
+    assert st.get("graphs") == 1 and not st.get("graph_breaks"), st
+    with pytest.raises(ember.errors.Unsupported, match="print"):
+        cf(x.requires_grad_())
+
+
+class Reversible(torch.autograd.Function):
+    """Reformer-style: forward runs a ModuleList and fills a caller's list."""
+    @staticmethod
+    def forward(ctx, x, layers, seen):
+        for layer in layers:
+            x = layer(x)
+            seen.append(x)
+        ctx.save_for_backward(x)
+        ctx.layers = layers
+        return x
+
+    @staticmethod
+    def backward(ctx, g):
+        print("custom backward")
+        return g, None, None
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "ember"])
+def test_no_grad_apply_inlines_forward(backend):
+    layers = torch.nn.ModuleList([torch.nn.Linear(4, 4), torch.nn.Tanh(), torch.nn.Linear(4, 4)])
+
+    def f(x, seen):
+        return Reversible.apply(x * 2, layers, seen) + 1
+
+    x = torch.randn(3, 4)
+    ember.reset()
+    cf = ember.compile(f, backend=backend, fullgraph=True)
+    with torch.no_grad():
+        for _ in range(2):
+            s_ref, s_got = [], []
+            torch.testing.assert_close(cf(x, s_got), f(x, s_ref), rtol=1e-6, atol=1e-6)
+            assert len(s_got) == len(s_ref) == 3
+            for a, b in zip(s_got, s_ref):
+                torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+    st = ember.stats()["counts"]
+    assert st.get("graphs") == 1 and not st.get("graph_breaks"), st
+
+
 def test_data_dependent_backward_falls_back_loudly(monkeypatch):
     ember.reset()
 

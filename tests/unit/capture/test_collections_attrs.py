@@ -386,3 +386,32 @@ def test_deepcopy_of_a_list_holding_an_object_is_traced_not_folded():
     torch.testing.assert_close(cf(x), f(x))
     cfg.decoder_scale = 5.0
     torch.testing.assert_close(cf(x), f(x))
+
+
+def test_dict_union_operators():
+    """`d | e` and `d |= e` (PEP 584) on traced dicts, constant dicts and a caller's dict: one
+    graph, eager's values, classes and in-place writes (transformers: `kwargs | {...}`)."""
+    def inner(x, scale, shift=0.0):
+        return x * scale + shift
+
+    def f(x, caller, **kwargs):
+        merged = kwargs | {"scale": 2.0}                  # traced | constant
+        y = inner(x, **merged)
+        caller |= {"seen": x.sum()}                       # caller's dict written in place
+        caller |= [("pairs", 1)]                          # `|=` takes pairs, as eagerly
+        od = collections.OrderedDict(a=x) | {"b": 1}      # the left operand's class
+        dd = collections.defaultdict(list, k=x) | merged
+        return y, od, type(dd).__name__, dd["missing"], caller["seen"] + 1
+
+    check(f, torch.randn(4), {"old": torch.ones(1)}, shift=torch.randn(4))
+
+
+def test_dict_union_breaks_as_eager_fails():
+    def f(x):
+        return {"a": x} | [("b", 1)]          # TypeError eagerly
+
+    with pytest.raises(TypeError):
+        f(torch.randn(2))
+    cf = ember.compile(f, backend="eager")
+    with pytest.raises(TypeError):
+        cf(torch.randn(2))
