@@ -386,6 +386,17 @@ def is_symbolic(x) -> bool:
     return isinstance(x, sympy.Basic) and bool(x.free_symbols)
 
 
+def surely_positive(n) -> bool:
+    """Whether a loop of `n` iterations surely runs: an integer > 0, or a sum of products of size
+    symbols with positive coefficients (every size symbol is >= 2: sizes 0 and 1 specialize,
+    shapes.py). `s0 // 4` or `s0 - 2` may be 0."""
+    if not is_symbolic(n):
+        return int(n) > 0
+    return all(t.as_coeff_Mul()[0] > 0 and all(f.is_Symbol or f.is_Pow and f.base.is_Symbol
+                                               for f in sympy.Mul.make_args(t.as_coeff_Mul()[1]))
+               for t in sympy.Add.make_args(sympy.expand(n)))
+
+
 def strided_index(index, stride, offset=0):
     expr = sympy.sympify(offset)
     for i, s in zip(index, stride):

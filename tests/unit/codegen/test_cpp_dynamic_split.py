@@ -173,3 +173,24 @@ def test_dynamic_softmax_row_in_scratch(tmp_path, monkeypatch):
     sig = re.search(r"void kernel0\(([^)]*)\)", src).group(1)
     assert sig.count("float*") == 2 and "_row = " in src, sig    # input and output only
     ember.reset()
+
+
+def test_invariant_load_hoisted_before_symbolic_simd_loop(tmp_path, monkeypatch):
+    """A per-row load (w[c]) is read once before a simd loop of a symbolic trip count, as before
+    a static one: a size product is >= 2 (sizes 0 and 1 specialize), so the loop surely runs."""
+    monkeypatch.setenv("EMBER_DEBUG_DIR", str(tmp_path / "debug"))
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path / "cache"))
+    ember.reset()
+
+    def f(x, w):
+        return torch.where(x > w[:, None], torch.exp(x - w[:, None]), x * 0.5)
+    m = ember.compile(f)
+    w = torch.randn(16)
+    for t in (40, 48, 2, 5, 97):
+        x = torch.randn(3, 16, t)
+        torch.testing.assert_close(m(x, w), f(x, w))
+    assert stats().get("graphs", 0) == 2
+    src = _dynamic_kernels(tmp_path / "debug")
+    assert re.search(r"float tmp\d+ = arg1\[v\d+\];\n\s*#pragma omp simd\n\s*for \(int64_t v\d+ = 0; "
+                     r"v\d+ < s\d+;", src), src
+    ember.reset()
