@@ -149,11 +149,11 @@ class KernelCodegen:
                         row0 = xv + [sympy.Integer(0)] * (len(node.ranges) - m)
                         idx = h.idx(h.simple(node.store_index(row0)))
                         code.writeline(f"{dt}* {name}_row = {home} + {idx};")
-                    elif size <= ROW_STACK_MAX:
+                    elif not is_symbolic(size) and size <= ROW_STACK_MAX:
                         code.writeline(f"alignas(64) {dt} {name}_row[{size}];")
                     else:   # too big for an OpenMP thread's stack: the thread's heap scratch
                         code.writeline(f"static thread_local ember::RowScratch<{dt}> {name}_scr;")
-                        code.writeline(f"{dt}* {name}_row = {name}_scr.get({size});")
+                        code.writeline(f"{dt}* {name}_row = {name}_scr.get({_int(size)});")
                 stages = list(k.stages)
                 while stages:
                     stage = stages.pop(0)

@@ -19,7 +19,7 @@ import re
 import sympy
 import torch
 
-from ..loopir.index import SIZE_NAME, FloorDiv, is_symbolic, simplify_index, sym
+from ..loopir.index import SIZE_NAME, FloorDiv, is_symbolic, simplify_index, surely_positive, sym
 from ..loopir.ops import BINARY, COMPARE, UNARY, compute_dtype
 from .common import CTYPE, IndentedBuffer, index_printer
 from .cpp_ranges import CMP, SWAP, bounds, decide
@@ -293,7 +293,7 @@ class CppHandler:
         # invariant compare that it cannot vectorize. Not under a mask (the index may be out of
         # bounds there), not a buffer this kernel writes, and only when the loop surely runs.
         hoist = (self.load_mask is None and name not in self.writes and self.simd is not None
-                 and not is_symbolic(self.simd[1]) and int(self.simd[1]) > 0)
+                 and surely_positive(self.simd[1]))
         if dt == torch.bfloat16:
             return self.emit(f"ember::bf16_to_float({name}[{idx}])", torch.float32, hoist, True)
         if dt == torch.float16:

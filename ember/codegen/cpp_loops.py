@@ -124,8 +124,8 @@ def _drop_simd_over_masked_ifs(lines, start):
 
 
 def _divisors(v, exprs) -> list:
-    """The integer divisors (b, and b*m of (x // b) % m) the div/mod atoms of `exprs` apply
-    to sums over loop var `v`, largest first."""
+    """The divisors (b, and b*m of (x // b) % m) the div/mod atoms of `exprs` apply to sums
+    over loop var `v`: integers largest first, then size expressions (dynamic shapes)."""
     ks = set()
     for e in exprs:
         for f in e.atoms(FloorDiv, ModularIndexing):
@@ -133,7 +133,20 @@ def _divisors(v, exprs) -> list:
                 continue
             b = f.args[1]
             ks |= {b} | ({b * f.args[2]} if isinstance(f, ModularIndexing) else set())
-    return sorted((int(k) for k in ks if isinstance(k, sympy.Integer)), reverse=True)
+    ints = sorted((int(k) for k in ks if isinstance(k, sympy.Integer)), reverse=True)
+    return [sympy.Integer(k) for k in ints] + sorted((k for k in ks if is_symbolic(k)), key=str)
+
+
+def _quotient(n, k):
+    """n / k when k splits a loop of n into (n/k, k) with both parts longer than 1, else None.
+    A symbolic n splits only by a k that divides it as a polynomial (4*s2 by s2): the quotient
+    is then a loop bound that holds for every size."""
+    if not is_symbolic(n) and not is_symbolic(k):
+        return sympy.Integer(int(n) // int(k)) if 1 < k < n and int(n) % int(k) == 0 else None
+    q = sympy.cancel(n / k)
+    if q.as_numer_denom()[1] != 1 or not q.as_coeff_Mul()[0].is_Integer or q == 1 or k == 1:
+        return None
+    return q
 
 
 def split_divided(outer, xv, exprs_of):
@@ -144,6 +157,8 @@ def split_divided(outer, xv, exprs_of):
     see generate), and a pointwise op on a head-merging reshape of a batched matmul's output
     ([B, H, N, D] permuted to [B, N, H*D], levit's attention: k = D). Every dim that can be is
     split (swin's shifted-window mask reads three: windows, and both window-position dims).
+    With dynamic shapes k may be a size symbol (D = s2 of a loop of 4*s2): the loops' bounds
+    are then run-time values, with no division per element (design 054).
     `exprs_of(point, ranges)` collects the body's index expressions at loop point `point`.
     Returns (ranges, loop vars, point): the loop nest, and the original vars in its vars."""
     ranges, lv, point = list(outer), list(xv), list(xv)
@@ -166,14 +181,14 @@ def _split_one(ranges, lv, exprs, fresh, subs, exprs_of):
         for f in e.atoms(FloorDiv, ModularIndexing):
             opaque |= f.free_symbols
     for d, (v, n) in enumerate(zip(lv, ranges)):
-        if v not in opaque or is_symbolic(n):
+        if v not in opaque:
             continue
         for k in _divisors(v, exprs):
-            if not 1 < k < int(n) or int(n) % k:
+            q = _quotient(n, k)
+            if q is None:
                 continue
             a, b = loop_var(fresh), loop_var(fresh + 1)
-            new_ranges = ranges[:d] + [sympy.Integer(int(n) // k), sympy.Integer(k)] + \
-                ranges[d + 1:]
+            new_ranges = ranges[:d] + [q, k] + ranges[d + 1:]
             new_lv = lv[:d] + [a, b] + lv[d + 1:]
             point = [sympy.expand(e.xreplace({v: k * a + b})) for e in subs.values()]
             split = exprs_of(point, dict(zip(new_lv, new_ranges)))

@@ -96,7 +96,11 @@ def simplify_index(expr, ranges: dict):
 def _simplify_index(expr, ranges: tuple):
     bounds = {v: int(n) - 1 for v, n in ranges if isinstance(n, int) or
               isinstance(n, sympy.Integer)}
-    return _simplify(expr, bounds)
+    e = _simplify(expr, bounds)
+    if any(is_symbolic(n) for _, n in ranges) or any(
+            is_symbolic(a) for f in e.atoms(FloorDiv, ModularIndexing) for a in f.args[1:]):
+        e = _symbolic(e, {v: sympy.sympify(n) - 1 for v, n in ranges})
+    return e
 
 
 def _upper(e, bounds):
@@ -206,6 +210,105 @@ def _simplify(e, bounds):
     return e
 
 
+# --- symbolic divisors (dynamic shapes, docs/design/054) ------------------------------------
+# A dynamic graph's views divide by size symbols: a head merge reads `v // s2` and `v % s2`, a
+# flattened index `(v3 + v2*s3 + v1*s2*s3) // s3`. The rules above need integer divisors; these
+# are the same rules over monomials of size symbols, each proved with `_le`: an upper bound of
+# the remainder as a polynomial in the sizes, all of which are non-negative.
+
+def _size_expr(e) -> bool:
+    """An expression of size symbols only with no negative term (s0, 4*s1, s1 // 4): a
+    non-negative run-time constant."""
+    return bool(e.free_symbols) and all(SIZE_NAME.fullmatch(x.name) for x in e.free_symbols) \
+        and all(t.as_coeff_Mul()[0] >= 0 for t in sympy.Add.make_args(sympy.expand(e)))
+
+
+def _supper(e, bounds):
+    """A polynomial upper bound of a non-negative index expression over the loop vars' symbolic
+    `bounds` ({var: size - 1}), or None when unknown."""
+    if e.is_Integer:
+        return e if e >= 0 else None
+    if e.is_Symbol:
+        return bounds.get(e, e if SIZE_NAME.fullmatch(e.name) else None)
+    if _size_expr(e):
+        return e
+    if e.is_Add or e.is_Mul:
+        parts = [_supper(a, bounds) for a in e.args]
+        if any(p is None for p in parts):
+            return None
+        return sympy.Add(*parts) if e.is_Add else sympy.Mul(*parts)
+    if isinstance(e, FloorDiv):     # x // b <= x
+        return _supper(e.args[0], bounds)
+    if isinstance(e, ModularIndexing):
+        return e.args[2] - 1
+    return None
+
+
+def _le(a, b) -> bool:
+    """a <= b for all non-negative values of the size symbols: b - a expands to a sum of terms
+    with non-negative coefficients (sufficient, not necessary)."""
+    d = sympy.expand(b - a)
+    return all(t.as_coeff_Mul()[0] >= 0 for t in sympy.Add.make_args(d))
+
+
+def _divides(t, b):
+    """t / b when it is a monomial with an integer coefficient (b divides t), else None."""
+    q = t / b
+    n, d = q.as_numer_denom()
+    return q if d == 1 and q.as_coeff_Mul()[0].is_Integer else None
+
+
+def _sym_factor(a, b, bounds):
+    """(y, g): a == g*y + r with g a common factor of b and some terms of a, 0 <= r < g, else
+    None (the symbolic _factor_out). g == b pulls whole multiples out of a // b."""
+    terms = list(sympy.Add.make_args(a))
+    if any(t.as_coeff_Mul()[0] < 0 for t in terms):
+        return None
+    for g in dict.fromkeys(sympy.gcd(t, b) for t in terms):
+        if g == 1:
+            continue
+        big = [q for q in (_divides(t, g) for t in terms) if q is not None]
+        small = sympy.Add(*[t for t in terms if _divides(t, g) is None])
+        u = _supper(small, bounds)
+        if big and u is not None and _le(u + 1, g):
+            return sympy.Add(*big), g
+    return None
+
+
+def _symbolic(e, bounds):
+    """FloorDiv/ModularIndexing of `e` with symbolic divisors or symbolic loop bounds, rewritten
+    by the rules of simplify_index (x // b -> 0 when x < b; factoring g out of g*y + r)."""
+    if not e.args or not e.has(FloorDiv, ModularIndexing):
+        return e
+    e = e.func(*[_symbolic(a, bounds) for a in e.args])
+    if isinstance(e, FloorDiv):
+        a, b = e.args
+        u = _supper(a, bounds)
+        if u is not None and _le(u + 1, b):
+            return sympy.Integer(0)
+        f = _sym_factor(a, b, bounds)
+        if f is not None:
+            return _symbolic(FloorDiv(f[0], sympy.cancel(b / f[1])), bounds)
+    elif isinstance(e, ModularIndexing):
+        a, b, m = e.args
+        terms = sympy.Add.make_args(a)
+        keep = [t for t in terms if _divides(t, b * m) is None]
+        if len(keep) < len(terms) and all(t.as_coeff_Mul()[0] >= 0 for t in terms):
+            return _symbolic(ModularIndexing(sympy.Add(*keep), b, m), bounds)
+        u = _supper(a, bounds)
+        if u is not None and _le(u + 1, b * m):
+            return _symbolic(FloorDiv(a, b), bounds)
+        f = _sym_factor(a, b, bounds)
+        if f is not None:
+            return _symbolic(ModularIndexing(f[0], sympy.cancel(b / f[1]), m), bounds)
+        f = _sym_factor(a, m, bounds) if b == 1 else None
+        if f is not None:     # (g*y + r) % (g*k) == g*(y % k) + r
+            y, g = f
+            return _symbolic(g * ModularIndexing(y, sympy.Integer(1), sympy.cancel(m / g)) +
+                             sympy.expand(a - g * y), bounds)
+    return e
+
+
 def _join(e):
     """One join of two terms of the sum `e` (see simplify_index), or None."""
     parts = []
@@ -281,6 +384,17 @@ def hint(x) -> int:
 
 def is_symbolic(x) -> bool:
     return isinstance(x, sympy.Basic) and bool(x.free_symbols)
+
+
+def surely_positive(n) -> bool:
+    """Whether a loop of `n` iterations surely runs: an integer > 0, or a sum of products of size
+    symbols with positive coefficients (every size symbol is >= 2: sizes 0 and 1 specialize,
+    shapes.py). `s0 // 4` or `s0 - 2` may be 0."""
+    if not is_symbolic(n):
+        return int(n) > 0
+    return all(t.as_coeff_Mul()[0] > 0 and all(f.is_Symbol or f.is_Pow and f.base.is_Symbol
+                                               for f in sympy.Mul.make_args(t.as_coeff_Mul()[1]))
+               for t in sympy.Add.make_args(sympy.expand(n)))
 
 
 def strided_index(index, stride, offset=0):
