@@ -200,6 +200,11 @@ def call_obj(tr, fn: ObjV, args: list, kwargs: dict) -> V:
         # a function ember.compile'd on its own, called from compiled code: inline what it
         # wraps (as Dynamo inlines a nested torch.compile), not ember's own runner
         return call(tr, ObjV(f.__wrapped__), args, kwargs)
+    if getattr(f, "_torchdynamo_disable", False):
+        # torch.compiler.disable (also torch's own lazily disabled helpers, e.g. under
+        # torch.manual_seed): the user asked for no compiler here, so it runs eagerly
+        raise tr.unsupported(f"call to {_name(f)}, marked torch.compiler.disable",
+                             hint="it runs eagerly, outside the graph (as under Dynamo)")
     if compiled_by_torch(f):
         # its frames are Dynamo's to capture: tracing into Dynamo's wrapper would compile the
         # function with ember and trace Dynamo's own machinery

@@ -91,3 +91,29 @@ def test_neither_compiler_captures_the_others_frames():
         assert counter.frame_count == 2
     finally:
         torch._dynamo.reset()
+
+
+def test_torch_compiler_disable_is_a_named_break_and_runs_eagerly():
+    """A torch.compiler.disable'd function called from compiled code: one break that names the
+    mark (not "compiled by torch.compile"), the function runs eagerly on every call."""
+    ran = []
+
+    def helper(t):
+        ran.append(1)               # a side effect: only an eager run appends
+        return t.cos()
+
+    disabled = torch.compiler.disable(helper)
+
+    def fn(t):
+        return disabled(t * 2) + 1
+
+    x = torch.randn(8)
+    expl = ember.explain(fn, x)
+    assert expl.break_count == 1, str(expl)
+    assert "torch.compiler.disable" in str(expl) and "compiled by torch.compile" not in str(expl)
+    ember.reset()
+    compiled = ember.compile(fn)
+    ran.clear()
+    for _ in range(3):
+        torch.testing.assert_close(compiled(x), (x * 2).cos() + 1)
+    assert len(ran) == 3
