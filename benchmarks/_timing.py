@@ -6,7 +6,8 @@
   root first on sys.path (a script path puts benchmarks/ there instead).
 - `paired(fns, args, rounds)`: each callable once per round, order reversed every other round
   (A B C, C B A, ...), so drift from other load on the machine hits every callable alike; returns
-  the per-round seconds per call of each, for medians and per-round ratios.
+  the per-round seconds per call of each, for medians and per-round ratios. With one intra-op
+  thread the seconds are the calling thread's CPU time (time_call).
 """
 from __future__ import annotations
 
@@ -14,7 +15,6 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -34,11 +34,15 @@ def prepare() -> str:
 
 
 def time_call(fn, args=(), reps: int = 1) -> float:
-    """Seconds per call of fn(*args), averaged over `reps` back-to-back calls."""
-    t0 = time.perf_counter()
+    """Seconds per call of fn(*args), averaged over `reps` back-to-back calls: the calling
+    thread's CPU time with one intra-op thread (steady on a loaded box), else wall time (the
+    clock of ember's speed check and of `ember bench`)."""
+    from ember.backends.speed import step_clock
+    clock = step_clock()
+    t0 = clock()
     for _ in range(reps):
         fn(*args)
-    return (time.perf_counter() - t0) / reps
+    return (clock() - t0) / reps
 
 
 def pick_reps(fn, args=(), target_s: float = 0.05, cap: int = 50) -> int:
