@@ -144,7 +144,7 @@ def _build_sized(traced: Traced, treespec, args, slots):
         elif kind == "dup":
             outs.append(outs[spec.index])
         else:       # a size output (a SymInt) is this call's value of it, a Python number
-            outs.append(sizes(spec.value) if sizes is not None else spec.value)
+            outs.append(sizes(spec.value))
     return tree_unflatten(outs, treespec)
 
 

@@ -78,8 +78,7 @@ def call_function_apply(tr, f, args, kwargs):
     if not torch.is_grad_enabled() and (out := _inline_forward(tr, cls, args, kwargs)) is not None:
         return out
     reads: list = []
-    ctx_methods = ("forward", "backward", "setup_context", "vjp")
-    for name in ctx_methods:
+    for name in ("forward", "backward", "setup_context", "vjp"):
         meth = _own_method(cls, name)
         if meth is not None:
             why = _check_pure(meth, is_ctx_method=True, depth=0, reads=reads)
