@@ -6,6 +6,7 @@ switched off."""
 from __future__ import annotations
 
 import copy
+import itertools
 
 import pytest
 import torch
@@ -27,9 +28,17 @@ def _fn(x):
 
 
 def _timings(kernels_ms, eager_ms, calls):
+    return _timing_sequence(itertools.repeat((kernels_ms, eager_ms)), calls)
+
+
+def _timing_sequence(results, calls):
+    """A stand-in for speed._time_both that returns the next (kernels_ms, eager_ms) pair on each
+    timing and records the call in `calls`."""
+    results = iter(results)
+
     def fake(kernels, eager, fresh):
         calls.append(1)
-        return kernels_ms, eager_ms, kernels(*fresh())
+        return (*next(results), kernels(*fresh()))
     return fake
 
 
@@ -50,13 +59,8 @@ def test_a_close_call_is_timed_again_before_it_is_kept(monkeypatch):
     """Kernels 1.10 ms vs eager 1.0 ms is inside CLEAR: eager serves provisionally, nothing goes
     to disk, and RECHECK_CALLS calls later a second timing (kernels 0.95, eager 1.05) decides on
     the minima of both: the kernels, stored on disk for the next process."""
-    results = iter([(1.10, 1.0), (0.95, 1.05)])
     timed = []
-
-    def fake(kernels, eager, fresh):
-        timed.append(1)
-        return (*next(results), kernels(*fresh()))
-    monkeypatch.setattr(speed, "_time_both", fake)
+    monkeypatch.setattr(speed, "_time_both", _timing_sequence([(1.10, 1.0), (0.95, 1.05)], timed))
     x = torch.randn(8, 32)
     f = ember.compile(_fn)
     with torch.no_grad():
@@ -87,13 +91,8 @@ def test_a_close_call_is_timed_again_before_it_is_kept(monkeypatch):
 def test_dropping_the_kernels_needs_a_clearer_first_timing(monkeypatch, first, settled):
     """Eager faster by 1.3x in the first timing is provisional (CLEAR_EAGER): re-timed later,
     where the kernels win (0.9 vs 1.0 ms); eager by 1.6x, or kernels by 1.3x, settle at once."""
-    results = iter([first, (0.9, 1.0)])
     timed = []
-
-    def fake(kernels, eager, fresh):
-        timed.append(1)
-        return (*next(results), kernels(*fresh()))
-    monkeypatch.setattr(speed, "_time_both", fake)
+    monkeypatch.setattr(speed, "_time_both", _timing_sequence([first, (0.9, 1.0)], timed))
     x = torch.randn(8, 32)
     f = ember.compile(_fn)
     with torch.no_grad():
