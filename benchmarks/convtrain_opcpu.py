@@ -1,5 +1,5 @@
-"""convtrain_opcpu.py MODEL [--variants eager,auto,nchw,cl] [--steps N] [--top K]: where a training
-step's thread CPU time goes, per aten op (tagged with the layout of its first 4-D tensor argument:
+"""convtrain_opcpu.py MODEL [--variants eager,auto,nchw,cl] [--steps N] [--top K] [--mode infer|train]:
+where a training (or, --mode infer, an inference) step's thread CPU time goes, per aten op (tagged with the layout of its first 4-D tensor argument:
 nchw / cl / strided) and per ember kernel, averaged over N steps per variant (alternating), 1 thread.
 
 eager: a TorchDispatchMode times each top-level aten call. ember (auto / nchw / cl = the layout
@@ -8,7 +8,8 @@ calls are wrapped instead (WrapperCodegen.op_name) and its kernels timed through
 hook (`_rf`); a forward and a backward kernel with the same number share a row ("K ember kernelN").
 Run with a fresh EMBER_CACHE_DIR and EMBER_BACKEND_CACHE=0 (a cached wrapper keeps the untimed ops).
 Inductor is not covered (under a dispatch mode Dynamo runs the model eagerly). SHOWNCHW=1 prints
-each NCHW conv call's shapes and strides."""
+each NCHW conv call's shapes and strides. MODEL: a broad-suite name or a benchmarks/survey.py one
+(s_...); inference builds the model as the bench does (suites.instantiate, eval mode)."""
 import copy, os, sys, time, statistics as st, collections, contextlib
 os.environ["EMBER_PROFILE"] = "1"
 os.environ.setdefault("EMBER_SPEED_CHECK", "0")
@@ -24,6 +25,7 @@ name = sys.argv[1]
 arg = lambda k, d: sys.argv[sys.argv.index(k) + 1] if k in sys.argv else d
 variants = arg("--variants", "eager,auto,torch").split(",")
 steps, top = int(arg("--steps", 3)), int(arg("--top", 25))
+mode = arg("--mode", "train")
 OPTS = {"auto": {}, "nchw": {"layout": "contiguous"}, "cl": {"layout": "channels_last"}}
 acc = None
 class RF:
@@ -66,14 +68,19 @@ class Mode(TorchDispatchMode):
         if acc is not None:
             acc["A %s %s" % (func.__name__, lay(args))] += time.thread_time() - t
         return r
-spec = REGISTRY[name]
-torch.manual_seed(0)
-m = spec.build(); m.train(True); args = spec.inputs(); kw = spec.kwargs()
+if name in REGISTRY:
+    spec = REGISTRY[name]
+else:
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import survey
+    spec = survey.SPECS[name]
+m, args, kw = suites.instantiate(spec)
+m.train(mode == "train")
 rs = {}
 for v in variants:
     mod = copy.deepcopy(m)
     f = mod if v == "eager" else torch.compile(mod) if v == "torch" else ember.compile(mod, options=OPTS[v])
-    rs[v] = Runner(f, mod, "train", args, kw)
+    rs[v] = Runner(f, mod, mode, args, kw)
     for _ in range(2):
         rs[v].step()
 res = {v: collections.defaultdict(float) for v in rs}
