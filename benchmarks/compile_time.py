@@ -3,7 +3,10 @@ under no_grad, 1 thread: first call minus the median of 5 steady calls. Each mea
 its own process: ember cold (fresh EMBER_CACHE_DIR), `--warm` warm starts (the same cache dir, new
 processes), Inductor cold (fresh TORCHINDUCTOR_CACHE_DIR; `--no-inductor` skips it). With several
 `--tree`s (git checkouts, e.g. main and a branch) each model is measured on each tree in turn: a
-before/after of a compile-time change. One JSON line per model and tree on stdout.
+before/after of a compile-time change. One JSON line per model and tree on stdout. `<run>_cpu` is
+the same difference in this process's CPU time: on a loaded box it is the stable measure of a warm
+start (no compiler subprocesses); it leaves out child processes (g++, Inductor's compile workers),
+so cold compiles compare by wall time.
 
     python benchmarks/compile_time.py b_tv_resnet50 b_hf_bert ...   (names: ember bench --list)
     python benchmarks/compile_time.py --tree /work/main --tree . --warm 2 --no-inductor b_tv_swin_t
@@ -26,13 +29,16 @@ model, args, kwargs = suites.instantiate(spec)
 model.eval().requires_grad_(sys.argv[4] != "frozen")     # frozen: weights folded (freeze.py)
 comp = ember.compile(model) if sys.argv[2] == "ember" else torch.compile(model)
 with torch.no_grad():
-    t = time.perf_counter(); comp(*args, **kwargs); first = time.perf_counter() - t
-    steady = []
+    t, c = time.perf_counter(), time.process_time(); comp(*args, **kwargs)
+    first, first_cpu = time.perf_counter() - t, time.process_time() - c
+    steady, steady_cpu = [], []
     for _ in range(5):
-        t = time.perf_counter(); comp(*args, **kwargs); steady.append(time.perf_counter() - t)
+        t, c = time.perf_counter(), time.process_time(); comp(*args, **kwargs)
+        steady.append(time.perf_counter() - t); steady_cpu.append(time.process_time() - c)
 s = statistics.median(steady)
 counts = ember.stats()["counts"] if sys.argv[2] == "ember" else {}
-print(json.dumps({"compile": first - s, "steady": s, "steady_range": [min(steady), max(steady)],
+print(json.dumps({"compile": first - s, "compile_cpu": first_cpu - statistics.median(steady_cpu),
+                  "steady": s, "steady_range": [min(steady), max(steady)],
                   "cache_counts": {k: v for k, v in counts.items() if "cache" in k}}))
 '''
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -74,6 +80,8 @@ def main():
             for key, comp in runs:
                 r = measure(m, comp, tree, env, a.frozen)
                 row[key] = None if r["compile"] is None else round(r["compile"], 2)
+                if r.get("compile_cpu") is not None:
+                    row[key + "_cpu"] = round(r["compile_cpu"], 2)
                 row[key + "_steady"] = round(r["steady"], 4) if "steady" in r else None
                 if r.get("cache_counts"):
                     row[key + "_cache"] = r["cache_counts"]
