@@ -44,10 +44,13 @@ print(json.dumps({"compile": first - s, "compile_cpu": first_cpu - statistics.me
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def measure(model: str, compiler: str, tree: str, env: dict, frozen: bool) -> dict:
-    p = subprocess.run([sys.executable, "-c", CHILD, model, compiler, tree,
-                        "frozen" if frozen else "-"], env=env, cwd=tree,
-                       capture_output=True, text=True, timeout=1200)
+def measure(model: str, compiler: str, tree: str, env: dict, frozen: bool, timeout: int) -> dict:
+    try:
+        p = subprocess.run([sys.executable, "-c", CHILD, model, compiler, tree,
+                            "frozen" if frozen else "-"], env=env, cwd=tree,
+                           capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"compile": None, "err": f"timeout after {timeout} s"}
     try:
         return json.loads(p.stdout.strip().splitlines()[-1])
     except (IndexError, ValueError):
@@ -61,6 +64,7 @@ def main():
                     help="checkout to measure (repeatable; default: this one)")
     ap.add_argument("--warm", type=int, default=1, help="warm starts per model and tree")
     ap.add_argument("--no-inductor", action="store_true")
+    ap.add_argument("--timeout", type=int, default=1200, help="seconds per measurement")
     ap.add_argument("--frozen", action="store_true",
                     help="parameters not requiring grad: ember freezes the weights")
     a = ap.parse_args()
@@ -78,7 +82,7 @@ def main():
                 runs.append(("inductor_cold", "torch"))
             row = {"model": m, "tree": tree}
             for key, comp in runs:
-                r = measure(m, comp, tree, env, a.frozen)
+                r = measure(m, comp, tree, env, a.frozen, a.timeout)
                 row[key] = None if r["compile"] is None else round(r["compile"], 2)
                 if r.get("compile_cpu") is not None:
                     row[key + "_cpu"] = round(r["compile_cpu"], 2)
