@@ -648,7 +648,7 @@ class KernelCodegen:
         plus a NaN flag, see _stage): a simd loop with `clause`, or lane accumulators for long
         float rows (cpp_reduce.lane_loops)."""
         lanes = simd and not self.columns and lane_count(
-            [(rt, dt, fast) for _, rt, dt, fast in accs], _count(sizes[-1]))
+            [(rt, dt, fast) for _, rt, dt, fast in accs], [_count(s) for s in sizes])
         if lanes:
             lane_loops(self.h, self._loops, sizes, lvars, accs, lanes, body)
         else:
@@ -691,13 +691,18 @@ class KernelCodegen:
                     adds()
                 return
             par = parallel_inner and hint(numel(stage.inner)) >= PARALLEL_MIN_WORK
-            c = collect(lambda: [n.store_pointwise(xv + rv) for n in stage.nodes], ranges)
-            sizes, lvars, subs = plan_loops(stage.inner, rv, c.exprs + (col_exprs() if cols else []))
+            split, lv, point = list(stage.inner), rv, rv
+            if not cols:
+                split, lv, point = self._split_stage(
+                    stage.inner, rv, lambda p: [n.store_pointwise(xv + p) for n in stage.nodes])
+                h.ranges = self.ranges_with(lv, split)
+            c = collect(lambda: [n.store_pointwise(xv + point) for n in stage.nodes], h.ranges)
+            sizes, lvars, subs = plan_loops(split, lv, c.exprs + (col_exprs() if cols else []))
             h.subs = {**h.subs, **subs}
 
             def body():
                 for n in stage.nodes:
-                    n.store_pointwise(xv + rv)
+                    n.store_pointwise(xv + point)
                 if cols:
                     adds()
             self._loops(sizes, lvars, par, simd_last=True, body=body)
@@ -728,13 +733,15 @@ class KernelCodegen:
                 f"reduction({rt}:{acc}) reduction(|:{acc}_nan)" if acc in fast
                 else _red_clause([(rt, acc, dt)]) for _, acc, rt, dt in accs)
 
+        point = rv     # the original inner vars as expressions of the loop vars (a split)
+
         def body(targets):
             for n in pre:
-                n.store_pointwise(xv + rv)
+                n.store_pointwise(xv + point)
             if cols:
                 adds()
             for (n, acc, rt, dt), (tgt, nan) in zip(accs, targets):
-                v = h._as(n.reduction_value(xv, rv), dt)
+                v = h._as(n.reduction_value(xv, point), dt)
                 if acc in fast:
                     code.writeline(f"{nan} |= ({v} != {v});")
                     code.writeline(f"{tgt} = {v} {'>' if rt == 'max' else '<'} {tgt} ? {v} : {tgt};")
@@ -744,11 +751,18 @@ class KernelCodegen:
                 else:
                     code.writeline(_update(rt, tgt, v, dt))
 
+        def values(p):
+            return ([n.store_pointwise(xv + p) for n in pre]
+                    + [n.reduction_value(xv, p) for n in stage.nodes])
         sizes, lvars, subs = list(stage.inner), rv, {}
         if clause is not None:
-            c = collect(lambda: [n.store_pointwise(xv + rv) for n in pre]
-                        + [n.reduction_value(xv, rv) for n in stage.nodes], ranges)
+            c = collect(lambda: values(rv), ranges)
             sizes, lvars, subs = plan_loops(stage.inner, rv, c.exprs + (col_exprs() if cols else []))
+            if not (parallel_inner or cols or any(widened[acc] != dt for _, acc, _, dt in accs)):
+                lane_accs = [(rt, dt, acc in fast) for _, acc, rt, dt in accs]
+                split = self._split_reduction(stage.inner, rv, values, sizes, lane_accs)
+                if split is not None:
+                    (sizes, lvars, subs), point = split
         h.subs = {**h.subs, **subs}
         if parallel_inner and clause is not None:
             # per-thread partials over `omp for` blocks, combined once per thread
@@ -787,6 +801,39 @@ class KernelCodegen:
                 # block's sigmoid(mean) was recomputed for each of the row's elements)
                 h.invariant.add(acc)
 
+
+    def _split_stage(self, inner, rv, values):
+        """A row stage's inner loops (sizes, vars, point) with every dim that its body reads
+        only as v // k and v % k split into (n/k, k) (cpp_loops.split_divided, design 048): in
+        the simd loop `4096*(v2 / 64) + (v2 % 64)` is a gather g++ does not vectorize (HF
+        Mamba2's gated RMSNorm over a head-split scan output ran scalar, design 055).
+        values(point) runs the stage's bodies at `point`; h.ranges must hold the outer vars."""
+        outer = self.outer_ranges
+
+        def exprs_of(point, ranges):
+            return collect(lambda: values(point), {**outer, **ranges})
+        return split_divided(inner, rv, exprs_of, fresh=len(outer) + len(inner))
+
+    def _split_reduction(self, inner, rv, values, planned, lane_accs):
+        """((sizes, vars, subs), point) of a reduction stage's loops after _split_stage, or None
+        when nothing splits or when the split would change the stated summation order: with
+        lane accumulators (design 050) element k of the row goes to lane k % L; that holds
+        after the split when the simd loops before and after it are multiples of L long (the
+        elements keep their order, so lane k % L of the flat index either way)."""
+        split, lv, point = self._split_stage(inner, rv, values)
+        if list(lv) == list(rv):
+            return None
+        ranges = self.ranges_with(lv, split)
+        c = collect(lambda: values(point), ranges)
+        sizes, lvars, subs = plan_loops(split, lv, c.exprs)
+        before = lane_count(lane_accs, [hint(s) for s in planned])
+        if before:
+            after = lane_count(lane_accs, [hint(s) for s in sizes])
+            if any(is_symbolic(s) for s in (planned[-1], sizes[-1])) or after != before \
+                    or int(planned[-1]) % before or int(sizes[-1]) % before:
+                return None
+        self.h.ranges = ranges
+        return (sizes, lvars, subs), point
 
     def _segmented(self, stage, xv, m, rv):
         """A segmented reduction stage (schedule/segments.py): serial loops over its kept dims,

@@ -149,7 +149,7 @@ def _quotient(n, k):
     return q
 
 
-def split_divided(outer, xv, exprs_of):
+def split_divided(outer, xv, exprs_of, fresh=None):
     """A loop dim whose indices read it only as v // k and v % k is split into v = k*a + b,
     so the kernel loops over a and b with affine indices instead of dividing per element in
     a loop g++ does not vectorize. Two cases: a pointwise op on the flattened view of (..., n,
@@ -159,10 +159,12 @@ def split_divided(outer, xv, exprs_of):
     split (swin's shifted-window mask reads three: windows, and both window-position dims).
     With dynamic shapes k may be a size symbol (D = s2 of a loop of 4*s2): the loops' bounds
     are then run-time values, with no division per element (design 054).
-    `exprs_of(point, ranges)` collects the body's index expressions at loop point `point`.
+    A row reduction's stage splits its inner dims the same way (cpp.py _split_stage, design 055).
+    `exprs_of(point, ranges)` collects the body's index expressions at loop point `point`;
+    new loop vars are named from v{fresh} (default len(xv)).
     Returns (ranges, loop vars, point): the loop nest, and the original vars in its vars."""
     ranges, lv, point = list(outer), list(xv), list(xv)
-    fresh = len(xv)
+    fresh = len(xv) if fresh is None else fresh
     while True:
         subs = dict(zip(xv, point))
         c = exprs_of(point, dict(zip(lv, ranges)))

@@ -3,6 +3,8 @@ reduction clauses, cascaded (blocked float into double) long sums and the loop s
 blocks. Used by cpp.py's row stages and column reductions."""
 from __future__ import annotations
 
+import math
+
 import sympy
 import torch
 
@@ -47,18 +49,23 @@ PARALLEL_BLOCK = 4096
 LANE_BYTES = 256
 
 
-def lane_count(accs, count) -> int:
-    """Lanes per accumulator of a row reduction over a simd loop of `count` iterations, or 0
-    (one accumulator and an OpenMP reduction clause, as before). accs: [(rtype, dtype, fast)]:
-    float/double sums, and max/min in the compare-select form with a NaN flag (fast). Element k
-    of the loop goes to lane k % L, in order, and the lanes are combined as a fixed tree, so a
-    sum does not depend on how g++ vectorizes it."""
+def lane_count(accs, counts) -> int:
+    """Lanes per accumulator of a row reduction over a loop nest of `counts` iterations (the
+    last one the simd loop), or 0 (one accumulator and an OpenMP reduction clause, as before).
+    accs: [(rtype, dtype, fast)]: float/double sums, and max/min in the compare-select form with
+    a NaN flag (fast). Element k of the simd loop goes to lane k % L, in order, and the lanes are
+    combined as a fixed tree, so a sum does not depend on how g++ vectorizes it. A simd loop of
+    at least 4 L iterations gets lanes, and so does one of a multiple of L iterations in a nest
+    of at least 4 L (a dim split by L, design 055: lane k % L of the flat index, as unsplit)."""
     ok = all(dt in (torch.float32, torch.float64) and (rt == "sum" or fast)
              for rt, dt, fast in accs)
-    if not accs or not ok:
+    if not accs or not ok or not counts:
         return 0
     lanes = LANE_BYTES // max(dt.itemsize for _, dt, _ in accs)
-    return lanes if count >= 4 * lanes else 0
+    inner = counts[-1]
+    if inner >= 4 * lanes or (inner % lanes == 0 and math.prod(counts) >= 4 * lanes):
+        return lanes
+    return 0
 
 
 def lane_tree(name: str, rtype: str, lanes: int) -> list[str]:
