@@ -1,5 +1,5 @@
-"""Stage 3, decomp: upsample_nearest2d / upsample_bilinear2d (+ nearest backward) → index,
-index_put and pointwise math; index formulas follow ATen's UpSample.h."""
+"""Stage 3, decomp: upsample_nearest2d / upsample_bilinear2d / upsample_bicubic2d (+ nearest and
+bilinear backward) → index, index_put and pointwise math; index formulas follow ATen's UpSample.h."""
 from __future__ import annotations
 
 import math
@@ -116,6 +116,65 @@ def upsample_bilinear2d_vec(input, output_size, align_corners, scale_factors):
     osize = _out_size(input, output_size, scale_factors)
     sh, sw = (scale_factors if scale_factors else (None, None))
     return upsample_bilinear2d(input, osize, align_corners, sh, sw)
+
+
+def _cubic_taps(isize, osize, align_corners, scale, dtype, device):
+    """ATen's bicubic source taps at every output position (HelperInterpCubic, guard_index_and_lambda):
+    four clamped int64 indices and their weights (get_cubic_upsample_coefficients, A = -0.75)."""
+    i = aten.arange.start_step(0, osize, 1, dtype=dtype, device=device)
+    s = _src_scale(isize, osize, align_corners, scale)
+    # cubic: the source index is not clamped at 0 (ATen's area_pixel_compute_source_index)
+    src = aten.mul.Tensor(i, s) if align_corners else \
+        aten.sub.Tensor(aten.mul.Tensor(aten.add.Tensor(i, 0.5), s), 0.5)
+    lo_f = aten.minimum.default(aten.floor.default(src), aten.full.default([], isize - 1.0, dtype=dtype,
+                                                                             device=device))
+    t = aten.clamp.default(aten.sub.Tensor(src, lo_f), 0.0, 1.0)
+    lo = to(lo_f, torch.int64)
+    a = -0.75
+
+    def near(x):    # |x| <= 1
+        return aten.add.Tensor(aten.mul.Tensor(aten.mul.Tensor(
+            aten.sub.Tensor(aten.mul.Tensor(x, a + 2), a + 3), x), x), 1.0)
+
+    def far(x):     # 1 < |x| < 2
+        return aten.sub.Tensor(aten.mul.Tensor(aten.add.Tensor(aten.mul.Tensor(
+            aten.sub.Tensor(aten.mul.Tensor(x, a), 5 * a), x), 8 * a), x), 4 * a)
+    t1 = aten.rsub.Scalar(t, 1.0)
+    weights = [far(aten.add.Tensor(t, 1.0)), near(t), near(t1), far(aten.add.Tensor(t1, 1.0))]
+    idx = [aten.clamp.default(aten.add.Tensor(lo, k - 1), 0, isize - 1) for k in range(4)]
+    return idx, weights
+
+
+@register(aten.upsample_bicubic2d.default)
+def upsample_bicubic2d(input, output_size, align_corners, scales_h=None, scales_w=None):
+    """Separable like bilinear (rows along H from four source rows, then four gathers along W
+    from that row, in the cache); ATen sums the 16 taps per output instead, W inside H: the same
+    products in another order (fp32 rounding differs by ulps)."""
+    if not input.is_floating_point():
+        return NotImplemented    # uint8 bicubic rounds and clamps its weights
+    dtype = opmath_dtype(input.dtype)
+    H, W = input.shape[-2], input.shape[-1]
+    oh, ow = output_size
+    hs, hw = _cubic_taps(H, oh, align_corners, scales_h, dtype, input.device)
+    ws, ww = _cubic_taps(W, ow, align_corners, scales_w, dtype, input.device)
+    lead = [None] * (input.dim() - 2)
+    x = to(input, dtype)
+    rows = None
+    for h, w in zip(hs, hw):
+        term = aten.mul.Tensor(aten._unsafe_index.Tensor(x, lead + [h]), aten.unsqueeze.default(w, -1))
+        rows = term if rows is None else aten.add.Tensor(rows, term)
+    out = None
+    for c, w in zip(ws, ww):
+        term = aten.mul.Tensor(aten._unsafe_index.Tensor(rows, lead + [None, c]), w)
+        out = term if out is None else aten.add.Tensor(out, term)
+    return in_format_of(to(out, input.dtype), input)
+
+
+@register(aten.upsample_bicubic2d.vec)
+def upsample_bicubic2d_vec(input, output_size, align_corners, scale_factors):
+    osize = _out_size(input, output_size, scale_factors)
+    sh, sw = (scale_factors if scale_factors else (None, None))
+    return upsample_bicubic2d(input, osize, align_corners, sh, sw)
 
 
 # output positions a source position may receive gradient from, at most (more: the aten kernel)

@@ -243,6 +243,9 @@ CASES = {
     aten.upsample_nearest2d.default: [(img, [12, 9])],
     aten.upsample_nearest2d_backward.default: [(r(2, 4, 12, 9), [12, 9], [2, 4, 6, 6])],
     aten.upsample_bilinear2d.default: [(img, [12, 9], False), (img, [4, 11], True)],
+    # bicubic: up, down (taps clamped at both edges), align_corners, one source row
+    aten.upsample_bicubic2d.default: [(img, [12, 9], False), (img, [4, 11], True), (img, [3, 2], False),
+                                      (r(1, 2, 1, 5), [3, 7], False)],
     aten.upsample_bilinear2d_backward.default: [(r(2, 4, 12, 9), [12, 9], [2, 4, 6, 6], False),
                                                 (r(2, 4, 7, 11), [7, 11], [2, 4, 6, 6], True)],
     # foreach / in-place
@@ -313,6 +316,7 @@ CASES.update({
     aten.std_mean.correction: [(x234, [1], {"correction": 1})],
     aten.unsafe_split.Tensor: [(x234, 2, 2)], aten.unsafe_split_with_sizes.default: [(x234, [1, 2], 1)],
     aten.upsample_bilinear2d.vec: [(img, None, False, [1.5, 2.0])],
+    aten.upsample_bicubic2d.vec: [(img, None, False, [1.5, 0.5]), (img, None, True, [2.0, 1.7])],
     aten.upsample_nearest2d.vec: [(img, [9, 12], None)],
     aten.vdot.default: [(r(5), r(5))],
     aten.where.Scalar: [(mask34, 1.0, 0)], aten.where.ScalarSelf: [(mask34, 0.5, x34)],
@@ -496,6 +500,7 @@ def _cl(t):
     (aten.upsample_nearest2d.default, (_cl(img), [12, 9])),
     (aten.upsample_nearest2d_backward.default, (_cl(r(2, 4, 12, 9)), [12, 9], [2, 4, 6, 6])),
     (aten.upsample_bilinear2d.default, (_cl(img), [12, 9], False)),
+    (aten.upsample_bicubic2d.default, (_cl(img), [12, 9], False)),
 ], ids=lambda v: str(v) if isinstance(v, torch._ops.OpOverload) else "")
 def test_channels_last_input_gives_eager_layout(op, args):
     """Eager's CPU pooling/upsampling kernels return the input's memory format; a decomposition

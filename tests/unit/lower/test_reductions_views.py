@@ -54,6 +54,43 @@ def test_argmax_argmin():
     check(lambda t: (t.argmax(1), t.argmin(0), t.argmax()), x)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int32])
+def test_row_argmax_is_max_then_first_position(dtype, tmp_path, monkeypatch):
+    # argmax/argmin along a row: the extremum (vectorized max/min), then the first position
+    # equal to it or NaN (a vectorized min over positions); the one-pass compare-and-branch ran
+    # scalar (512 x 8000: 8x a row max). Ties keep the first index, the first NaN wins, +-inf
+    # rows, -0.0 == 0.0, as eager; max(-1) shares the extremum with its values
+    import ember
+    monkeypatch.setenv("EMBER_DEBUG_DIR", str(tmp_path / "debug"))
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path / "cache"))
+    x = (torch.randn(9, 300) * 4).to(dtype)
+    x[0, 10:20] = 7                                   # ties
+    x[0, 250] = -50
+    x[0, 260] = -50
+    if dtype.is_floating_point:
+        x[1, 40] = x[1, 7] = x[1, 200] = float("nan")  # the first NaN (7), in the tail chunk too
+        x[2, 299] = float("nan")
+        x[3, :] = float("-inf")
+        x[4, :] = float("inf")
+        x[5, :] = float("nan")
+        x[6, :] = 0.0
+        x[6, 3] = -0.0
+        x[7, 100] = float("inf")
+        x[7, 120] = float("-inf")
+
+    def f(t):
+        return t.argmax(-1), t.argmin(-1), t.max(-1), t.min(-1, keepdim=True), t.argmax()
+    got = ember.compile(f, options={"speed_check": False})(x)
+    for g, r in zip(torch.utils._pytree.tree_leaves(got), torch.utils._pytree.tree_leaves(f(x))):
+        assert g.dtype == r.dtype and g.shape == r.shape
+        torch.testing.assert_close(g, r, equal_nan=True, atol=0, rtol=0)
+    src = "\n".join(p.read_text() for p in (tmp_path / "debug").rglob("05_kernels.cpp"))
+    assert "argmax" not in src and "argmin" not in src   # no one-pass arg reduction left
+    # the second pass compares each element with the first pass's accumulator, in the same
+    # kernel, as a simd min over positions
+    assert re.search(r"\(tmp\d+ == acc\d+\)", src) and "reduction(min:acc" in src, src
+
+
 def test_reduction_transposed_and_sliced_input():
     x = torch.randn(40, 64).t()
     y = torch.randn(50, 70)[5:45, ::2]

@@ -79,6 +79,56 @@ def test_bilinear_module_channels_last_and_grads(align):
     assert ember.stats()["counts"].get("fallbacks", 0) == 0
 
 
+def _bicubic(size=None, scale=None, align=False):
+    return lambda t: F.interpolate(t, size=size, scale_factor=scale, mode="bicubic",
+                                   align_corners=align)
+
+
+@pytest.mark.parametrize("align", [False, True])
+@pytest.mark.parametrize("shape,kw", [
+    ((2, 3, 7, 9), {"scale": 2}),                 # odd sizes, up: taps clamped at both edges
+    ((2, 3, 8, 10), {"size": (13, 21)}),
+    ((1, 4, 11, 6), {"scale": 1.7}),
+    ((2, 3, 16, 20), {"scale": 0.5}),             # down (op sweep bicubic_down2: aten 0.95x)
+    ((2, 3, 16, 20), {"size": (9, 7)}),
+    ((1, 2, 1, 5), {"size": (3, 1)}),
+])
+def test_bicubic_values_against_eager(shape, kw, align):
+    # ATen sums the 16 taps W inside H, ember H rows then W: the same products, other order
+    x = torch.randn(*shape)
+    stats = check(_bicubic(align=align, **kw), x, atol=1e-5, rtol=1e-5)
+    assert not stats["fallbacks"], stats
+
+
+def test_bicubic_is_one_row_gather_kernel():
+    x = torch.randn(2, 3, 16, 16)
+    plan, src = _plan(_bicubic(scale=0.5), x, row_gather=True)
+    main = max(plan.kernels, key=lambda k: len(k.stages))
+    assert [s.inner for s in main.stages] == [(16,), (8,)], main
+    assert len(main.row_local) == 1 and not main.row_home
+    body = src[src.index(f"void {main.name}("):]
+    assert body.count("_row[idx") == 4                            # four taps gathered from the row
+
+
+def test_bicubic_module_channels_last_and_grads():
+    m = torch.nn.Sequential(torch.nn.Conv2d(4, 4, 3, padding=1),
+                            torch.nn.Upsample(scale_factor=0.5, mode="bicubic"))
+    x = torch.randn(2, 4, 12, 10).to(memory_format=torch.channels_last).requires_grad_()
+    ref_m = copy.deepcopy(m)
+    cm = ember.compile(m)
+    x2 = x.detach().clone().requires_grad_()
+    out, ref = cm(x2), ref_m(x)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    assert out.stride() == ref.stride()
+    g = torch.randn_like(ref)
+    out.backward(g)
+    ref.backward(g)
+    torch.testing.assert_close(x2.grad, x.grad, atol=1e-4, rtol=1e-4)
+    for p, q in zip(m.parameters(), ref_m.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, atol=1e-4, rtol=1e-4)
+    assert ember.stats()["counts"].get("fallbacks", 0) == 0
+
+
 def test_gather_within_same_loops_is_a_later_stage():
     # y = exp(x) read reversed along the row: same loops as its producer, so it must run after
     # the whole row is stored (a new stage), never in the producer's loop
