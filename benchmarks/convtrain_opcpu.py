@@ -1,5 +1,5 @@
-"""convtrain_opcpu.py MODEL [--variants eager,auto,nchw,cl] [--steps N] [--top K]: where a training
-step's thread CPU time goes, per aten op (tagged with the layout of its first 4-D tensor argument:
+"""convtrain_opcpu.py MODEL [--variants eager,auto,nchw,cl] [--steps N] [--top K] [--mode train|infer]:
+where a training (or inference) step's thread CPU time goes, per aten op (tagged with the layout of its first 4-D tensor argument:
 nchw / cl / strided) and per ember kernel, averaged over N steps per variant (alternating), 1 thread.
 
 eager: a TorchDispatchMode times each top-level aten call. ember (auto / nchw / cl = the layout
@@ -24,6 +24,7 @@ name = sys.argv[1]
 arg = lambda k, d: sys.argv[sys.argv.index(k) + 1] if k in sys.argv else d
 variants = arg("--variants", "eager,auto,torch").split(",")
 steps, top = int(arg("--steps", 3)), int(arg("--top", 25))
+mode = arg("--mode", "train")
 OPTS = {"auto": {}, "nchw": {"layout": "contiguous"}, "cl": {"layout": "channels_last"}}
 acc = None
 class RF:
@@ -68,12 +69,12 @@ class Mode(TorchDispatchMode):
         return r
 spec = REGISTRY[name]
 torch.manual_seed(0)
-m = spec.build(); m.train(True); args = spec.inputs(); kw = spec.kwargs()
+m = spec.build(); m.train(mode == "train"); args = spec.inputs(); kw = spec.kwargs()
 rs = {}
 for v in variants:
     mod = copy.deepcopy(m)
     f = mod if v == "eager" else torch.compile(mod) if v == "torch" else ember.compile(mod, options=OPTS[v])
-    rs[v] = Runner(f, mod, "train", args, kw)
+    rs[v] = Runner(f, mod, mode, args, kw)
     for _ in range(2):
         rs[v].step()
 res = {v: collections.defaultdict(float) for v in rs}
