@@ -29,7 +29,7 @@ from .cpp_columns import ColumnPartials
 from .cpp_handler import CHECKED, CppHandler, CppVal, _blocks, _int, cexpr, ctype, \
     prune_dead
 from .cpp_loops import TILE, _coeff, _drop_simd_over_masked_ifs, _transposed_dim, collect, \
-    loop_var, plan_loops, split_divided
+    gathers, loop_var, plan_loops, split_divided
 from .cpp_prelude import PRELUDE
 from .cpp_ranges import split_points, unswitch
 from .cpp_reduce import ARG, CASCADE_BLOCK, CASCADE_ROWS, PARALLEL_BLOCK, SIMD_RED, UDR, Span, \
@@ -240,11 +240,13 @@ class KernelCodegen:
         # a load that does not move with the outer dim (a per-row mean in LayerNorm's weight
         # gradient) is one value for the whole block: contiguous along the reduced dim is fine.
         # One whose outer index sits only inside a div/mod (a gather of strided slices: Swin's
-        # patch-merging cat) has coefficient 0 there but moves all the same: it is a row load.
+        # patch-merging cat) has coefficient 0 there but moves all the same: it is a row load;
+        # so is one at a gathered index (an embedding row feeding LayerNorm: the index load moves
+        # with the outer dim, the gathered row is contiguous along the reduced dim).
         # A store may be (LayerNorm over C of NCHW written channels-last, ConvNeXt's and
         # EdgeNeXt's permute + LayerNorm): one strided store per element across the lanes, where
         # the row form gathers each element in every stage (~26 ns an element)
-        return (all(store or _coeff(e, rlast) != 1 or not e.has(last)
+        return (all(store or _coeff(e, rlast) != 1 or not (e.has(last) or gathers(e))
                     for e, rlast, store in exprs)
                 and any(_coeff(e, last) == 1 for e, _, _ in exprs))
 

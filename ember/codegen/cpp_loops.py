@@ -14,6 +14,15 @@ def loop_var(i):
 
 
 
+#: name prefix of the symbols IndexCollector stands in for gathered (indirect) indices
+INDIRECT = "indirect"
+
+
+def gathers(e) -> bool:
+    """Whether index expression `e` (from IndexCollector) uses a gathered index."""
+    return any(s.name.startswith(INDIRECT) for s in e.free_symbols)
+
+
 class IndexCollector(OpsHandler):
     """Records every index expression a body uses (loads, stores, index_expr)."""
 
@@ -39,7 +48,7 @@ class IndexCollector(OpsHandler):
 
     def indirect_indexing(self, value, size, check=True):
         self.n += 1
-        return sym(f"indirect{self.n}")
+        return sym(f"{INDIRECT}{self.n}")
 
     def default(self, name, *args, **kwargs):
         return None

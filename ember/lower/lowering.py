@@ -147,6 +147,13 @@ class GraphLowering:
         return self.realize(value).arg()
 
     def maybe_realize(self, node: torch.fx.Node, value) -> None:
+        if isinstance(value, Reindex):
+            # a reshape/permute of a pending value: its users inline the value through the view
+            # (OPT's residual stream, reshaped to 2-D between blocks, was recomputed from the
+            # embedding onwards by every LayerNorm), so decide for the value as if they read it
+            base, fns = view_chain(value)
+            if fns and isinstance(base, Pending):
+                value = base
         if not isinstance(value, Pending) or value.realized is not None:
             return
         index = [sympy.Symbol(f"i{d}", integer=True, nonnegative=True)

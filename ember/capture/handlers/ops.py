@@ -310,6 +310,10 @@ def getitem(tr, c, k):
             return tr.call(ObjV(gi), [c, k], {})
     if isinstance(c, ObjV):
         x = c.value
+        if type(x).__module__ == "typing" and _const_like(k):
+            # List[Tensor] (timm's torch.jit.annotate): pure and cached; traced, typing's
+            # __getitem__ reaches sys._getframe and broke the graph
+            return ObjV(x[real(tr, k)])
         gi = getattr(type(x), "__getitem__", None)
         if isinstance(gi, types.FunctionType):
             return _module_getitem(tr, c, k) or tr.call(ObjV(gi), [c, k], {})

@@ -727,3 +727,18 @@ def test_super_in_a_classmethod_and_dict_of_a_mapping():
         s["b"] = x + 1
         return Child.double(x), dict(s)
     check(f, x3)
+
+
+def test_typing_subscript_is_a_constant():
+    # timm's CrossViT: `torch.jit.annotate(List[torch.Tensor], [])`. Traced, typing's cached
+    # __getitem__ reached sys._getframe: a graph break in each of its blocks (5 graphs)
+    from typing import Dict, List
+
+    def f(x):
+        outs = torch.jit.annotate(List[torch.Tensor], [])
+        for i in range(3):
+            outs.append(x * i)
+        d = torch.jit.annotate(Dict[str, torch.Tensor], {})
+        d["s"] = torch.cat(outs)
+        return d["s"]
+    check(f, x3)

@@ -200,6 +200,28 @@ def test_row_reduction_over_gathered_rows_stays_row_form(tmp_path, monkeypatch):
     torch.testing.assert_close(res, exp, atol=1e-5, rtol=1e-5)
 
 
+def test_row_reduction_over_embedding_rows_stays_row_form(tmp_path, monkeypatch):
+    # LayerNorm's shifted sum over embedding rows (BERT/OPT: LayerNorm(embed(ids))): the index
+    # load moves with the outer dim (coefficient 1) but the gathered row is contiguous along the
+    # reduced dim. Row form, not the blocked column form that gathered each element across rows
+    # (OPT's embedding LayerNorm: 1.97 ms against eager's 0.60, thread CPU)
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))
+    v, d, n = 50, 32, 64
+    w = InputBuffer("arg0", torch.float32, (v, d), (d, 1), position=0)
+    ids = InputBuffer("arg1", torch.int64, (n,), (1,), position=1)
+    wl, il = w.loader(), ids.loader()
+    out = ComputedBuffer("buf0", torch.float32, (n,), (1,), body=Reduction(
+        (n,), (d,), "sum", torch.float32, torch.float32,
+        lambda i, r: ops.sub(wl([ops.indirect_indexing(il([i[0]]), v), r[0]]),
+                             wl([ops.indirect_indexing(il([i[0]]), v), sympy.Integer(0)]))))
+    steps, src, fns, sigs = _compile([out], [w, ids])
+    assert "blk" not in src, src
+    t, ix = torch.randn(v, d), torch.randint(0, v, (n,))
+    res = torch.empty(n)
+    _run(steps, fns, sigs, {"arg0": t, "arg1": ix, "buf0": res})
+    torch.testing.assert_close(res, (t[ix] - t[ix, :1]).sum(-1), atol=1e-5, rtol=1e-5)
+
+
 def test_long_float_sums_are_cascaded(tmp_path, monkeypatch):
     # BatchNorm statistics: 100k elements per channel, along rows (NCHW) and down columns (NHWC).
     # A float accumulator drifts by ~sqrt(n) ulps (1e-5 relative here, 20x eager's error on

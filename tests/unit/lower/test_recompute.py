@@ -130,3 +130,26 @@ def test_blocks_train_like_eager(name, cl, tmp_path, monkeypatch):
     for name, body in stored:
         if name not in returned and not re.search(rf"= aten\.\w+\.\w+\(.*\b{name}\b", sched):
             assert "ops.where" not in body, body
+
+
+def test_residual_stream_behind_a_reshape_is_stored():
+    # pre-LN blocks that reshape the residual stream (OPT: [B, T, C] -> [B*T, C] between
+    # attention and MLP). The reshape of a pending sum has several users (the next LayerNorm,
+    # the next residual add); it was never considered for storing, so every LayerNorm inlined
+    # the sum from the first input on: the last one loaded every block's output (L + 1 buffers)
+    from ember.schedule.deps import node_deps
+    blocks = 6
+
+    def f(x, lw, lb, *ws):
+        h = x
+        for w in ws:
+            h = h.reshape(-1, 64)
+            h = h + torch.relu(F.layer_norm(h, (64,), lw, lb) @ w)
+            h = h.reshape(2, 32, 64)
+        return F.layer_norm(h, (64,), lw, lb)
+    args = (torch.randn(2, 32, 64), torch.randn(64), torch.randn(64),
+            *(torch.randn(64, 64) / 8 for _ in range(blocks)))
+    low = _lower(f, *args)
+    reads = [len(node_deps(b).reads) for b in low.nodes if isinstance(b, ComputedBuffer)]
+    assert max(reads) <= 6, reads        # before: 11, growing with the depth
+    check(f, *args, atol=1e-4, rtol=1e-4)
