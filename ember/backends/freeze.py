@@ -101,8 +101,6 @@ def wants_freeze(gm, options: dict, example_inputs, consts: list[int]) -> str | 
     tensors = [x for x in example_inputs if isinstance(x, torch.Tensor)]
     if torch.is_grad_enabled() and any(x.requires_grad for x in tensors):
         return "a training graph"
-    if layout.symbolic(gm):
-        return "dynamic sizes"
     if any(type(example_inputs[i]) not in _REAL for i in consts):
         return "the example inputs are not real tensors"
     if choice:
@@ -225,7 +223,7 @@ def batchnorm_as_affine(gm: fx.GraphModule, consts: set) -> int:
                 any(p is None or p not in consts for p in (a["running_mean"], a["running_var"])) \
                 or any(p is not None and p not in consts for p in (a["weight"], a["bias"])):
             continue
-        shape = (x.shape[1], *[1] * (x.dim() - 2))
+        shape = (_val(a["running_var"]).shape[0], *[1] * (x.dim() - 2))   # static
         g = gm.graph
         with g.inserting_before(bn):
             sc = g.call_function(bn_affine_scale, (x.dim(), a["running_var"], a["weight"],
@@ -269,7 +267,8 @@ def fold_pays(conv: fx.Node, out, w) -> bool:
     if not isinstance(out, torch.Tensor) or not isinstance(w, torch.Tensor) or \
             w.dtype != torch.float32:
         return False
-    return out.numel() >= w.numel() or conv.target is F.conv2d and w.shape[2:].numel() > 1
+    return layout.numel_hint(out) >= w.numel() or \
+        conv.target is F.conv2d and w.shape[2:].numel() > 1
 
 
 def fold_batchnorm_per_call(gm: fx.GraphModule) -> int:
