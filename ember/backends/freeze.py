@@ -60,7 +60,7 @@ import torch
 import torch.fx as fx
 import torch.nn.functional as F
 
-from .. import counters
+from .. import counters, shapes
 from ..logging import get_logger
 from ..runtime.pycode import compile_cached
 from . import layout
@@ -88,11 +88,15 @@ def _source_name(node: fx.Node) -> str:
 
 
 def module_state_inputs(gm: fx.GraphModule, example_inputs) -> list[int]:
-    """Positions of the placeholders that hold module parameters and buffers."""
+    """Positions of the placeholders that hold module parameters and buffers. One traced with
+    symbolic sizes is not (a DynamicCache's key/value tensors, `L['past_key_values'].layers[0]
+    .keys`, look like state by their source but grow every call: folded as constants, each
+    call would refold them and rebuild the main graph)."""
     phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
     return [i for i, (n, x) in enumerate(zip(phs, example_inputs))
             if isinstance(x, torch.Tensor) and
-            (isinstance(x, torch.nn.Parameter) or _STATE_SOURCE.search(_source_name(n)))]
+            (isinstance(x, torch.nn.Parameter) or _STATE_SOURCE.search(_source_name(n))) and
+            not (isinstance(_val(n), torch.Tensor) and shapes.is_symbolic(_val(n)))]
 
 
 def wants_freeze(gm, options: dict, example_inputs, consts: list[int]) -> str | None:

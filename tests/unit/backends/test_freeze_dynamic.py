@@ -175,3 +175,42 @@ def test_dynamic_graph_not_frozen_when_training():
         torch.testing.assert_close(c(x), ref(x), **TOL)
     # the static training graph runs channels-last; the dynamic one stays as captured
     assert count("frozen_graphs") == 0 and count("channels_last_graphs") == 1
+
+
+class Cache:
+    """Not a module: a DynamicCache-like holder whose tensor grows every call (its source,
+    `L['cache'].k`, looks like module state)."""
+
+    def __init__(self):
+        self.k = torch.randn(1, 4, 64)
+
+
+class Attend(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.q = nn.Linear(64, 64)
+
+    def forward(self, x, cache):
+        cache.k = torch.cat([cache.k, x], dim=1)
+        return (self.q(x) @ cache.k.transpose(1, 2)).softmax(-1)
+
+
+def test_growing_state_with_symbolic_sizes_is_not_a_frozen_constant():
+    """The decode graph of a dynamic KV cache: the cache tensor, symbolic in size, is a live
+    input; only the parameters are folded (once): no refold, no rebuild, no compile per call."""
+    from ember.backends.ember import STATS
+    torch.manual_seed(0)
+    m = Attend().eval().requires_grad_(False)
+    ref = copy.deepcopy(m)
+    c = ember.compile(m)
+    cache, ref_cache = Cache(), Cache()
+    ref_cache.k = cache.k.clone()
+    with torch.no_grad():
+        for step in range(6):
+            x = torch.randn(1, 1, 64)
+            torch.testing.assert_close(c(x, cache), ref(x, ref_cache), **TOL)
+            if step == 2:
+                built = len(STATS)
+    assert compiles() == 2 and len(STATS) == built          # no kernel compile per token
+    assert count("frozen_graphs") == 2 and count("refolds") == 0
+    assert count("instance_folds") == 0
