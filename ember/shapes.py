@@ -569,11 +569,18 @@ def _unbind(t, dim=0):
     return [_select(t, dim, i) for i in range(n)]
 
 
+_LAST_ORDER = {torch.channels_last: (0, 2, 3, 1), torch.channels_last_3d: (0, 2, 3, 4, 1)}
+
+
 def _to_copy(t, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False,
              memory_format=None):
     if memory_format in (None, torch.preserve_format) and \
             is_dense(env_of(t), list(t.shape), list(t.stride())):
         strides = list(t.stride())
+    elif memory_format in _LAST_ORDER and t.dim() == len(_LAST_ORDER[memory_format]):
+        # `.to(memory_format=channels_last)`: the meta kernel of oneDNN's conv returns its
+        # output this way (a dynamic channels-last graph, docs/design/055)
+        strides = row_major_strides(list(t.shape), _LAST_ORDER[memory_format])
     else:
         strides = row_major_strides(list(t.shape))
     return torch.empty_strided(list(t.shape), strides, dtype=dtype or t.dtype, device="meta")

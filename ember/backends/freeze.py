@@ -34,6 +34,10 @@ unfrozen for good (an evaluation on every training step, an RL policy acting bet
 `fold_batchnorm_per_call` then folds eval-mode BatchNorm into the conv/linear inside the graph,
 recomputed on every call (nothing to go stale). So is every graph not frozen.
 
+Graphs with symbolic sizes are frozen too (docs/design/055): parameters have static sizes;
+what depends on an activation's size (packing a linear for its row count) is decided at the
+traced sizes or not done.
+
 Which inputs are module state: `nn.Parameter`s, and inputs whose capture source names a module
 attribute (ember's `meta["ember_source"]`, Dynamo's `meta["grapharg"].source`).
 
@@ -56,7 +60,7 @@ import torch
 import torch.fx as fx
 import torch.nn.functional as F
 
-from .. import counters
+from .. import counters, shapes
 from ..logging import get_logger
 from ..runtime.pycode import compile_cached
 from . import layout
@@ -84,11 +88,15 @@ def _source_name(node: fx.Node) -> str:
 
 
 def module_state_inputs(gm: fx.GraphModule, example_inputs) -> list[int]:
-    """Positions of the placeholders that hold module parameters and buffers."""
+    """Positions of the placeholders that hold module parameters and buffers. One traced with
+    symbolic sizes is not (a DynamicCache's key/value tensors, `L['past_key_values'].layers[0]
+    .keys`, look like state by their source but grow every call: folded as constants, each
+    call would refold them and rebuild the main graph)."""
     phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
     return [i for i, (n, x) in enumerate(zip(phs, example_inputs))
             if isinstance(x, torch.Tensor) and
-            (isinstance(x, torch.nn.Parameter) or _STATE_SOURCE.search(_source_name(n)))]
+            (isinstance(x, torch.nn.Parameter) or _STATE_SOURCE.search(_source_name(n))) and
+            not (isinstance(_val(n), torch.Tensor) and shapes.is_symbolic(_val(n)))]
 
 
 def wants_freeze(gm, options: dict, example_inputs, consts: list[int]) -> str | None:
@@ -101,8 +109,6 @@ def wants_freeze(gm, options: dict, example_inputs, consts: list[int]) -> str | 
     tensors = [x for x in example_inputs if isinstance(x, torch.Tensor)]
     if torch.is_grad_enabled() and any(x.requires_grad for x in tensors):
         return "a training graph"
-    if layout.symbolic(gm):
-        return "dynamic sizes"
     if any(type(example_inputs[i]) not in _REAL for i in consts):
         return "the example inputs are not real tensors"
     if choice:
@@ -225,7 +231,7 @@ def batchnorm_as_affine(gm: fx.GraphModule, consts: set) -> int:
                 any(p is None or p not in consts for p in (a["running_mean"], a["running_var"])) \
                 or any(p is not None and p not in consts for p in (a["weight"], a["bias"])):
             continue
-        shape = (x.shape[1], *[1] * (x.dim() - 2))
+        shape = (_val(a["running_var"]).shape[0], *[1] * (x.dim() - 2))   # static
         g = gm.graph
         with g.inserting_before(bn):
             sc = g.call_function(bn_affine_scale, (x.dim(), a["running_var"], a["weight"],
@@ -269,7 +275,8 @@ def fold_pays(conv: fx.Node, out, w) -> bool:
     if not isinstance(out, torch.Tensor) or not isinstance(w, torch.Tensor) or \
             w.dtype != torch.float32:
         return False
-    return out.numel() >= w.numel() or conv.target is F.conv2d and w.shape[2:].numel() > 1
+    return layout.numel_hint(out) >= w.numel() or \
+        conv.target is F.conv2d and w.shape[2:].numel() > 1
 
 
 def fold_batchnorm_per_call(gm: fx.GraphModule) -> int:

@@ -44,6 +44,7 @@ Consumes and produces: a torch-level fx.GraphModule (rewritten in place).
 """
 from __future__ import annotations
 
+import math
 import operator
 from typing import Optional
 
@@ -155,6 +156,12 @@ def _fused_activation(conv: fx.Node, order: dict):
         return None
 
 
+def numel_hint(t: torch.Tensor) -> int:
+    """`t.numel()` at the traced sizes: a cost rule's input, never a guard (comparing a
+    symbolic numel would record one and pin the dynamic graph to the rule's side of it)."""
+    return math.prod(shapes.hint_int(s) for s in t.shape)
+
+
 def symbolic(gm: fx.GraphModule) -> bool:
     """Whether capture traced some input with symbolic sizes (dynamic shapes)."""
     return any(isinstance(v, torch.SymInt) or isinstance(v, torch.Tensor) and
@@ -215,8 +222,8 @@ def why_not(gm: fx.GraphModule, example_inputs, options: dict,
     tensors = [x for x in example_inputs if isinstance(x, torch.Tensor)]
     if not tensors or any(x.device.type != "cpu" for x in tensors):
         return "not a CPU graph"
-    if symbolic(gm):
-        return "dynamic sizes"
+    if symbolic(gm) and training_graph(example_inputs):
+        return "a training graph with dynamic sizes"
     for n in gm.graph.nodes:
         name = n.target if isinstance(n.target, str) else getattr(n.target, "__name__", "")
         name = name.split(".")[0]            # torch.ops.aten.as_strided.default
@@ -225,8 +232,8 @@ def why_not(gm: fx.GraphModule, example_inputs, options: dict,
     convs = [a for a in map(_conv_args, gm.graph.nodes) if a is not None]
     if not convs:
         return "no float32 conv2d"
-    acts = sum(_val(a[0]).numel() for a in convs)
-    weights = sum(_val(a[1]).numel() for a in convs)
+    acts = sum(numel_hint(_val(a[0])) for a in convs)
+    weights = sum(numel_hint(_val(a[1])) for a in convs)
     if choice == "auto" and not training_graph(example_inputs):
         shuffled = _between_convs(gm.graph, convs)
         if not frozen and acts < INFER_MIN_ACTIVATIONS_PER_WEIGHT * weights:
@@ -293,7 +300,7 @@ def _between_convs(g: fx.Graph, convs) -> int:
     conv's input (ShuffleNet's channel shuffle; not an attention block's after the last conv)."""
     after = _downstream([n for n in g.nodes if _conv_args(n) is not None])
     before = _upstream(a[0] for a in convs)
-    return sum(_val(n).numel() for n in after & before
+    return sum(numel_hint(_val(n)) for n in after & before
                if _makes_contiguous(n) and isinstance(_val(n), torch.Tensor))
 
 
@@ -361,8 +368,10 @@ def plan(gm: fx.GraphModule, example_inputs, options: dict, consts=None) -> bool
             xcl.meta["example_value"] = _val(x)       # example values stay the captured ones
             if consts is not None and w in consts and PACK_CONV_WEIGHTS and \
                     options.get("prepack", "auto") is not False:
+                # made for the traced input size; oneDNN takes it for any other (the conv's
+                # result does not depend on it: checked at other batch and spatial sizes)
                 w = g.call_function(REORDER, (w, padding, stride, dilation, groups,
-                                              list(_val(x).shape)))
+                                              [shapes.hint_int(s) for s in _val(x).shape]))
                 w.meta["example_value"] = _val(w.args[0])     # sizes only: opaque
                 consts.add(w)
             elif consts is not None and w in consts or _computed(w):

@@ -544,24 +544,23 @@ class KernelCodegen:
         with those compares decided, so its simd loops load only the branch they use.
         `emit(sizes, vars, parallel)` writes one copy; `store()` runs the whole body. A segment of
         one iteration is no loop: its var is a constant there (each part of a stack keeps the
-        whole simd loop, parallel). Symbolic sizes: one nest, as before."""
+        whole simd loop, parallel). Symbolic sizes split where the bounds order the segments
+        for every size (a cat at `s0` along a loop of `s0 + 1`, docs/design/055)."""
         h = self.h
         dims = {v: n for v, n in zip(lvars, sizes) if v in split and h.ranges.get(v) == n}
-        combos = None
-        if dims and not any(is_symbolic(n) for n in sizes):
-            combos = unswitch(store, dims, h.ranges, h.subs)
+        combos = unswitch(store, dims, h.ranges, h.subs) if dims else None
         subs = h.subs
         for spans in combos or [{}]:
             h.spans = dict(spans)
-            h.subs = {**subs, **{v: sympy.Integer(lo) for v, (lo, hi) in spans.items()
+            h.subs = {**subs, **{v: sympy.sympify(lo) for v, (lo, hi) in spans.items()
                                  if hi - lo == 1}}
             keep = [i for i, v in enumerate(lvars) if v not in h.subs]
-            csizes = [Span(str(spans[lvars[i]][0]), str(spans[lvars[i]][1]), sizes[i])
+            csizes = [Span(_int(spans[lvars[i]][0]), _int(spans[lvars[i]][1]), sizes[i])
                       if lvars[i] in spans else sizes[i] for i in keep]
             par = parallel
-            if spans:       # this copy's share of the work
-                share = numel([hi - lo for lo, hi in spans.values()]) / numel(
-                    [sizes[lvars.index(v)] for v in spans])
+            if spans:       # this copy's share of the work (at the size hints)
+                share = hint(numel([hi - lo for lo, hi in spans.values()])) / hint(numel(
+                    [sizes[lvars.index(v)] for v in spans]))
                 par = parallel and hint(work) * share >= PARALLEL_MIN_WORK
             emit(csizes, [lvars[i] for i in keep], par)
         h.spans, h.subs = {}, subs

@@ -22,7 +22,7 @@ import torch
 from ..loopir.index import SIZE_NAME, FloorDiv, is_symbolic, simplify_index, surely_positive, sym
 from ..loopir.ops import BINARY, COMPARE, UNARY, compute_dtype
 from .common import CTYPE, IndentedBuffer, index_printer
-from .cpp_ranges import CMP, SWAP, bounds, decide
+from .cpp_ranges import CMP, SWAP, bounds, decide, is_size
 
 
 # --- index printing ------------------------------------------------------------------------
@@ -333,7 +333,10 @@ class CppHandler:
             torch.float32 if isinstance(value, float) else torch.int64)
         if is_symbolic(value):          # a scalar computed from sizes (dynamic shapes)
             text = cexpr(value) if value.is_integer else sympy.ccode(sympy.N(value))
-            return self.emit(f"static_cast<{ctype(dtype)}>({text})", dtype)
+            val = self.emit(f"static_cast<{ctype(dtype)}>({text})", dtype)
+            if value.is_integer and not dtype.is_floating_point and dtype != torch.bool:
+                self.known[val.code] = value    # a cat's boundary `s0`: compares decide on it
+            return val
         val = CppVal(literal(value, dtype), dtype)
         if not dtype.is_floating_point and dtype != torch.bool:
             self.known[val.code] = int(value)
@@ -352,14 +355,15 @@ class CppHandler:
         if len(args) != 2:
             return None
         a, b = (self.known.get(x.code) if isinstance(x, CppVal) else x for x in args)
-        if isinstance(b, sympy.Basic) and not isinstance(b, sympy.Integer):
+        if isinstance(b, sympy.Basic) and not is_size(b):
             a, b, name = b, a, SWAP[name]
-        if not isinstance(a, sympy.Basic) or isinstance(a, sympy.Integer) or b is None:
+        if not isinstance(a, sympy.Basic) or b is None or isinstance(a, sympy.Integer):
             return None
         b = int(b) if isinstance(b, sympy.Integer) else b
-        if isinstance(b, bool) or not isinstance(b, int):
+        if isinstance(b, bool) or not isinstance(b, (int, sympy.Basic)):
             return None             # (a float operand is cast to the index type in C++)
-        lohi = bounds(a, self.ranges, self.spans)
+        # a loop var fixed in a one-value segment (`v1 = s0`) prints as its size expression
+        lohi = (a, a) if is_size(a) else bounds(a, self.ranges, self.spans)
         got = None if lohi is None else decide(name, *lohi, b)
         return None if got is None else CppVal("true" if got else "false", torch.bool)
 

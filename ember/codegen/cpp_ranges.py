@@ -14,13 +14,19 @@ does not change along the simd loop, but its select still evaluates every branch
 channel cat loaded 4 values per element): `unswitch` splits such outer loops too, and the kernel
 emits its loop nest once per combination of their segments (bounded by MAX_UNSWITCH).
 
+Dynamic shapes (docs/design/055): a boundary may be a size expression (a KV-cache cat at `s0`
+along a loop of `s0 + 1`). Split points, segment order and decided compares then hold for
+every size: `surely_le` proves them with each size symbol >= 2, and what it cannot prove stays
+a select. The innermost loop of symbolic length is not split (cpp.py).
+
 Consumes: index expressions (sympy) and loop ranges. Produces: split points, decided compares.
 """
 from __future__ import annotations
 
 import sympy
 
-from ..loopir.index import FloorDiv, ModularIndexing, simplify_index
+from ..loopir.index import (SIZE_NAME, FloorDiv, ModularIndexing, hint, is_symbolic,
+                            simplify_index, surely_positive)
 from ..loopir.ops import OpsHandler, set_handler
 
 CMP = ("lt", "le", "gt", "ge", "eq", "ne")
@@ -32,20 +38,37 @@ MAX_SEGMENTS = 8
 MAX_UNSWITCH = 16
 
 
+def is_size(e) -> bool:
+    """A number or an expression of size symbols only (no loop var): a compare's constant side
+    in a graph with dynamic shapes (a cat at `s0`)."""
+    return all(SIZE_NAME.fullmatch(v.name) for v in sympy.sympify(e).free_symbols)
+
+
 def affine(e):
-    """(c0, {var: c}) with integer coefficients for an affine index expression, else None."""
+    """(c0, {var: c}) for an index expression affine in the loop vars with integer
+    coefficients, else None. c0 is an int, or a size expression (dynamic shapes)."""
     e = sympy.expand(e)
-    coeffs = {v: e.coeff(v) for v in e.free_symbols}
+    coeffs = {v: e.coeff(v) for v in e.free_symbols if not SIZE_NAME.fullmatch(v.name)}
     rest = sympy.expand(e - sum((c * v for v, c in coeffs.items()), sympy.Integer(0)))
-    if not rest.is_Integer or not all(isinstance(c, sympy.Integer) for c in coeffs.values()):
+    if not is_size(rest) or not all(isinstance(c, sympy.Integer) for c in coeffs.values()):
         return None
-    return int(rest), {v: int(c) for v, c in coeffs.items()}
+    return (int(rest) if rest.is_Integer else rest), {v: int(c) for v, c in coeffs.items()}
+
+
+def surely_le(a, b) -> bool:
+    """a <= b for every allowed size: numbers compared, else b - a with each size symbol
+    s = 2 + d (sizes 0 and 1 specialize, shapes.py) expands to non-negative terms."""
+    d = sympy.expand(sympy.sympify(b) - a)
+    if d.is_Number:
+        return bool(d >= 0)
+    d = sympy.expand(d.xreplace({v: v + 2 for v in d.free_symbols}))
+    return all(t.as_coeff_Mul()[0] >= 0 for t in sympy.Add.make_args(d))
 
 
 def _fixed(e, spans: dict):
     """e with the vars of one-value spans substituted, or None where that would divide a
     negative value (C++ truncates where sympy floors; such an index is masked off anyway)."""
-    fixed = {v: sympy.Integer(lo) for v, (lo, hi) in spans.items() if hi - lo == 1}
+    fixed = {v: sympy.sympify(lo) for v, (lo, hi) in spans.items() if hi - lo == 1}
     if not fixed or not e.free_symbols & fixed.keys():
         return e
     for f in e.atoms(FloorDiv, ModularIndexing):
@@ -69,21 +92,30 @@ def bounds(e, ranges: dict, spans: dict):
     for v, c in a[1].items():
         if v in spans:
             vlo, vhi = spans[v][0], spans[v][1] - 1
-        elif isinstance(ranges.get(v), (int, sympy.Integer)) and int(ranges[v]) > 0:
-            vlo, vhi = 0, int(ranges[v]) - 1
+        elif surely_positive(ranges.get(v, 0)):
+            vlo, vhi = 0, ranges[v] - 1
         else:
             return None
-        lo, hi = lo + min(c * vlo, c * vhi), hi + max(c * vlo, c * vhi)
+        lo, hi = (lo + c * vlo, hi + c * vhi) if c > 0 else (lo + c * vhi, hi + c * vlo)
     return lo, hi
 
 
-def decide(cmp: str, lo: int, hi: int, k) -> bool | None:
-    """`x cmp k` for every x in [lo, hi]: True, False, or None when it depends on x."""
-    if isinstance(k, bool) or not isinstance(k, (int, float)):
+def decide(cmp: str, lo, hi, k) -> bool | None:
+    """`x cmp k` for every x in [lo, hi]: True, False, or None when it depends on x. With
+    dynamic shapes lo, hi and k may be size expressions: decided only where surely_le proves it."""
+    if isinstance(k, bool) or not isinstance(k, (int, float, sympy.Basic)) or \
+            isinstance(k, sympy.Basic) and not is_size(k):
         return None
-    table = {"lt": (hi < k, lo >= k), "le": (hi <= k, lo > k), "gt": (lo > k, hi <= k),
-             "ge": (lo >= k, hi < k), "eq": (lo == hi == k, k < lo or k > hi),
-             "ne": (k < lo or k > hi, lo == hi == k)}
+    if isinstance(k, float) or not any(map(is_symbolic, (lo, hi, k))):
+        table = {"lt": (hi < k, lo >= k), "le": (hi <= k, lo > k), "gt": (lo > k, hi <= k),
+                 "ge": (lo >= k, hi < k), "eq": (lo == hi == k, k < lo or k > hi),
+                 "ne": (k < lo or k > hi, lo == hi == k)}
+    else:           # integers: x < k is x + 1 <= k
+        le = surely_le
+        one = (le(hi, k) and le(k, lo), le(k + 1, lo) or le(hi + 1, k))
+        table = {"lt": (le(hi + 1, k), le(k, lo)), "le": (le(hi, k), le(k + 1, lo)),
+                 "gt": (le(k + 1, lo), le(hi, k)), "ge": (le(k, lo), le(hi + 1, k)),
+                 "eq": one, "ne": one[::-1]}
     always, never = table[cmp]
     return True if always else (False if never else None)
 
@@ -117,40 +149,51 @@ class SplitPoints(OpsHandler):
             a, b, name = b, a, SWAP[name]
         if not (isinstance(a, tuple) and a[0] == "idx"):
             return None
-        k = b[1] if isinstance(b, tuple) and b[0] == "c" else b
+        k = b[1] if isinstance(b, tuple) and b[0] in ("c", "idx") else b
         k = int(k) if isinstance(k, sympy.Integer) else k
-        if isinstance(k, bool) or not isinstance(k, int):
-            return None
+        if isinstance(k, bool) or not isinstance(k, (int, sympy.Basic)) or \
+                isinstance(k, sympy.Basic) and not is_size(k):
+            return None             # (a size expression: a cat at a dynamic size)
         form = affine(a[1])
         if form is None:
             # a div or mod of one short loop var (a flattened stack's pair index): split it
             # into single values, which later copies substitute (see unswitch)
             (var, *more) = a[1].free_symbols or (None,)
-            if not more and not self.unit and self.sizes.get(var, MAX_SEGMENTS + 1) <= MAX_SEGMENTS:
-                self.points[var].update(range(1, self.sizes[var]))
+            n = self.sizes.get(var)
+            if not more and not self.unit and isinstance(n, int) and n <= MAX_SEGMENTS:
+                self.points[var].update(range(1, n))
             return None
         if len(form[1]) != 1:
             return None
         (var, c), = form[1].items()
-        if var not in self.sizes or (self.unit and c not in (1, -1)):
+        c0 = form[0]
+        if var not in self.sizes or (self.unit and c not in (1, -1)) or \
+                c not in (1, -1) and any(map(is_symbolic, (k, c0, self.sizes[var]))):
             return None
         # `c*var + c0 cmp k` is monotone in var: it changes value where `c*var + c0 >= K`
         # starts (c > 0) or stops (c < 0) holding, K = k (lt, ge) or k + 1 (le, gt); eq and ne
         # change around the one var value with c*var + c0 == k, if there is one
-        c0 = form[0]
         if name in ("eq", "ne"):
             pts = [(k - c0) // c, (k - c0) // c + 1] if (k - c0) % c == 0 else []
         else:
             big = k + 1 if name in ("le", "gt") else k
             pts = [-((c0 - big) // c)] if c > 0 else [(c0 - big) // -c + 1]
-        self.points[var].update(p for p in pts if 0 < p < self.sizes[var])
+        n = self.sizes[var]
+        self.points[var].update(sympy.expand(p) if is_symbolic(p) else int(p) for p in pts
+                                if surely_le(1, p) and surely_le(p + 1, n))
         return None
 
 
-def _segments(points: set, size: int) -> list[tuple[int, int]] | None:
+def _segments(points: set, size) -> list[tuple] | None:
+    """The segments between `points` of a loop over [0, size); points and size may be size
+    expressions (dynamic shapes): ordered by their hints, and None unless each one is surely
+    below the next (a segment's bounds must hold for every size)."""
     if not points or len(points) >= MAX_SEGMENTS:
         return None
-    edges = [0] + sorted(points) + [size]
+    edges = [0] + sorted(points, key=hint) + [size]
+    if any(map(is_symbolic, edges)) and \
+            not all(surely_le(a + 1, b) for a, b in zip(edges[:-1], edges[1:])):
+        return None
     return list(zip(edges[:-1], edges[1:]))
 
 
@@ -158,15 +201,15 @@ def split_points(store_fn, var, size, ranges: dict, subs: dict) -> list[tuple[in
     """Segments [(lo, hi)] of the innermost loop (var over `size`) between which the body's
     index compares change value, or None when there are none (or too many). Only compares of
     `var + c` or `-var + c`: a strided window's loads are gathers in the simd loop either way."""
-    h = SplitPoints({var: int(size)}, ranges, subs, unit=True)
+    h = SplitPoints({var: size}, ranges, subs, unit=True)
     with set_handler(h):
         store_fn()
-    return _segments(h.points[var], int(size))
+    return _segments(h.points[var], size)
 
 
 def unswitch(store_fn, sizes: dict, ranges: dict, subs: dict) -> list[dict] | None:
-    """The combinations of segments of the loops in `sizes` ({var: size}, outer loops with
-    constant sizes) between which the body's index compares change value: a list of
+    """The combinations of segments of the loops in `sizes` ({var: size}, outer loops; sizes
+    may be symbolic) between which the body's index compares change value: a list of
     {var: (lo, hi)}, one per copy of the loop nest to emit, or None when no compare is on them.
     At most MAX_UNSWITCH copies: dims are taken fewest segments first while the count fits.
     A segment of one value fixes its var, and a copy that fixes a new var is looked at again
@@ -175,11 +218,12 @@ def unswitch(store_fn, sizes: dict, ranges: dict, subs: dict) -> list[dict] | No
     done, todo = [], [({}, True, set())]
     while todo:
         c, look, skip = todo.pop(0)
-        fixed = {v: sympy.Integer(lo) for v, (lo, hi) in c.items() if hi - lo == 1}
+        fixed = {v: sympy.sympify(lo) for v, (lo, hi) in c.items() if hi - lo == 1}
         if not look:
             done.append(c)
             continue
-        h = SplitPoints({v: int(n) for v, n in sizes.items() if v not in c and v not in skip},
+        h = SplitPoints({v: n if is_symbolic(n) else int(n) for v, n in sizes.items()
+                         if v not in c and v not in skip},
                         ranges, {**subs, **fixed})
         with set_handler(h):
             store_fn()

@@ -98,6 +98,8 @@ def expand(ctx, node, x, size, *rest):
                                for xs, st, s in zip(x.size, x.stride, size[lead:])]
         return View(x.buffer, size, tuple(stride), x.offset)
     xs = x.size
+    if tuple(xs) == tuple(size):
+        return x        # matmul's expand to its own size: the value stays a view chain
     lead = len(size) - len(xs)
     return Reindex(x, size, lambda index: [sympy.Integer(0) if xs[i] == 1 else index[i + lead]
                                            for i in range(len(xs))])
