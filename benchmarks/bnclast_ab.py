@@ -96,7 +96,8 @@ L.SMALL_LANE_OPS = real
 if "--torch" in sys.argv:
     fns["torch"] = stepper(torch.compile(copy.deepcopy(m)))
     fns["torch"](); fns["torch"]()
-fns["eager"]()
+for f in fns.values():      # ember.reset() dropped new's cache: it recompiles here, untimed
+    f()
 load0 = os.getloadavg()[0]
 kern.clear()
 ts, reps = paired(fns, rounds=rounds, reps=1)
