@@ -517,7 +517,15 @@ def _cpu_follows_input(n: fx.Node) -> bool:
 
 class _EagerLayouts(fx.Interpreter):
     """Runs the graph on meta tensors, giving conv outputs (and _cpu_follows_input's) the
-    layout the CPU kernel returns: channels-last when the input (a conv's weight) is."""
+    layout the CPU kernel returns: channels-last when the input (a conv's weight) is. Tensors
+    the graph creates are made on meta too (eager_layouts sets meta as the default device; an
+    explicit `device=` is replaced here): stochastic depth's `torch.empty(..., device=cpu)`
+    mask kept convnext, efficientnet and edgenext graphs in their captured layout."""
+
+    def call_function(self, target, args, kwargs):
+        if isinstance(kwargs.get("device"), (str, torch.device)):
+            kwargs = {**kwargs, "device": "meta"}
+        return super().call_function(target, args, kwargs)
 
     def run_node(self, n):
         out = super().run_node(n)
@@ -548,7 +556,7 @@ def eager_layouts(gm: fx.GraphModule, example_inputs) -> dict | None:
     metas = [torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
              if isinstance(x, torch.Tensor) else x for x in example_inputs]
     try:
-        with torch.no_grad():
+        with torch.no_grad(), torch.device("meta"):
             interp.run(*metas)
     except Exception as exc:  # noqa: BLE001 - any failure keeps the captured layout
         perf_log.info("layout: meta run failed: %s", exc)

@@ -45,10 +45,14 @@ MAX_INLINE_OPS = 120
 # 3 x 64 x 64, added to each of the 98 windows' attention scores). Values under AMPLIFY_NUMEL
 # elements (per-channel scales such as BatchNorm's rsqrt(var + eps)) stay inlined where they do
 # not change along the user's innermost dim (NCHW: the simd loop hoists them); along it
-# (channels-last) they are realized too when the user has AMPLIFY_OUT elements or more.
+# (channels-last) they are realized when the user has AMPLIFY_OUT elements or more and the body
+# does any arithmetic (SMALL_LANE_OPS): each op would run once per element of the user, while
+# the stored value costs one load from cache (BatchNorm backward's sum(dy)/N, sum(dy*xmu)/N *
+# invstd^2, invstd * weight; the forward's rsqrt(var / N + eps)). See docs/design/055.
 AMPLIFY = 8
 AMPLIFY_NUMEL = 4096
 AMPLIFY_OUT = 65536     # (a small user recomputes less than a kernel launch costs)
+SMALL_LANE_OPS = 1
 # A body that gathers (an indirect index, or a div/mod index left after simplification) makes
 # its user's loop scalar wherever it is inlined: realized once it is read twice over (Swin's
 # relative position bias table[index] and shifted-window mask, inlined into each window's
@@ -200,7 +204,8 @@ class GraphLowering:
             # output stored channels-last), and a per-element division stops vectorization
             if small and not (gathers or _varies_innermost(a, outs[0])):
                 continue
-            heavy = counts.transcendental or counts.ops >= REALIZE_OPS
+            heavy = counts.transcendental or counts.ops >= REALIZE_OPS or (
+                small and counts.ops - counts.constants >= SMALL_LANE_OPS)
             if heavy and n_out >= AMPLIFY * n_in or n_out >= IRREGULAR_AMPLIFY * n_in and gathers:
                 self.realize(base)
 

@@ -645,3 +645,34 @@ def test_convs_on_a_pooled_vector_stay_aten_convs(fmt, train):
     compare(m, ref, x, train)
     assert count("channels_last_graphs") == 1
     assert count("graphs") == 1 and count("fallbacks") == 0
+
+
+class DropPathBlock(nn.Module):
+    """A residual block whose graph makes tensors: torchvision's StochasticDepth mask
+    (`torch.empty(..., device=x.device).bernoulli_(keep)`; keep=1, so the values are
+    deterministic) and a scale built on the default device."""
+
+    def __init__(self):
+        super().__init__()
+        self.c0 = nn.Conv2d(3, 16, 3, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(16)
+        self.c1 = nn.Conv2d(16, 16, 3, padding=1)
+
+    def forward(self, x):
+        h = F.relu(self.bn(self.c0(x)))
+        keep = torch.empty([h.shape[0], 1, 1, 1], dtype=h.dtype, device=h.device).bernoulli_(1.0)
+        scale = torch.full((1, 16, 1, 1), 0.5)
+        return (h + self.c1(h) * keep * scale).mean((2, 3))
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["infer", "train"])
+def test_graph_that_makes_tensors_is_planned(train):
+    """The layout plan's meta run makes the graph's own tensors on meta: before, a CPU
+    `torch.empty(device=cpu)` met the meta activations, the run failed and the graph kept its
+    captured layout (convnext_tiny, efficientnet_b0 and edgenext training stayed NCHW, and
+    convnext's first depthwise conv backward read a NCHW input with a channels-last grad)."""
+    torch.manual_seed(0)
+    ref = DropPathBlock().train(train)
+    compare(ember.compile(copy.deepcopy(ref)), ref, torch.randn(2, 3, 16, 16), train)
+    assert count("channels_last_graphs") == 1
+    assert count("graphs") == 1 and count("fallbacks") == 0

@@ -1,4 +1,7 @@
 """Compile a function through trace_aten + decomps + ember.lower and compare with eager."""
+import math
+import re
+
 import torch
 
 from ember.aot import trace_aten
@@ -36,3 +39,21 @@ def check(fn, *args, atol=1e-5, rtol=1e-5, kernels=None, max_kernels=None, decom
     if max_kernels is not None:
         assert stats["kernels"] <= max_kernels, stats
     return stats
+
+
+def evaluations(src: str, call: str) -> int:
+    """How many times the generated C++ evaluates `call`: the product of the extents of the
+    loops open around each occurrence (`for (int64_t v = 0; v < N; ++v)`), summed."""
+    total, stack, pending = 0, [], None
+    for line in src.splitlines():
+        m = re.search(r"for \(int64_t \w+ = \w+; \w+ < (\d+);", line)
+        if m:
+            pending = int(m.group(1))
+        elif line.strip() == "{":
+            stack.append(pending or 1)
+            pending = None
+        elif line.strip() == "}" and stack:
+            stack.pop()
+        if call in line:
+            total += math.prod(stack)
+    return total

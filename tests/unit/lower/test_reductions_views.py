@@ -1,5 +1,5 @@
 """Reductions, views/broadcast/strided inputs, indexing ops and externs vs eager."""
-import math
+import copy
 import re
 import warnings
 
@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from .helpers import check, compile_fn
+from .helpers import check, compile_fn, evaluations
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16], ids=str)
@@ -361,24 +361,6 @@ def test_var_shift_with_symbolic_sizes_handles_empty_slices():
     assert torch.equal(var, torch.zeros(3)) and torch.equal(mean, torch.full((3,), 2.7))
 
 
-def _evaluations(src: str, call: str) -> int:
-    """How many times the generated C++ evaluates `call`: the product of the extents of the
-    loops open around each occurrence (`for (int64_t v = 0; v < N; ++v)`), summed."""
-    total, stack, pending = 0, [], None
-    for line in src.splitlines():
-        m = re.search(r"for \(int64_t \w+ = \w+; \w+ < (\d+);", line)
-        if m:
-            pending = int(m.group(1))
-        elif line.strip() == "{":
-            stack.append(pending or 1)
-            pending = None
-        elif line.strip() == "}" and stack:
-            stack.pop()
-        if call in line:
-            total += math.prod(stack)
-    return total
-
-
 @pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels_last"])
 def test_squeeze_excite_sigmoid_once_per_channel(channels_last, tmp_path, monkeypatch):
     # x * sigmoid(mean over H, W): the sigmoid of an (N, C) value was evaluated per element of x
@@ -398,7 +380,44 @@ def test_squeeze_excite_sigmoid_once_per_channel(channels_last, tmp_path, monkey
     assert got.stride() == se(x).stride()
     src = "\n".join(p.read_text() for p in (tmp_path / "debug").rglob("05_kernels.cpp"))
     kernels = src[src.index('extern "C" void kernel'):]
-    assert 0 < _evaluations(kernels, "ember::sigmoid(") <= 4 * 32
+    assert 0 < evaluations(kernels, "ember::sigmoid(") <= 4 * 32
+
+
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels_last"])
+def test_batchnorm_training_per_channel_factors_once(channels_last, tmp_path, monkeypatch):
+    # BatchNorm training in channels-last: the per-channel factors (forward: rsqrt(var/N + eps);
+    # backward: sum(dy)/N, sum(dy*(x-mean))/N * invstd^2, invstd * weight) vary along the
+    # vector lanes (C), so inlined they were recomputed for every element, two divisions and
+    # an rsqrt per vector among them; now stored once per channel (lowering.SMALL_LANE_OPS) by
+    # the statistics kernels' per-channel epilogue. Values, grads and strides are eager's.
+    import ember
+    monkeypatch.setenv("EMBER_DEBUG_DIR", str(tmp_path / "debug"))
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path / "cache"))
+    torch.manual_seed(0)
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    x = torch.randn(4, 32, 24, 24).to(memory_format=fmt)     # 73728 elements: >= AMPLIFY_OUT
+    g = torch.randn(4, 32, 24, 24).to(memory_format=fmt)
+    ref = torch.nn.BatchNorm2d(32)
+    with torch.no_grad():
+        ref.weight.uniform_(0.5, 1.5)
+        ref.bias.uniform_(-0.5, 0.5)
+    m = copy.deepcopy(ref)
+    f = ember.compile(lambda t: torch.relu(m(t)), options={"speed_check": False})
+    xs, xe = x.clone().requires_grad_(), x.clone().requires_grad_()
+    out, want = f(xs), torch.relu(ref(xe))
+    out.backward(g)
+    want.backward(g)
+    torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
+    assert out.stride() == want.stride() and xs.grad.stride() == xe.grad.stride()
+    for a, b in ((xs.grad, xe.grad), (m.weight.grad, ref.weight.grad),
+                 (m.bias.grad, ref.bias.grad), (m.running_mean, ref.running_mean),
+                 (m.running_var, ref.running_var)):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+    if channels_last:
+        src = "\n".join(p.read_text() for p in (tmp_path / "debug").rglob("*kernels.cpp"))
+        kernels = src[src.index('extern "C" void kernel'):]
+        assert 0 < evaluations(kernels, "ember::rsqrt(") <= 2 * 32
+        assert 0 < evaluations(kernels, " / 2304.0f") <= 2 * 32
 
 
 def test_channels_last_block_tail_reduces_in_column_form(tmp_path, monkeypatch):
