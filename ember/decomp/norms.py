@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from ..shapes import is_symbolic
-from ._util import numel, on_cpu, opmath_dtype, to
+from ._util import numel, on_cpu, opmath_dtype, stats_dtype, to
 from .registry import register
 
 aten = torch.ops.aten
@@ -293,9 +293,17 @@ def _batch_norm(input, weight, bias, running_mean, running_var, training, moment
     x = to(input, acc)
     new_rm, new_rv = running_mean, running_var
     if training:
+        # statistics and normalization in double on CPU (ATen accumulates in acc_type<float,
+        # false> = double): where the normalized values' sum over the reduced dims matters
+        # (weight standardization, whose conv multiplies it by its input's mean), a float mean
+        # and a float `x - mean` (its rounding is the same for every x of a binade: correlated)
+        # lost 10x eager's precision (docs/design/055)
+        sd = stats_dtype(input)
+        x = to(input, sd)
         var, mean = aten.var_mean.correction(x, dims, correction=0, keepdim=True)
         rstd = aten.rsqrt.default(aten.add.Tensor(var, eps))
         out = aten.mul.Tensor(aten.sub.Tensor(x, mean), rstd)
+        var, mean, rstd = to(var, acc), to(mean, acc), to(rstd, acc)
         save_mean = aten.view.default(mean, [-1])
         save_rstd = aten.view.default(rstd, [-1])
         if running_mean is not None:
