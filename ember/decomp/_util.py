@@ -15,6 +15,14 @@ def opmath_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in LOW_PRECISION else dtype
 
 
+def stats_dtype(x) -> torch.dtype:
+    """The dtype ATen's CPU batch norm accumulates its statistics in (acc_type<T, false>:
+    double for float); on other devices the opmath dtype."""
+    if x.dtype == torch.float32 and on_cpu(x):
+        return torch.float64
+    return opmath_dtype(x.dtype)
+
+
 def to(x, dtype):
     """Cast through the `_to_copy` primitive, a no-op when the dtype already matches."""
     if not isinstance(x, torch.Tensor) or x.dtype == dtype:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from ..shapes import is_symbolic
-from ._util import numel, on_cpu, opmath_dtype, to
+from ._util import numel, on_cpu, opmath_dtype, stats_dtype, to
 from .registry import register
 
 aten = torch.ops.aten
@@ -285,6 +285,12 @@ def _group_norm_backward_rows(grad_output, input, mean, rstd, gamma, N, C, HxW, 
 
 # ---------------------------------------------------------------------------------- batch norm
 
+#: training batch norm computes in double (on CPU) when a channel has fewer elements than this:
+#: filters of weight standardization, small feature maps. Longer rows stay in float: the float
+#: kernels sum them in cascaded blocks into double (LONG_SUM) or Chan-merged column blocks
+#: (035), and a double pass there cost 0.78x vs 1.22x eager on a 4096 x 768 BatchNorm1d.
+DOUBLE_STATS_MAX = 4096
+
 def _batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps):
     """(out, save_mean, save_invstd, new_running_mean, new_running_var) without mutation."""
     nd = input.dim()
@@ -293,9 +299,18 @@ def _batch_norm(input, weight, bias, running_mean, running_var, training, moment
     x = to(input, acc)
     new_rm, new_rv = running_mean, running_var
     if training:
+        # statistics and normalization in double on CPU (ATen accumulates in acc_type<float,
+        # false> = double) for rows under DOUBLE_STATS_MAX: where the normalized values' sum
+        # over the reduced dims matters (weight standardization, whose conv multiplies it by its
+        # input's mean), a float mean and a float `x - mean` (its rounding is the same for every
+        # x of a binade: correlated) lost 10x eager's precision (docs/design/055)
+        n = numel([input.shape[d] for d in dims])
+        sd = stats_dtype(input) if not is_symbolic(input) and n < DOUBLE_STATS_MAX else acc
+        x = to(input, sd)
         var, mean = aten.var_mean.correction(x, dims, correction=0, keepdim=True)
         rstd = aten.rsqrt.default(aten.add.Tensor(var, eps))
         out = aten.mul.Tensor(aten.sub.Tensor(x, mean), rstd)
+        var, mean, rstd = to(var, acc), to(mean, acc), to(rstd, acc)
         save_mean = aten.view.default(mean, [-1])
         save_rstd = aten.view.default(rstd, [-1])
         if running_mean is not None:
