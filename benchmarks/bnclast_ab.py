@@ -1,9 +1,9 @@
 """Paired A/B of a training step in one process: eager vs ember vs ember with the per-channel
-lane rule off (lowering.SMALL_LANE_OPS, docs/design/055), optionally Inductor (--torch).
+lane rule off (lowering.SMALL_LANE_OPS, docs/design/059), optionally Inductor (--torch).
 
 python benchmarks/bnclast_ab.py MODEL [--rounds N] [--torch]
 --old-captured: the old variant also keeps the captured layout (options layout=contiguous: what a
-graph whose meta run failed got before the layout fix of docs/design/055).
+graph whose meta run failed got before the layout fix of docs/design/059).
 --kernels: also the thread CPU time per step in ember's generated kernels (EMBER_PROFILE hooks),
 per variant, and the 6 largest kernels of each.
 MODEL: a broad-suite name (b_tv_resnet50, ...) or block:N,C,H,W (conv-BN-ReLU x2, channels-last).

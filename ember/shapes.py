@@ -579,7 +579,7 @@ def _to_copy(t, *, dtype=None, layout=None, device=None, pin_memory=None, non_bl
         strides = list(t.stride())
     elif memory_format in _LAST_ORDER and t.dim() == len(_LAST_ORDER[memory_format]):
         # `.to(memory_format=channels_last)`: the meta kernel of oneDNN's conv returns its
-        # output this way (a dynamic channels-last graph, docs/design/055)
+        # output this way (a dynamic channels-last graph, docs/design/058)
         strides = row_major_strides(list(t.shape), _LAST_ORDER[memory_format])
     else:
         strides = row_major_strides(list(t.shape))

@@ -34,7 +34,7 @@ unfrozen for good (an evaluation on every training step, an RL policy acting bet
 `fold_batchnorm_per_call` then folds eval-mode BatchNorm into the conv/linear inside the graph,
 recomputed on every call (nothing to go stale). So is every graph not frozen.
 
-Graphs with symbolic sizes are frozen too (docs/design/055): parameters have static sizes;
+Graphs with symbolic sizes are frozen too (docs/design/058): parameters have static sizes;
 what depends on an activation's size (packing a linear for its row count) is decided at the
 traced sizes or not done.
 

@@ -545,7 +545,7 @@ class KernelCodegen:
         `emit(sizes, vars, parallel)` writes one copy; `store()` runs the whole body. A segment of
         one iteration is no loop: its var is a constant there (each part of a stack keeps the
         whole simd loop, parallel). Symbolic sizes split where the bounds order the segments
-        for every size (a cat at `s0` along a loop of `s0 + 1`, docs/design/055)."""
+        for every size (a cat at `s0` along a loop of `s0 + 1`, docs/design/058)."""
         h = self.h
         dims = {v: n for v, n in zip(lvars, sizes) if v in split and h.ranges.get(v) == n}
         combos = unswitch(store, dims, h.ranges, h.subs) if dims else None

@@ -14,7 +14,7 @@ does not change along the simd loop, but its select still evaluates every branch
 channel cat loaded 4 values per element): `unswitch` splits such outer loops too, and the kernel
 emits its loop nest once per combination of their segments (bounded by MAX_UNSWITCH).
 
-Dynamic shapes (docs/design/055): a boundary may be a size expression (a KV-cache cat at `s0`
+Dynamic shapes (docs/design/058): a boundary may be a size expression (a KV-cache cat at `s0`
 along a loop of `s0 + 1`). Split points, segment order and decided compares then hold for
 every size: `surely_le` proves them with each size symbol >= 2, and what it cannot prove stays
 a select. The innermost loop of symbolic length is not split (cpp.py).

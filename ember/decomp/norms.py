@@ -303,7 +303,7 @@ def _batch_norm(input, weight, bias, running_mean, running_var, training, moment
         # false> = double) for rows under DOUBLE_STATS_MAX: where the normalized values' sum
         # over the reduced dims matters (weight standardization, whose conv multiplies it by its
         # input's mean), a float mean and a float `x - mean` (its rounding is the same for every
-        # x of a binade: correlated) lost 10x eager's precision (docs/design/055)
+        # x of a binade: correlated) lost 10x eager's precision (docs/design/060)
         n = numel([input.shape[d] for d in dims])
         sd = stats_dtype(input) if not is_symbolic(input) and n < DOUBLE_STATS_MAX else acc
         x = to(input, sd)

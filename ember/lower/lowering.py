@@ -48,7 +48,7 @@ MAX_INLINE_OPS = 120
 # (channels-last) they are realized when the user has AMPLIFY_OUT elements or more and the body
 # does any arithmetic (SMALL_LANE_OPS): each op would run once per element of the user, while
 # the stored value costs one load from cache (BatchNorm backward's sum(dy)/N, sum(dy*xmu)/N *
-# invstd^2, invstd * weight; the forward's rsqrt(var / N + eps)). See docs/design/055.
+# invstd^2, invstd * weight; the forward's rsqrt(var / N + eps)). See docs/design/059.
 AMPLIFY = 8
 AMPLIFY_NUMEL = 4096
 AMPLIFY_OUT = 65536     # (a small user recomputes less than a kernel launch costs)

@@ -1,4 +1,4 @@
-"""Freezing and layout planning of graphs with symbolic sizes (docs/design/055).
+"""Freezing and layout planning of graphs with symbolic sizes (docs/design/058).
 
 A graph recompiled with symbolic sizes (a second batch/sequence size under dynamic=None) is
 frozen like a static one: parameters have static sizes even when activations do not. Each test

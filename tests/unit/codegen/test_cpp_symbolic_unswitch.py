@@ -1,4 +1,4 @@
-"""Dynamic shapes (docs/design/055): a cat or pad along an outer loop of symbolic length is
+"""Dynamic shapes (docs/design/058): a cat or pad along an outer loop of symbolic length is
 unswitched at its run-time boundary (`v1 >= s0` over a loop of `s0 + 1`), as 037 does for
 integer boundaries: one loop nest per segment, each with its compares decided, so no select
 or masked load is left in the simd loop.

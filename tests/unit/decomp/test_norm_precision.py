@@ -1,5 +1,5 @@
 """Precision of the norm decompositions' statistics: ember float32 and eager float32 both
-against float64 eager, on inputs built to expose a lost digit (docs/design/055).
+against float64 eager, on inputs built to expose a lost digit (docs/design/060).
 
 Batch norm's training statistics accumulate in double on CPU, as ATen's do (acc_type<float,
 false>). With float sums the mean of a row whose mean is far below its spread (a conv filter's
