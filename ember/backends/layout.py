@@ -105,7 +105,10 @@ def _val(node):
 
 
 def _pair(v):
-    return [int(v)] * 2 if isinstance(v, int) else [int(x) for x in v]
+    """[h, w] of a conv argument, or None if it is not made of python ints (a size-derived
+    SymInt: `dilation=[x.size(0)]` in a dynamic graph; int() on it would specialize)."""
+    v = [v] * 2 if isinstance(v, int) else list(v)
+    return v if all(type(x) is int for x in v) else None
 
 
 def _conv_args(node: fx.Node):
@@ -127,8 +130,10 @@ def _conv_args(node: fx.Node):
         # [8,256,1,1] -> 16 channels + relu: 36 us with a prepacked weight, aten conv2d + relu
         # 8.5 us), and the activation after it fuses into ember's next kernel instead
         return None
-    return (a["input"], a["weight"], a["bias"], _pair(a["padding"]), _pair(a["stride"]),
-            _pair(a["dilation"]), a["groups"])
+    padding, stride, dilation = (_pair(a[k]) for k in ("padding", "stride", "dilation"))
+    if padding is None or stride is None or dilation is None:
+        return None
+    return (a["input"], a["weight"], a["bias"], padding, stride, dilation, a["groups"])
 
 
 def _fused_activation(conv: fx.Node, order: dict):

@@ -10,6 +10,7 @@ import copy
 import pytest
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 import ember
 from ember.capture.entry import stats as capture_stats
@@ -218,3 +219,17 @@ def test_growing_state_with_symbolic_sizes_is_not_a_frozen_constant():
     assert compiles() == 2 and len(STATS) == built          # no kernel compile per token
     assert count("frozen_graphs") == 2 and count("refolds") == 0
     assert count("instance_folds") == 0
+
+
+def test_conv_argument_made_of_a_symbolic_size_keeps_the_captured_layout():
+    """`dilation=[x.size(0)]` (PyTorch's test_convolution5) is a SymInt in the dynamic graph:
+    the layout plan leaves that conv as captured instead of specializing it (int() raised)."""
+    def f(x, w):
+        return F.conv2d(x, w, dilation=[x.size(0)]).sum()
+    w = torch.randn(1, 1, 5, 5)
+    c = ember.compile(f)
+    with torch.no_grad():
+        for b in (2, 3, 2, 4):
+            x = torch.randn(b, 1, 16 + 4 * b, 20 + 4 * b)
+            torch.testing.assert_close(c(x, w), f(x, w), rtol=1e-4, atol=1e-3)
+    assert count("channels_last_graphs") == 1     # only the first, static graph was planned
