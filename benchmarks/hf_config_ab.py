@@ -7,13 +7,12 @@ For a before/after A/B run it alternately with PYTHONPATH on each tree:
 import argparse
 import copy
 import os
-import statistics as st
-import time
 
 import torch
 import transformers
 
 import ember
+from infer_ab import report
 
 _W = dict(hidden_size=512, num_attention_heads=8, vocab_size=8192)
 #: family: (model class, config class, config, batch, sequence)
@@ -54,19 +53,7 @@ def main():
         with torch.no_grad():
             return f(input_ids=ids).last_hidden_state
     want, got = step(eager), step(comp)
-    err = ((got - want).abs().max() / want.abs().max()).item()
-    step(eager), step(comp)
-    times = {"eager": [], "ember": []}
-    for r in range(a.reps):
-        for name in ("eager", "ember") if r % 2 == 0 else ("ember", "eager"):
-            t = time.thread_time()
-            step(eager if name == "eager" else comp)
-            times[name].append(time.thread_time() - t)
-    rat = sorted(e / c for e, c in zip(times["eager"], times["ember"]))
-    print("%s %s eager %.1f ember %.1f ms, eager/ember median %.3f [%.3f, %.3f], rel err %.1e, "
-          "load %.1f" % (a.tag, a.model, st.median(times["eager"]) * 1e3,
-                         st.median(times["ember"]) * 1e3, st.median(rat), rat[0], rat[-1], err,
-                         os.getloadavg()[0]))
+    report(step, eager, comp, a, ((got - want).abs().max() / want.abs().max()).item())
 
 
 if __name__ == "__main__":

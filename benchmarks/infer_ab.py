@@ -37,7 +37,12 @@ def main():
     want, got = step(eager), step(comp)
     want, got = (x if isinstance(x, torch.Tensor) else next(iter(x.values())) if
                  isinstance(x, dict) else x[0] for x in (want, got))
-    err = ((got - want).abs().max() / want.abs().max()).item()
+    report(step, eager, comp, a, ((got - want).abs().max() / want.abs().max()).item())
+
+
+def report(step, eager, comp, a, err: float) -> None:
+    """Time `step(eager)` and `step(comp)` in a.reps alternating rounds (thread CPU) and print
+    the medians, the eager/ember ratio's median and range, `err` and the load."""
     step(eager), step(comp)
     times = {"eager": [], "ember": []}
     for r in range(a.reps):

@@ -111,11 +111,16 @@ def upsample_bilinear2d(input, output_size, align_corners, scales_h=None, scales
     return in_format_of(to(out, input.dtype), input)
 
 
-@register(aten.upsample_bilinear2d.vec)
-def upsample_bilinear2d_vec(input, output_size, align_corners, scale_factors):
-    osize = _out_size(input, output_size, scale_factors)
-    sh, sw = (scale_factors if scale_factors else (None, None))
-    return upsample_bilinear2d(input, osize, align_corners, sh, sw)
+def _vec(interp2d):
+    """The .vec overload (output size or scale factors) of a 2-D interpolation."""
+    def vec(input, output_size, align_corners, scale_factors):
+        osize = _out_size(input, output_size, scale_factors)
+        sh, sw = (scale_factors if scale_factors else (None, None))
+        return interp2d(input, osize, align_corners, sh, sw)
+    return vec
+
+
+register(aten.upsample_bilinear2d.vec)(_vec(upsample_bilinear2d))
 
 
 def _cubic_taps(isize, osize, align_corners, scale, dtype, device):
@@ -170,11 +175,7 @@ def upsample_bicubic2d(input, output_size, align_corners, scales_h=None, scales_
     return in_format_of(to(out, input.dtype), input)
 
 
-@register(aten.upsample_bicubic2d.vec)
-def upsample_bicubic2d_vec(input, output_size, align_corners, scale_factors):
-    osize = _out_size(input, output_size, scale_factors)
-    sh, sw = (scale_factors if scale_factors else (None, None))
-    return upsample_bicubic2d(input, osize, align_corners, sh, sw)
+register(aten.upsample_bicubic2d.vec)(_vec(upsample_bicubic2d))
 
 
 # output positions a source position may receive gradient from, at most (more: the aten kernel)
