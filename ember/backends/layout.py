@@ -29,8 +29,9 @@ channels-last, a converted input's gradient leaves in the input's layout).
 
 Cost rule (docs/design/024-layout-and-freezing.md): rewrite a CPU graph with at least one
 float32 conv2d that has integer padding; a training graph only when its conv input activations
-hold at least TRAIN_MIN_ACTIVATIONS_PER_WEIGHT elements per conv weight element (the weight
-gradients come back channels-last and are copied into the parameters' layout) and the elements
+hold at least TRAIN_MIN_ACTIVATIONS_PER_WEIGHT elements per element of the conv weights read
+from parameters (their gradients come back channels-last and are copied into the parameters'
+layout; a weight the graph computes, e.g. standardized, is not counted) and the elements
 converted at its boundary stay under TRAIN_MAX_BOUNDARY_PER_ACTIVATION per activation; an inference
 graph only when its `.contiguous()` calls between convs (channel shuffles) copy less than
 INFER_MAX_SHUFFLED_PER_ACTIVATION elements per conv input element and, its weights not frozen,
@@ -252,9 +253,11 @@ def why_not(gm: fx.GraphModule, example_inputs, options: dict,
                     f"{INFER_MAX_SHUFFLED_PER_ACTIVATION:g}x its conv activations ({acts}): "
                     "each makes the region NCHW and the next conv converts it back")
     if choice == "auto" and training_graph(example_inputs):
-        if acts < TRAIN_MIN_ACTIVATIONS_PER_WEIGHT * weights:
+        params = sum(numel_hint(_val(a[1])) for a in convs if not _computed_beyond_views(a[1]))
+        if acts < TRAIN_MIN_ACTIVATIONS_PER_WEIGHT * params:
             return (f"a training graph whose conv activations ({acts}) are under "
-                    f"{TRAIN_MIN_ACTIVATIONS_PER_WEIGHT:g}x its conv weights ({weights})")
+                    f"{TRAIN_MIN_ACTIVATIONS_PER_WEIGHT:g}x its conv weights read from "
+                    f"parameters ({params})")
         if any(_makes_contiguous(n) for n in gm.graph.nodes):
             return ("a training graph with a .contiguous() (a channel shuffle): its region "
                     "would be converted to NCHW and back, forward and backward")
@@ -509,6 +512,26 @@ def _computed(w) -> bool:
     written channels-last where it is computed, so oneDNN does not copy it into that layout
     on every call (it converts a plain weight to its input's layout first)."""
     return isinstance(w, fx.Node) and w.op != "placeholder" and isinstance(_val(w), torch.Tensor)
+
+
+#: ops that only re-view a tensor: a weight computed by them alone is still the parameter's
+#: storage, converted (and its gradient copied back) like the parameter itself
+_VIEW_ONLY = {"view", "reshape", "reshape_as", "view_as", "flatten", "unsqueeze", "squeeze",
+              "contiguous", "detach"}
+
+
+def _computed_beyond_views(w) -> bool:
+    """A conv weight the graph computes from its parameters by more than re-viewing them
+    (a weight standardization, a weight norm, a folded BatchNorm): such a weight is written
+    channels-last by the kernel that computes it, and its channels-last gradient is read by
+    that kernel's backward, so neither costs a layout copy per call. The training cost rule
+    counts only the other conv weights."""
+    while _computed(w) and w.op in ("call_function", "call_method"):
+        name = w.target if isinstance(w.target, str) else getattr(w.target, "__name__", "")
+        if name not in _VIEW_ONLY:
+            return True
+        w = w.args[0] if w.args else None
+    return False
 
 
 def _cpu_follows_input(n: fx.Node) -> bool:
