@@ -29,7 +29,7 @@ def _rel(a, ref):
 def test_weight_standardized_conv_error_within_2x_eager(seed):
     """Filters with mean ~1e-3 and std ~0.1 (fan-in 64, 576, 2304), an input of mean 2.5:
     ember's output error vs fp64 is at most 2.5x eager's (measured 0.5-1x; before the double
-    statistics 4-9x). Rows of DOUBLE_STATS_MAX or more keep float statistics (not tested)."""
+    statistics 4-9x)."""
     g = torch.Generator().manual_seed(seed)
     for cin, k in ((64, 1), (64, 3), (256, 3)):
         w = torch.randn(64, cin, k, k, generator=g) * 0.1 + 1e-3
