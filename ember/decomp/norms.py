@@ -176,10 +176,14 @@ def _group_norm_rows(input, weight, bias, N, C, HxW, group, eps, acc):
     x = to(aten.view.default(input, [N, group, cpg * HxW]), acc)
     # var_mean: statistics as precise as eager's (double sums on CPU, lower/rules.py)
     var, mean = aten.var_mean.correction(x, [2], correction=0, keepdim=True)
-    rstd = aten.rsqrt.default(aten.add.Tensor(var, eps))
+    # rstd and the scale rstd * weight per group / channel in double on CPU, rounded once (as
+    # batch norm's: a group's scale multiplies all its elements alike)
+    sd = stats_dtype(input)
+    rstd = aten.rsqrt.default(aten.add.Tensor(to(var, sd), eps))
     scale = aten.expand.default(aten.unsqueeze.default(rstd, -1), [N, group, cpg, 1])
     if weight is not None:
-        scale = aten.mul.Tensor(scale, aten.view.default(to(weight, acc), [1, group, cpg, 1]))
+        scale = aten.mul.Tensor(scale, aten.view.default(to(weight, sd), [1, group, cpg, 1]))
+    scale, rstd = to(scale, acc), to(rstd, acc)
     # (x - mean) * scale + bias, not eager's x * scale + (bias - mean * scale): that one cancels
     # when |mean| >> std (x + 1000: 1.5x eager's error in float sums, docs/design/061)
     x4 = aten.view.default(to(input, acc), [N, group, cpg, HxW])
@@ -297,15 +301,18 @@ def _batch_norm(input, weight, bias, running_mean, running_var, training, moment
         # (|mean| ~ 1e-3 under std ~ 0.1) must be exact for its normalized row to sum to 0
         # (docs/design/060, 061)
         var, mean = aten.var_mean.correction(x, dims, correction=0, keepdim=True)
-        rstd = aten.rsqrt.default(aten.add.Tensor(var, eps))
         save_mean = aten.view.default(mean, [-1])
-        save_rstd = aten.view.default(rstd, [-1])
-        # (x - mean) * (rstd * weight): one rounding fewer per element than scaling twice
-        scale = aten.mul.Tensor(save_rstd, w) if w is not None else save_rstd
+        # per channel in double on CPU (free), each rounded once: rstd, the output's scale
+        # rstd * weight (a channel's scale multiplies all its elements alike: its rounding is
+        # a correlated error), the running statistics
+        sd = stats_dtype(input)
+        rstd = aten.rsqrt.default(aten.add.Tensor(to(aten.view.default(var, [-1]), sd), eps))
+        save_rstd = to(rstd, acc)
+        scale = to(aten.mul.Tensor(rstd, to(w, sd)) if w is not None else rstd, acc)
+        # (x - mean) * scale: not eager's x * scale + (bias - mean * scale), which cancels when
+        # |mean| >> std (x + 1000), and one rounding fewer than scaling by rstd, then weight
         out = aten.mul.Tensor(aten.sub.Tensor(x, mean), _bcast(scale, nd))
         w = None
-        # the running statistics in double on CPU (per channel: free), rounded once
-        sd = stats_dtype(input)
         if running_mean is not None:
             new_rm = to(aten.add.Tensor(aten.mul.Tensor(to(save_mean, sd), momentum),
                                         aten.mul.Tensor(to(running_mean, sd), 1 - momentum)),
