@@ -1,10 +1,11 @@
 """Eager vs ember per training (or inference) step of bench models, thread CPU, in one process.
 
-    PYTHONPATH=TREE python benchmarks/dstats_model_ab.py MODEL[,MODEL] [--mode train|infer]
-        [--rounds N] [--tag TAG]
+    python benchmarks/dstats_model_ab.py MODEL[,MODEL] [--tree DIR] [--mode train|infer]
+        [--rounds N]
 
-Run it alternately with PYTHONPATH pointing at two trees (main and a branch) to A/B them: each
-process builds the model (seeded), compiles it with ember (EMBER_SPEED_CHECK=0: ember's own
+Run it alternately with --tree pointing at two checkouts (main and a branch) to A/B them: the
+tree's ember and benchmarks/_timing.py are imported (its prepare() puts the tree first on
+sys.path and re-executes with the allocator settings); each process builds the model (seeded), compiles it with ember (EMBER_SPEED_CHECK=0: ember's own
 kernels, EMBER_BACKEND_CACHE=0, fresh caches), and times eager and ember steps in alternating
 order (_timing.paired, 1 thread); prints one line per model: medians (ms), eager/ember of the
 medians and the per-round ratio median [p25, p75]. Comparing eager/ember across processes takes
@@ -16,7 +17,9 @@ import os
 import statistics
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+TREE = (sys.argv[sys.argv.index("--tree") + 1] if "--tree" in sys.argv
+        else os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(TREE, "benchmarks"))
 import _timing  # noqa: E402
 
 _timing.prepare()
@@ -36,7 +39,7 @@ def main():
     ap.add_argument("models")
     ap.add_argument("--mode", default="train")
     ap.add_argument("--rounds", type=int, default=9)
-    ap.add_argument("--tag", default=os.path.basename(os.path.dirname(os.path.dirname(ember.__file__))))
+    ap.add_argument("--tree", default=TREE)
     a = ap.parse_args()
     torch.set_num_threads(1)
     for name in a.models.split(","):
@@ -51,7 +54,7 @@ def main():
             r.step(), r.step()
         s, _ = _timing.paired({k: r.step for k, r in runs.items()}, rounds=a.rounds, reps=1)
         st = _timing.ratio_stats(s["eager"], s["ember"])
-        print(f"{a.tag} {name} {a.mode} load {os.getloadavg()[0]:.1f} eager "
+        print(f"{os.path.basename(os.path.dirname(os.path.dirname(ember.__file__)))} {name} {a.mode} load {os.getloadavg()[0]:.1f} eager "
               f"{statistics.median(s['eager']) * 1e3:.1f} ms ember "
               f"{statistics.median(s['ember']) * 1e3:.1f} ms eager/ember {st['of_medians']:.3f} "
               f"per-round {st['median']:.3f} [{st['p25']:.3f}, {st['p75']:.3f}]", flush=True)
