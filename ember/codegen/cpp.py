@@ -35,7 +35,6 @@ from .cpp_ranges import split_points, unswitch
 from .cpp_reduce import ARG, CASCADE_BLOCK, CASCADE_ROWS, PARALLEL_BLOCK, SIMD_RED, UDR, Span, \
     _acc_value, _arg_better, _block_split, _cascaded, _combine, _count, _flat, _for, _init, \
     _red_clause, _update, lane_count, lane_loops
-from .welford import find_welford
 
 PARALLEL_MIN_WORK = 32768
 UNROLL = 4      # a pointwise kernel's innermost dim at most this long is unrolled (pairs, k <= 4)
@@ -310,17 +309,9 @@ class KernelCodegen:
                 code.level -= 1
                 code.writeline("}")
 
-        pairs = {a: b for a, (s, b) in find_welford(k, xv, m).items()
-                 if _cascaded(s, numel(k.stages[a].inner))}
-        for si, st in enumerate(k.stages):
-            if si - 1 in pairs:
-                continue            # the Q of a var pair: emitted with its S below
+        for st in k.stages:
             rv = [loop_var(m + i) for i in range(len(st.inner))]
             h.ranges = self.ranges_with(rv, st.inner)
-            if si in pairs:
-                self._column_var_pair(st, k.stages[pairs[si]].nodes[0], xv, rv, lanes,
-                                      open_loops, close_loops)
-                continue
             if st.kind == "pointwise":
                 if not rv:
                     lanes(lambda: [n.store_pointwise(xv) for n in st.nodes], simd=False)
@@ -383,67 +374,6 @@ class KernelCodegen:
             code.level -= 1
             code.writeline("}")
         h.pop(saved)
-
-    def _column_var_pair(self, st, q_node, xv, rv, lanes, open_loops, close_loops):
-        """var_mean's S = sum(A) and Q = sum((A - S/n)^2) down long columns (BatchNorm's
-        statistics in NHWC) with one read of the columns from memory, where the two stages read
-        them twice (a block of 64 channels spans all of N,H,W, so the second pass missed cache).
-        Each block of rows (_block_split, as the cascaded sum's) is summed in float (s), then
-        read again from cache for its deviations from c = s / nb: their sum r and sum of
-        squares q, in float. In double, the block's mean c + r/nb and M2 q - r^2/nb merge into
-        the running mean and M2 (Chan et al.'s pairwise update), so neither a far-off mean nor
-        block means that drift apart cost digits, and S = mean * n. Both are more accurate than
-        the two passes' (a cascaded S, then deviations from its mean: tests/unit/codegen/
-        test_cpp_var_pairs.py measures the three)."""
-        h = self.h
-        code = h.code
-        B = self.column_capacity
-        s_node = st.nodes[0]
-        dt = s_node.body.src_dtype
-        ct = ctype(dt)
-        s, q, mu, cnt, nb, w = (h.fresh(p) for p in ("acc", "acc", "mean", "cnt", "nb", "w"))
-        code.writeline(f"double {q}[{B}], {mu}[{B}];")
-        code.writeline(f"for (int64_t j = 0; j < n; ++j) {q}[j] = {mu}[j] = 0.0;")
-        code.writeline(f"double {cnt} = 0.0;")
-        i, c = _block_split(st.inner, CASCADE_ROWS)
-        depth = open_loops(st.inner[:i], rv[:i])
-        span = self._open_block(st.inner[i], c)
-        depth += 1
-        rows = _int(numel(st.inner[i + 1:]))
-        code.writeline(f"double {nb} = double({span.hi} - {span.lo}) * {rows};")
-        code.writeline(f"{ct} {s}_b[{B}], {s}_c[{B}], {s}_r[{B}], {q}_b[{B}];")
-        code.writeline(f"for (int64_t j = 0; j < n; ++j) {s}_b[j] = {s}_r[j] = {q}_b[j] = 0;")
-        blocked = [span] + list(st.inner[i + 1:])
-
-        def value():
-            return h._as(s_node.reduction_value(xv, rv), dt)
-        inner = open_loops(blocked, rv[i:])
-        lanes(lambda: code.writeline(f"{s}_b[j] += {value()};"))
-        close_loops(inner)
-        code.writeline("#pragma omp simd")
-        code.writeline(f"for (int64_t j = 0; j < n; ++j) {s}_c[j] = {s}_b[j] / {ct}({nb});")
-        inner = open_loops(blocked, rv[i:])
-
-        def deviation():
-            d = h.fresh("dev")
-            code.writeline(f"{ct} {d} = {value()} - {s}_c[j];")
-            code.writeline(f"{s}_r[j] += {d};")
-            code.writeline(f"{q}_b[j] += {d} * {d};")
-        lanes(deviation)
-        close_loops(inner)
-        code.writeline(f"double {w} = {nb} / ({cnt} + {nb});")
-        code.writeline("#pragma omp simd")
-        code.writeline("for (int64_t j = 0; j < n; ++j)")
-        code.writeline("{")
-        code.writeline(f"    double r = {s}_r[j], d = double({s}_c[j]) + r / {nb} - {mu}[j];")
-        code.writeline(f"    {q}[j] += (double({q}_b[j]) - r * r / {nb}) + d * d * {cnt} * {w};")
-        code.writeline(f"    {mu}[j] += d * {w};")
-        code.writeline("}")
-        code.writeline(f"{cnt} += {nb};")
-        close_loops(depth)
-        lanes(lambda: [h.store(n.name, n.store_index(xv), CppVal(f"static_cast<{ct}>({a})", dt))
-                       for n, a in ((s_node, f"{mu}[j] * {cnt}"), (q_node, f"{q}[j]"))],
-              simd=False, keep_stored=True)
 
     def _partials_ok(self) -> bool:
         for s in self.kernel.stages:

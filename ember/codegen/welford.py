@@ -1,10 +1,10 @@
-"""Stage 6, codegen (both backends): var_mean's pair of sums, found by shape.
+"""Stage 6, codegen (Triton): var_mean's pair of sums, found by shape.
 
-The lowering turns var_mean (and so BatchNorm, LayerNorm, GroupNorm) into S = sum(x) and, in the
-next stage of the same kernel, Q = sum((x - S * (1/n))**2). Two loops over the same long rows
-read them twice from memory; `find_welford` recognises the pair by comparing the bodies as trees
-(run under `_TreeHandler`) so a backend can emit one pass over memory: Triton's looped Welford
-(triton_welford.py), C++'s blocked column pass (cpp.py `_column_var_pair`).
+For Triton the lowering turns var_mean (and so BatchNorm, LayerNorm, GroupNorm) into S = sum(x)
+and, in the next stage of the same kernel, Q = sum((x - S * (1/n))**2) (for C++ it sums in
+double instead, lower/rules.py `_var_mean_double`). Two loops over the same long rows read them
+twice from memory; `find_welford` recognises the pair by comparing the bodies as trees (run
+under `_TreeHandler`) so Triton's looped Welford (triton_welford.py) makes one pass over memory.
 
 Consumes: a Kernel. Produces: {stage index of S: (S node, stage index of Q)}.
 """

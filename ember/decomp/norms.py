@@ -174,20 +174,22 @@ def _group_norm_rows(input, weight, bias, N, C, HxW, group, eps, acc):
     three times: sums, centered sums, output; GroupNorm(32, 64) at 0.7x eager)."""
     cpg = C // group
     x = to(aten.view.default(input, [N, group, cpg * HxW]), acc)
-    mean = aten.mean.dim(x, [2], True)
-    dev = aten.sub.Tensor(x, mean)
-    rstd = aten.rsqrt.default(aten.add.Tensor(aten.mean.dim(aten.mul.Tensor(dev, dev), [2], True),
-                                              eps))
+    # var_mean: statistics as precise as eager's (double sums on CPU, lower/rules.py)
+    var, mean = aten.var_mean.correction(x, [2], correction=0, keepdim=True)
+    # rstd and the scale rstd * weight per group / channel in double on CPU, rounded once (as
+    # batch norm's: a group's scale multiplies all its elements alike)
+    sd = stats_dtype(input)
+    rstd = aten.rsqrt.default(aten.add.Tensor(to(var, sd), eps))
     scale = aten.expand.default(aten.unsqueeze.default(rstd, -1), [N, group, cpg, 1])
     if weight is not None:
-        scale = aten.mul.Tensor(scale, aten.view.default(to(weight, acc), [1, group, cpg, 1]))
-    shift = aten.mul.Tensor(aten.unsqueeze.default(mean, -1), scale)
-    if bias is not None:
-        shift = aten.sub.Tensor(aten.view.default(to(bias, acc), [1, group, cpg, 1]), shift)
-    else:
-        shift = aten.neg.default(shift)
+        scale = aten.mul.Tensor(scale, aten.view.default(to(weight, sd), [1, group, cpg, 1]))
+    scale, rstd = to(scale, acc), to(rstd, acc)
+    # (x - mean) * scale + bias, not eager's x * scale + (bias - mean * scale): that one cancels
+    # when |mean| >> std (x + 1000: 1.5x eager's error in float sums, docs/design/061)
     x4 = aten.view.default(to(input, acc), [N, group, cpg, HxW])
-    out = aten.add.Tensor(aten.mul.Tensor(x4, scale), shift)
+    out = aten.mul.Tensor(aten.sub.Tensor(x4, aten.unsqueeze.default(mean, -1)), scale)
+    if bias is not None:
+        out = aten.add.Tensor(out, aten.view.default(to(bias, acc), [1, group, cpg, 1]))
     return (to(aten.view.default(out, list(input.shape)), input.dtype),
             to(aten.view.default(mean, [N, group]), input.dtype),
             to(aten.view.default(rstd, [N, group]), input.dtype))
@@ -285,12 +287,6 @@ def _group_norm_backward_rows(grad_output, input, mean, rstd, gamma, N, C, HxW, 
 
 # ---------------------------------------------------------------------------------- batch norm
 
-#: training batch norm computes in double (on CPU) when a channel has fewer elements than this:
-#: filters of weight standardization, small feature maps. Longer rows stay in float: the float
-#: kernels sum them in cascaded blocks into double (LONG_SUM) or Chan-merged column blocks
-#: (035), and a double pass there cost 0.78x vs 1.22x eager on a 4096 x 768 BatchNorm1d.
-DOUBLE_STATS_MAX = 4096
-
 def _batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps):
     """(out, save_mean, save_invstd, new_running_mean, new_running_var) without mutation."""
     nd = input.dim()
@@ -298,30 +294,36 @@ def _batch_norm(input, weight, bias, running_mean, running_var, training, moment
     acc = opmath_dtype(input.dtype)
     x = to(input, acc)
     new_rm, new_rv = running_mean, running_var
+    w = aten.reshape.default(weight, [-1]) if weight is not None else None
     if training:
-        # statistics and normalization in double on CPU (ATen accumulates in acc_type<float,
-        # false> = double) for rows under DOUBLE_STATS_MAX: where the normalized values' sum
-        # over the reduced dims matters (weight standardization, whose conv multiplies it by its
-        # input's mean), a float mean and a float `x - mean` (its rounding is the same for every
-        # x of a binade: correlated) lost 10x eager's precision (docs/design/060)
-        n = numel([input.shape[d] for d in dims])
-        sd = stats_dtype(input) if not is_symbolic(input) and n < DOUBLE_STATS_MAX else acc
-        x = to(input, sd)
+        # var_mean's kernels accumulate float statistics in double (lower/rules.py), as ATen's
+        # CPU batch norm does (acc_type<float, false>): a standardized conv filter's mean
+        # (|mean| ~ 1e-3 under std ~ 0.1) must be exact for its normalized row to sum to 0
+        # (docs/design/060, 061)
         var, mean = aten.var_mean.correction(x, dims, correction=0, keepdim=True)
-        rstd = aten.rsqrt.default(aten.add.Tensor(var, eps))
-        out = aten.mul.Tensor(aten.sub.Tensor(x, mean), rstd)
-        var, mean, rstd = to(var, acc), to(mean, acc), to(rstd, acc)
         save_mean = aten.view.default(mean, [-1])
-        save_rstd = aten.view.default(rstd, [-1])
+        # per channel in double on CPU (free), each rounded once: rstd, the output's scale
+        # rstd * weight (a channel's scale multiplies all its elements alike: its rounding is
+        # a correlated error), the running statistics
+        sd = stats_dtype(input)
+        rstd = aten.rsqrt.default(aten.add.Tensor(to(aten.view.default(var, [-1]), sd), eps))
+        save_rstd = to(rstd, acc)
+        scale = to(aten.mul.Tensor(rstd, to(w, sd)) if w is not None else rstd, acc)
+        # (x - mean) * scale: not eager's x * scale + (bias - mean * scale), which cancels when
+        # |mean| >> std (x + 1000), and one rounding fewer than scaling by rstd, then weight
+        out = aten.mul.Tensor(aten.sub.Tensor(x, mean), _bcast(scale, nd))
+        w = None
         if running_mean is not None:
-            new_rm = aten.add.Tensor(aten.mul.Tensor(save_mean, momentum),
-                                     aten.mul.Tensor(running_mean, 1 - momentum))
+            new_rm = to(aten.add.Tensor(aten.mul.Tensor(to(save_mean, sd), momentum),
+                                        aten.mul.Tensor(to(running_mean, sd), 1 - momentum)),
+                        running_mean.dtype)
         if running_var is not None:
             n = input.numel() / input.shape[1]
-            unbiased = aten.mul.Tensor(aten.view.default(var, [-1]), n / max(n - 1, 1e-300) if n > 1
-                                       else float("inf"))
-            new_rv = aten.add.Tensor(aten.mul.Tensor(unbiased, momentum),
-                                     aten.mul.Tensor(running_var, 1 - momentum))
+            unbiased = aten.mul.Tensor(to(aten.view.default(var, [-1]), sd),
+                                       n / max(n - 1, 1e-300) if n > 1 else float("inf"))
+            new_rv = to(aten.add.Tensor(aten.mul.Tensor(unbiased, momentum),
+                                        aten.mul.Tensor(to(running_var, sd), 1 - momentum)),
+                        running_var.dtype)
     else:
         rm, rv = to(running_mean, acc), to(running_var, acc)
         invstd = aten.rsqrt.default(aten.add.Tensor(rv, eps))
@@ -331,8 +333,8 @@ def _batch_norm(input, weight, bias, running_mean, running_var, training, moment
             save_rstd = save_mean
         else:
             save_mean, save_rstd = rm, invstd
-    if weight is not None:
-        out = aten.mul.Tensor(out, _bcast(aten.reshape.default(weight, [-1]), nd))
+    if w is not None:
+        out = aten.mul.Tensor(out, _bcast(w, nd))
     if bias is not None:
         out = aten.add.Tensor(out, _bcast(aten.reshape.default(bias, [-1]), nd))
     if on_cpu(input):

@@ -78,9 +78,11 @@ def meta_of(x):
 
 
 class GraphLowering:
-    def __init__(self, gm: torch.fx.GraphModule, example_inputs=None):
+    def __init__(self, gm: torch.fx.GraphModule, example_inputs=None, double_stats=True):
         self.gm = gm
         self.example_inputs = list(example_inputs or [])
+        #: float var_mean accumulates its two sums in double (the C++ kernels; rules.var_mean)
+        self.double_stats = double_stats
         self.inputs: list[InputBuffer] = []
         self.nodes: list[Buffer] = []
         self.outputs: list[Any] = []

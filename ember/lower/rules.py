@@ -528,6 +528,47 @@ def var_mean(ctx, node, x, dims=None, *, correction=None, keepdim=False):
     d = _dims(x, dims)
     n = numel([x.size[i] for i in d])
     corr = 1 if correction is None else correction
+    denom = max(n - corr, 0)
+    if cd == torch.float32 and ctx.double_stats:
+        var_k, mean_k = _var_mean_double(ctx, x, d, n, denom, dtype)
+    else:
+        var_k, mean_k = _var_mean_shifted(ctx, x, d, n, denom, dtype, cd)
+    if not keepdim:
+        var_k, mean_k = _squeeze_dims(var_k, d), _squeeze_dims(mean_k, d)
+    if node.target is aten.var.correction:
+        return var_k
+    return (var_k, mean_k)
+
+
+def _var_mean_double(ctx, x, d, n, denom, dtype):
+    """(var, mean) of float data as ATen's CPU kernels compute them (Welford in double): the
+    sum S of x in double, mean = S / n, and the sum Q of (x - mean)^2 with x - mean taken in
+    double, each rounded once to `dtype`. Every x converts exactly, so neither a mean far from 0
+    (x + 1000) nor one far below the spread (a zero-mean row, a conv filter) cancels digits;
+    n equal values give exactly c and exactly 0 (S = n c exactly, S / n = c). Float sums lost
+    both (docs/design/061: 50-1000x eager's error on a zero-mean row's mean, 2x on var); the
+    double accumulators cost no more than the float form's shift (x - c in both passes)."""
+    f64 = torch.float64
+    s = reduce(ctx, x, d, True, "sum", f64, src_dtype=f64)
+    mean = Pending(Pointwise(s.size, f64, _div_const(s.loader(), n, f64)))
+    lx, lm = broadcast_loader(x, x.size, f64), broadcast_loader(mean, x.size, f64)
+
+    def sq(index):
+        diff = ops.sub(lx(index), lm(index))
+        return ops.mul(diff, diff)
+    q = reduce(ctx, Pending(Pointwise(x.size, f64, sq)), d, True, "sum", f64, src_dtype=f64)
+    return (_rounded(Pending(Pointwise(s.size, f64, _div_const(q.loader(), denom, f64))), dtype),
+            _rounded(mean, dtype))
+
+
+def _rounded(v, dtype):
+    load = v.loader()
+    return Pending(Pointwise(v.size, dtype, lambda i: ops.to_dtype(load(i), dtype)))
+
+
+def _var_mean_shifted(ctx, x, d, n, denom, dtype, cd):
+    """(var, mean) with sums in the compute dtype (Triton; double data), of the data shifted by
+    each slice's first element c."""
     lx = broadcast_loader(x, x.size, cd)
 
     def first(index):     # c: each reduced slice's first element (the index at 0 on dims d)
@@ -555,16 +596,10 @@ def var_mean(ctx, node, x, dims=None, *, correction=None, keepdim=False):
         return ops.mul(diff, diff)
     sq_val = Pending(Pointwise(x.size, dtype, sq))
     ss = reduce(ctx, sq_val, d, True, "sum", dtype)
-    denom = max(n - corr, 0)
     var_k = Pending(Pointwise(ksize, dtype, _scale(ss.loader(), 1.0 / denom if denom else float("inf"), cd)))
     if denom == 0:
         var_k = Pending(Pointwise(ksize, dtype, _div_const(ss.loader(), 0.0, cd)))
-    keep = [i for i in range(len(x.size)) if i not in d]
-    if not keepdim:
-        var_k, mean_k = _squeeze_dims(var_k, d), _squeeze_dims(mean_k, d)
-    if node.target is aten.var.correction:
-        return var_k
-    return (var_k, mean_k)
+    return var_k, mean_k
 
 
 def _scale(load, factor, cd):
