@@ -37,7 +37,11 @@ def test_weight_standardized_conv_error_within_2x_eager(seed):
         x = torch.randn(2, cin, 12, 12, generator=g) + 2.5
         with torch.enable_grad():       # a training graph: the weights are not frozen
             wr = w.clone().requires_grad_()
-            got = ember.compile(_std_conv, dynamic=False)(x, wr, gain).detach()
+            # NCHW: a computed weight lets the layout rule run such a graph channels-last,
+            # where oneDNN's conv rounds differently (eager channels-last too: 2.8x eager NCHW's
+            # error at fan-in 2304); this test is about the statistics
+            got = ember.compile(_std_conv, dynamic=False,
+                                options={"layout": "contiguous"})(x, wr, gain).detach()
             want = _std_conv(x, w, gain)
         truth = _std_conv(x.double(), w.double(), gain.double())
         assert _rel(got, truth) <= 2.5 * max(_rel(want, truth), 1e-8), \
