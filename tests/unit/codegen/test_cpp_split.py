@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 import ember
+from tests.unit.lower.helpers import check_grads
 
 
 def _kernels(tmp_path, pattern="*kernels.cpp"):
@@ -292,14 +293,8 @@ def _cat_of_transposed(x, y, g):
 def test_tiled_channel_cat_decides_its_compares(dirs):
     # the tile loops decided no compare: every simd loop loaded both parts, masked, and picked
     # one; each part now has its own nest (tiled where its load is transposed)
-    x, y, g = torch.randn(2, 96, 40), torch.randn(2, 24, 96), torch.randn(2, 64, 96)
-    leaves = [t.clone().requires_grad_(True) for t in (x, y, g)]
-    out = torch.randn(2, 64, 96)
-    ref = torch.autograd.grad(_cat_of_transposed(*leaves), leaves, out)
-    fn = ember.compile(_cat_of_transposed, options={"speed_check": False})
-    got = torch.autograd.grad(fn(*leaves), leaves, out)
-    for r, t in zip(ref, got):
-        torch.testing.assert_close(t, r)
+    check_grads(_cat_of_transposed, torch.randn(2, 96, 40), torch.randn(2, 24, 96),
+                torch.randn(2, 64, 96))
     loops = _simd_loops(_kernels(dirs, "*_kernels.cpp"))
     assert loops and not any("pick(" in b or "if (" in b for b in loops), loops
     assert "blk0_lo" in _kernels(dirs, "*_kernels.cpp")     # the transposed part is tiled
