@@ -92,8 +92,9 @@ class KernelCodegen:
             parallel = True
             self.par_if = f" if({cexpr(sympy.expand(work))} >= {PARALLEL_MIN_WORK})"
         if k.pure_pointwise and m > 0:
-            for spans in self._presplit(outer, xv) or [{}]:
-                self._pointwise(outer, xv, spans, parallel, work)
+            combos, plan = self._presplit(outer, xv)
+            for spans in combos or [{}]:
+                self._pointwise(outer, xv, spans, parallel, work, None if combos else plan)
         elif self._column_reduction_ok(xv):
             self._column_reduction(xv, parallel)
         elif scalar_reduce:
@@ -161,7 +162,6 @@ class KernelCodegen:
         sizes = "".join(f", int64_t {n}" for n in self.size_params)
         return text.replace("/*SIZES*/", sizes, 1)
 
-
     def _plan_pointwise(self, sizes, lv, point):
         """A pure pointwise kernel's loop plan over loop vars `lv` of `sizes`, the original vars
         being `point` (expressions of lv): its dims read only as v // k, v % k split
@@ -180,10 +180,11 @@ class KernelCodegen:
         planned, lvars, subs = plan_loops(ranges, lv, c.exprs, order)
         return ranges, lv, point, planned, lvars, subs, c.exprs
 
-    def _presplit(self, outer, xv) -> list[dict] | None:
+    def _presplit(self, outer, xv) -> tuple[list[dict] | None, tuple | None]:
         """Segments of a pure pointwise kernel's loops (cpp_ranges.unswitch over every dim, the
-        innermost too) to plan and emit one by one, or None to plan the kernel whole. Taken
-        when planning it whole leaves
+        innermost too) to plan and emit one by one, or None to plan the kernel whole; and the
+        whole kernel's plan (_plan_pointwise) when it was made. Taken when planning it whole
+        leaves
         - a dim read as v // k, v % k under a compare on it: a padded dim (the gradient of a
           causal conv1d's input, [B, C, L+3] read as `v / 64`, `v % 64` under `v < 128`) splits
           by k only within its segment [0, 128), and a cat's part at an offset (v - 512) % 16
@@ -193,37 +194,38 @@ class KernelCodegen:
           masked, per element); each copy is tiled, or not, on its own.
         Every copy then splits, plans and emits its own loop nest (_pointwise)."""
         if any(is_symbolic(n) for n in outer):
-            return None
-        lv0 = list(xv)
-        ranges, lv, point, planned, lvars, subs, exprs = self._plan_pointwise(outer, lv0, lv0)
+            return None, None
+        plan = self._plan_pointwise(outer, list(xv), list(xv))
+        _, _, _, planned, lvars, subs, exprs = plan
         opaque = opaque_vars(exprs)
         tiled = _transposed_dim(planned, lvars, [e.xreplace(subs) for e in exprs]) is not None
         dims = {v: n for v, n in zip(xv, outer) if tiled or v in opaque}
         if not dims:
-            return None
+            return None, plan
         nodes = self.kernel.stages[0].nodes
         combos = unswitch(lambda: [n.store_pointwise(xv) for n in nodes], dims,
                           dict(zip(xv, outer)), {})
         if combos is None or tiled:
-            return combos
+            return combos, plan
         clean = 0
         for spans in combos:
             sizes, lv, point = segment(outer, xv, spans)
             _, lv, *_, exprs = self._plan_pointwise(sizes, lv, point)
             if not opaque_vars(exprs) & set(lv):
                 clean += numel(sizes)
-        return combos if 2 * clean >= numel(outer) else None
+        return (combos if 2 * clean >= numel(outer) else None), plan
 
-    def _pointwise(self, outer, xv, spans, parallel, work):
+    def _pointwise(self, outer, xv, spans, parallel, work, plan=None):
         """A pure pointwise kernel's loop nest, or one copy of it over the segments `spans`
-        ({var: (lo, hi)}, see _presplit)."""
+        ({var: (lo, hi)}, see _presplit); `plan`: the whole kernel's, when already made."""
         k, h = self.kernel, self.h
         code = h.code
         sizes0, lv0, point0 = segment(outer, xv, spans)
         if spans:       # this copy's share of the work
             work = hint(work) * numel(sizes0) // numel(outer)
             parallel = parallel and work >= PARALLEL_MIN_WORK
-        ranges, lv, point, sizes, lvars, subs, exprs = self._plan_pointwise(sizes0, lv0, point0)
+        ranges, lv, point, sizes, lvars, subs, exprs = plan or self._plan_pointwise(
+            sizes0, lv0, point0)
         h.ranges = dict(zip(lv, ranges))
         h.subs = subs
         nodes = k.stages[0].nodes
