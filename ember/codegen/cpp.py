@@ -29,9 +29,9 @@ from .cpp_columns import ColumnPartials
 from .cpp_handler import CHECKED, CppHandler, CppVal, _blocks, _int, cexpr, ctype, \
     prune_dead
 from .cpp_loops import TILE, _coeff, _drop_simd_over_masked_ifs, _transposed_dim, collect, \
-    gathers, loop_var, plan_loops, split_divided
+    gathers, loop_var, opaque_vars, plan_loops, split_divided
 from .cpp_prelude import PRELUDE
-from .cpp_ranges import split_points, unswitch
+from .cpp_ranges import segment, split_points, unswitch
 from .cpp_reduce import ARG, CASCADE_BLOCK, CASCADE_ROWS, PARALLEL_BLOCK, SIMD_RED, UDR, Span, \
     _acc_value, _arg_better, _block_split, _cascaded, _combine, _count, _flat, _for, _init, \
     _red_clause, _update, lane_count, lane_loops
@@ -91,43 +91,9 @@ class KernelCodegen:
             parallel = True
             self.par_if = f" if({cexpr(sympy.expand(work))} >= {PARALLEL_MIN_WORK})"
         if k.pure_pointwise and m > 0:
-            nodes = k.stages[0].nodes
-
-            def exprs_of(point, ranges):
-                return collect(lambda: [n.store_pointwise(point) for n in nodes], ranges)
-            ranges, lv, point = split_divided(outer, xv, exprs_of)
-            h.ranges = dict(zip(lv, ranges))
-            c = exprs_of(point, h.ranges)
-            first = c.stores[0] if c.stores else sympy.Integer(0)
-            order = sorted(range(len(lv)), key=lambda d: -hint(_coeff(first, lv[d])))
-            sizes, lvars, subs = plan_loops(ranges, lv, c.exprs, order)
-            h.subs = subs
-
-            def store():
-                for n in nodes:
-                    n.store_pointwise(point)
-            d = _transposed_dim(sizes, lvars, [e.xreplace(subs) for e in c.exprs])
-            if len(sizes) > 1 and not is_symbolic(sizes[-1]) and 1 < int(sizes[-1]) <= UNROLL:
-                # an innermost dim of 2 (the (re, im) pair of a complex value, decomp/complex.py)
-                # is unrolled, so the simd loop runs over the dim above it: g++ vectorizes the
-                # stride-2 loads and stores as interleaved groups, not a 2-lane loop (RoPE's
-                # complex multiply ran 3x slower than eager's); so are innermost dims of 3 and 4
-                # (a [B, k, M] -> [B, M*k] permute split by k, design 048: 0.28 -> 2.1x eager at k = 3)
-                def body():
-                    for k in range(int(sizes[-1])):
-                        h.subs = {**subs, lvars[-1]: sympy.Integer(k)}
-                        store()
-                    h.subs = subs
-                start = len(code.lines)
-                self._loops(sizes[:-1], lvars[:-1], parallel, simd_last=True, body=body)
-                _drop_simd_over_masked_ifs(code.lines, start)
-            elif d is not None:
-                self._tiled(sizes, lvars, d, parallel, body=store)
-            else:
-                self._unswitched(sizes, lvars, lvars[:-1], parallel, work, store,
-                                 self._pointwise_nest(store))
-            h.subs = {}
-            h.ranges = self.outer_ranges
+            combos, plan = self._presplit(outer, xv)
+            for spans in combos or [{}]:
+                self._pointwise(outer, xv, spans, parallel, work, None if combos else plan)
         elif self._column_reduction_ok(xv):
             self._column_reduction(xv, parallel)
         elif scalar_reduce:
@@ -194,6 +160,100 @@ class KernelCodegen:
         self.size_params = sorted(set(SIZE_NAME.findall(text)), key=lambda n: int(n[1:]))
         sizes = "".join(f", int64_t {n}" for n in self.size_params)
         return text.replace("/*SIZES*/", sizes, 1)
+
+    def _plan_pointwise(self, sizes, lv, point):
+        """A pure pointwise kernel's loop plan over loop vars `lv` of `sizes`, the original vars
+        being `point` (expressions of lv): its dims read only as v // k, v % k split
+        (split_divided), reordered by the first store and merged (plan_loops). Returns
+        (ranges, lv, point, sizes, lvars, subs, exprs): split dims, planned dims, and the
+        index expressions at the split point."""
+        nodes = self.kernel.stages[0].nodes
+
+        def exprs_of(point, ranges):
+            return collect(lambda: [n.store_pointwise(point) for n in nodes], ranges)
+        ranges, lv, point = split_divided(sizes, lv, exprs_of, fresh=len(self.kernel.outer),
+                                          point=point)
+        c = exprs_of(point, dict(zip(lv, ranges)))
+        first = c.stores[0] if c.stores else sympy.Integer(0)
+        order = sorted(range(len(lv)), key=lambda d: -hint(_coeff(first, lv[d])))
+        planned, lvars, subs = plan_loops(ranges, lv, c.exprs, order)
+        return ranges, lv, point, planned, lvars, subs, c.exprs
+
+    def _presplit(self, outer, xv) -> tuple[list[dict] | None, tuple | None]:
+        """Segments of a pure pointwise kernel's loops (cpp_ranges.unswitch over every dim, the
+        innermost too) to plan and emit one by one, or None to plan the kernel whole; and the
+        whole kernel's plan (_plan_pointwise) when it was made. Taken when planning it whole
+        leaves
+        - a dim read as v // k, v % k under a compare on it: a padded dim (the gradient of a
+          causal conv1d's input, [B, C, L+3] read as `v / 64`, `v % 64` under `v < 128`) splits
+          by k only within its segment [0, 128), and a cat's part at an offset (v - 512) % 16
+          is affine there; so when the copies without a div/mod hold at least half the work;
+        - a tiled layout conversion (_transposed_dim) with compares: the tile loops decide
+          none of them (a channel cat of transposed parts evaluated every part's loads,
+          masked, per element); each copy is tiled, or not, on its own.
+        Every copy then splits, plans and emits its own loop nest (_pointwise)."""
+        if any(is_symbolic(n) for n in outer):
+            return None, None
+        plan = self._plan_pointwise(outer, list(xv), list(xv))
+        _, _, _, planned, lvars, subs, exprs = plan
+        opaque = opaque_vars(exprs)
+        tiled = _transposed_dim(planned, lvars, [e.xreplace(subs) for e in exprs]) is not None
+        dims = {v: n for v, n in zip(xv, outer) if tiled or v in opaque}
+        if not dims:
+            return None, plan
+        nodes = self.kernel.stages[0].nodes
+        combos = unswitch(lambda: [n.store_pointwise(xv) for n in nodes], dims,
+                          dict(zip(xv, outer)), {})
+        if combos is None or tiled:
+            return combos, plan
+        clean = 0
+        for spans in combos:
+            sizes, lv, point = segment(outer, xv, spans)
+            _, lv, *_, exprs = self._plan_pointwise(sizes, lv, point)
+            if not opaque_vars(exprs) & set(lv):
+                clean += numel(sizes)
+        return (combos if 2 * clean >= numel(outer) else None), plan
+
+    def _pointwise(self, outer, xv, spans, parallel, work, plan=None):
+        """A pure pointwise kernel's loop nest, or one copy of it over the segments `spans`
+        ({var: (lo, hi)}, see _presplit); `plan`: the whole kernel's, when already made."""
+        k, h = self.kernel, self.h
+        code = h.code
+        sizes0, lv0, point0 = segment(outer, xv, spans)
+        if spans:       # this copy's share of the work
+            work = hint(work) * numel(sizes0) // numel(outer)
+            parallel = parallel and work >= PARALLEL_MIN_WORK
+        ranges, lv, point, sizes, lvars, subs, exprs = plan or self._plan_pointwise(
+            sizes0, lv0, point0)
+        h.ranges = dict(zip(lv, ranges))
+        h.subs = subs
+        nodes = k.stages[0].nodes
+
+        def store():
+            for n in nodes:
+                n.store_pointwise(point)
+        d = _transposed_dim(sizes, lvars, [e.xreplace(subs) for e in exprs])
+        if len(sizes) > 1 and not is_symbolic(sizes[-1]) and 1 < int(sizes[-1]) <= UNROLL:
+            # an innermost dim of 2 (the (re, im) pair of a complex value, decomp/complex.py)
+            # is unrolled, so the simd loop runs over the dim above it: g++ vectorizes the
+            # stride-2 loads and stores as interleaved groups, not a 2-lane loop (RoPE's
+            # complex multiply ran 3x slower than eager's); so are innermost dims of 3 and 4
+            # (a [B, k, M] -> [B, M*k] permute split by k, design 048: 0.28 -> 2.1x eager at k = 3)
+            def body():
+                for k in range(int(sizes[-1])):
+                    h.subs = {**subs, lvars[-1]: sympy.Integer(k)}
+                    store()
+                h.subs = subs
+            start = len(code.lines)
+            self._loops(sizes[:-1], lvars[:-1], parallel, simd_last=True, body=body)
+            _drop_simd_over_masked_ifs(code.lines, start)
+        elif d is not None:
+            self._tiled(sizes, lvars, d, parallel, body=store)
+        else:
+            self._unswitched(sizes, lvars, lvars[:-1], parallel, work, store,
+                             self._pointwise_nest(store))
+        h.subs = {}
+        h.ranges = self.outer_ranges
 
     #: columns per block of a column reduction: the fewest, and all a symbolic count gets
     COLUMN_BLOCK = 64

@@ -7,6 +7,7 @@ import sympy
 
 from ..loopir.index import FloorDiv, ModularIndexing, hint, is_symbolic, numel, simplify_index, sym
 from ..loopir.ops import OpsHandler, set_handler
+from .cpp_ranges import CMP, SWAP, bounds, decide
 
 
 def loop_var(i):
@@ -24,7 +25,9 @@ def gathers(e) -> bool:
 
 
 class IndexCollector(OpsHandler):
-    """Records every index expression a body uses (loads, stores, index_expr)."""
+    """Records every index expression a body uses (loads, stores, index_expr). A masked body
+    whose mask is false over the whole `ranges` (a cat's other part in one segment of the
+    loops, cpp_ranges) is not run: the kernel emits none of its loads either."""
 
     def __init__(self, ranges: dict):
         self.exprs: list = []
@@ -41,16 +44,38 @@ class IndexCollector(OpsHandler):
         self.stores.append(index)
 
     def index_expr(self, expr, dtype):
-        self.exprs.append(simplify_index(sympy.expand(expr), self.ranges))
+        e = simplify_index(sympy.expand(expr), self.ranges)
+        self.exprs.append(e)
+        return ("idx", e)
+
+    def constant(self, value, dtype):
+        return ("c", value)
 
     def masked(self, mask, body, other):
-        return body()
+        return None if mask is False else body()
 
     def indirect_indexing(self, value, size, check=True):
         self.n += 1
         return sym(f"{INDIRECT}{self.n}")
 
     def default(self, name, *args, **kwargs):
+        """A compare of an index with a constant decided over `ranges`, and the logic of such
+        decisions: True / False, else None (not known)."""
+        if name in CMP and len(args) == 2:
+            a, b = args
+            if isinstance(b, tuple) and b[0] == "idx":
+                a, b, name = b, a, SWAP[name]
+            if not (isinstance(a, tuple) and a[0] == "idx"):
+                return None
+            k = b[1] if isinstance(b, tuple) else b
+            lohi = bounds(a[1], self.ranges, {})
+            return None if lohi is None else decide(name, *lohi, k)
+        if name == "logical_and" and len(args) == 2:
+            return False if False in args else (True if args == (True, True) else None)
+        if name == "logical_or" and len(args) == 2:
+            return True if True in args else (False if args == (False, False) else None)
+        if name == "logical_not" and len(args) == 1 and isinstance(args[0], bool):
+            return not args[0]
         return None
 
 
@@ -66,16 +91,22 @@ def _coeff(e, v):
     return e.coeff(v) if e.has(v) else 0
 
 
+def opaque_vars(exprs) -> set:
+    """The symbols of `exprs` that some div/mod atom reads (a loop var there is no affine dim)."""
+    opaque = set()
+    for e in exprs:
+        for f in e.atoms(FloorDiv, ModularIndexing):
+            opaque |= f.free_symbols
+    return opaque
+
+
 def plan_loops(ranges, vars_, exprs, order=None):
     """Loop nest (sizes, vars) after reordering dims by `order` and merging adjacent dims
     that every index treats as one (coef[outer] == coef[inner] * size[inner], no div/mod).
     Returns (sizes, vars, subs) where subs maps merged-away vars to 0 and the surviving var
     of a group ranges over the product."""
     dims = list(order if order is not None else range(len(ranges)))
-    opaque = set()
-    for e in exprs:
-        for f in e.atoms(FloorDiv, ModularIndexing):
-            opaque |= f.free_symbols
+    opaque = opaque_vars(exprs)
     groups = []
     for d in dims:
         v = vars_[d]
@@ -158,7 +189,7 @@ def _quotient(n, k):
     return q
 
 
-def split_divided(outer, xv, exprs_of, fresh=None):
+def split_divided(outer, xv, exprs_of, fresh=None, point=None):
     """A loop dim whose indices read it only as v // k and v % k is split into v = k*a + b,
     so the kernel loops over a and b with affine indices instead of dividing per element in
     a loop g++ does not vectorize. Two cases: a pointwise op on the flattened view of (..., n,
@@ -170,27 +201,25 @@ def split_divided(outer, xv, exprs_of, fresh=None):
     are then run-time values, with no division per element (design 054).
     A row reduction's stage splits its inner dims the same way (cpp.py _split_stage, design 055).
     `exprs_of(point, ranges)` collects the body's index expressions at loop point `point`;
-    new loop vars are named from v{fresh} (default len(xv)).
+    new loop vars are named from v{fresh} (default len(xv)). `point`: the original vars as
+    expressions of the loop vars xv (default xv itself; a segment of a loop starts at an offset,
+    cpp_ranges.presplit).
     Returns (ranges, loop vars, point): the loop nest, and the original vars in its vars."""
-    ranges, lv, point = list(outer), list(xv), list(xv)
+    ranges, lv, point = list(outer), list(xv), list(xv if point is None else point)
     fresh = len(xv) if fresh is None else fresh
     while True:
-        subs = dict(zip(xv, point))
         c = exprs_of(point, dict(zip(lv, ranges)))
-        done = _split_one(ranges, lv, c.exprs, fresh, subs, exprs_of)
+        done = _split_one(ranges, lv, c.exprs, fresh, point, exprs_of)
         if done is None:
             return ranges, lv, point
         ranges, lv, point = done
         fresh += 2
 
 
-def _split_one(ranges, lv, exprs, fresh, subs, exprs_of):
+def _split_one(ranges, lv, exprs, fresh, point, exprs_of):
     """The first split of split_divided's loop nest (ranges, lv) that removes the div/mod of
-    one dim, as (ranges, loop vars, point), or None. `subs`: original var -> its expression."""
-    opaque = set()
-    for e in exprs:
-        for f in e.atoms(FloorDiv, ModularIndexing):
-            opaque |= f.free_symbols
+    one dim, as (ranges, loop vars, point), or None. `point`: the original vars' expressions."""
+    opaque = opaque_vars(exprs)
     for d, (v, n) in enumerate(zip(lv, ranges)):
         if v not in opaque:
             continue
@@ -201,9 +230,9 @@ def _split_one(ranges, lv, exprs, fresh, subs, exprs_of):
             a, b = loop_var(fresh), loop_var(fresh + 1)
             new_ranges = ranges[:d] + [q, k] + ranges[d + 1:]
             new_lv = lv[:d] + [a, b] + lv[d + 1:]
-            point = [sympy.expand(e.xreplace({v: k * a + b})) for e in subs.values()]
-            split = exprs_of(point, dict(zip(new_lv, new_ranges)))
+            new_point = [sympy.expand(sympy.sympify(e).xreplace({v: k * a + b})) for e in point]
+            split = exprs_of(new_point, dict(zip(new_lv, new_ranges)))
             if not any(f.has(a) or f.has(b) for e in split.exprs
                        for f in e.atoms(FloorDiv, ModularIndexing)):
-                return new_ranges, new_lv, point
+                return new_ranges, new_lv, new_point
     return None

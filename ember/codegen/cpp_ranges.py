@@ -240,3 +240,20 @@ def unswitch(store_fn, sizes: dict, ranges: dict, subs: dict) -> list[dict] | No
         return None
     order = list(sizes)
     return sorted(done, key=lambda c: [c.get(v, (0, 0)) for v in order])
+
+
+def segment(sizes, xv, spans: dict):
+    """One copy of a loop nest over `sizes` (vars xv) restricted to `spans` ({var: (lo, hi)}):
+    (its sizes, its loop vars, the original vars as expressions of them). A var of a spanned
+    dim counts from the segment's start (v stands for lo + v); a one-value segment is no loop,
+    its var the constant lo."""
+    out_sizes, out_vars, point = [], [], []
+    for v, n in zip(xv, sizes):
+        lo, hi = spans.get(v, (0, n))
+        if hi - lo == 1 and v in spans:
+            point.append(sympy.sympify(lo))
+            continue
+        out_sizes.append(hi - lo)
+        out_vars.append(v)
+        point.append(v + lo)
+    return out_sizes, out_vars, point

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from tests.unit.codegen.test_cpp_pairs import _simd_loops, _source
-from tests.unit.lower.helpers import check
+from tests.unit.lower.helpers import check, check_grads
 
 
 def _merge_heads(q, k, v):
@@ -64,3 +64,44 @@ def test_small_divisor_unrolled_simd_over_the_long_dim():
     _, src = _source(f, x)
     assert not re.search(r"\(v\d+ [/%] \d+\)", src), src
     assert [n for _, n in _simd_loops(src)] == ["64"], src
+
+
+#: a loop var divided in an index, also one offset by a segment's start: `((-40 + v1) % 16)`
+DIVIDED = re.compile(r"v\d+\)? [/%] \d+\)")
+
+
+def _padded_chunks(x, z):
+    """A causal conv1d's input gradient in Mamba2's backward: [B, C, L] gathered from a chunked
+    scan's [B, chunks, C, 64] (read as `l / 64`, `l % 64`), padded to L + 3 (the read is under
+    `l < 128`, so the dim of 131 is no multiple of 64), times SiLU's derivative."""
+    b, n, c, k = x.shape
+    y = F.pad(x.permute(0, 2, 1, 3).reshape(b, c, n * k), (0, 3))
+    s = torch.sigmoid(z)
+    return y * s * (1 + z * (1 - s))
+
+
+def test_padded_dim_split_within_its_segment():
+    # the loop of 131 is cut at 128 where the pad's compare changes (cpp_ranges.segment); the
+    # segment [0, 128) splits by 64 (design 048), so no simd loop divides its var
+    x, z = torch.randn(2, 2, 48, 64), torch.randn(2, 48, 131)
+    check(_padded_chunks, x, z, kernels=1)
+    _, src = _source(_padded_chunks, x, z)
+    assert not DIVIDED.search(src), src
+    assert any(n == "64" for _, n in _simd_loops(src)), src
+
+
+def _cat_of_divided_parts(a, b, g):
+    """A cat along channels of a chunk-merged [B, C, 128] (`l / 64`, `l % 64`) and a repeat
+    (read as `(c - 40) % 16` in its part), times a gate."""
+    h = a.permute(0, 2, 1, 3).reshape(2, 40, 128)
+    return torch.cat([h, b.repeat(1, 2, 1)], 1) * torch.sigmoid(g)
+
+
+def test_channel_cat_parts_split_at_their_offsets():
+    # within each part's segment of the channels every index is affine once split; values and
+    # gradients equal eager's
+    a, b, g = torch.randn(2, 2, 40, 64), torch.randn(2, 16, 128), torch.randn(2, 72, 128)
+    check(_cat_of_divided_parts, a, b, g, kernels=1)
+    _, src = _source(_cat_of_divided_parts, a, b, g)
+    assert not DIVIDED.search(src), src
+    check_grads(_cat_of_divided_parts, a, b, g)

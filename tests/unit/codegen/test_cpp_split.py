@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 import ember
+from tests.unit.lower.helpers import check_grads
 
 
 def _kernels(tmp_path, pattern="*kernels.cpp"):
@@ -281,3 +282,19 @@ def test_div_mod_of_a_short_var_split_into_values_and_folded():
     assert cpp_ranges.bounds(FloorDiv(v, 2) - 1, {v: 4}, {v: (3, 4)}) == (0, 0)
     assert cpp_ranges.bounds(ModularIndexing(v - 1, 1, 2), {v: 4}, {v: (0, 1)}) is None
     assert cpp_ranges.bounds(FloorDiv(v, 2), {v: 4}, {v: (1, 3)}) is None
+
+
+def _cat_of_transposed(x, y, g):
+    """A channel cat of a transposed [B, L, C] part (a layout conversion: tiled) and a plain
+    one, times a gate: a cat in a conv1d's input gradient (Mamba2's x, B, C)."""
+    return torch.cat([x.transpose(1, 2), y], 1) * torch.sigmoid(g)
+
+
+def test_tiled_channel_cat_decides_its_compares(dirs):
+    # the tile loops decided no compare: every simd loop loaded both parts, masked, and picked
+    # one; each part now has its own nest (tiled where its load is transposed)
+    check_grads(_cat_of_transposed, torch.randn(2, 96, 40), torch.randn(2, 24, 96),
+                torch.randn(2, 64, 96))
+    loops = _simd_loops(_kernels(dirs, "*_kernels.cpp"))
+    assert loops and not any("pick(" in b or "if (" in b for b in loops), loops
+    assert "blk0_lo" in _kernels(dirs, "*_kernels.cpp")     # the transposed part is tiled

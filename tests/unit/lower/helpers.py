@@ -4,6 +4,7 @@ import re
 
 import torch
 
+import ember
 from ember.aot import trace_aten
 from ember.decomp import get_decompositions
 from ember.backends.ember import STATS, compile_aten_graph
@@ -39,6 +40,17 @@ def check(fn, *args, atol=1e-5, rtol=1e-5, kernels=None, max_kernels=None, decom
     if max_kernels is not None:
         assert stats["kernels"] <= max_kernels, stats
     return stats
+
+
+def check_grads(fn, *args):
+    """ember.compile(fn)'s input gradients for a random output gradient equal eager's."""
+    leaves = [t.detach().clone().requires_grad_(True) for t in args]
+    ref_out = fn(*leaves)
+    out = torch.randn_like(ref_out)
+    ref = torch.autograd.grad(ref_out, leaves, out)
+    got = torch.autograd.grad(ember.compile(fn, options={"speed_check": False})(*leaves), leaves, out)
+    for r, g in zip(ref, got):
+        torch.testing.assert_close(g, r)
 
 
 def evaluations(src: str, call: str) -> int:
