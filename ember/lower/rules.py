@@ -20,7 +20,7 @@ import torch
 
 from ..loopir.index import numel
 from ..loopir.ops import compute_dtype, ops
-from ..loopir.nodes import Pointwise, Reduction
+from ..loopir.nodes import Pointwise, Reduction, Scan
 from .ir import Pending, Reindex, TensorValue, View, as_sizes, view_impl
 
 aten = torch.ops.aten
@@ -500,6 +500,49 @@ def _first_extremum(ctx, x, dim, keepdim, rtype):
                          ops.index_expr(sympy.sympify(size[d]), torch.int64))
     return reduce(ctx, Pending(Pointwise(size, torch.int64, position)), [d], keepdim, "min",
                   torch.int64)
+
+
+@rule(aten.cumsum.default)
+def cumsum(ctx, node, x, dim, *, dtype=None):
+    """A Scan (codegen/cpp_scan.py) in C++ kernels with static sizes; else ATen's kernel (an
+    extern).
+    cumsum(flip(y)) along the scanned dim, what a cumsum's gradient is (flip, cumsum, flip), is
+    flip(the reverse scan of y): y is read in place and the outer flip cancels this one."""
+    out = out_meta(node)
+    size = tuple(x.size)
+    if not ctx.cpp or not size or not all(isinstance(s, int) for s in size):
+        return ctx.extern(node.target, (x, dim), {"dtype": dtype} if dtype is not None else {},
+                          out)
+    d = dim % len(size)
+    cd = compute_dtype(out.dtype)
+    if size[d] == 1:
+        return Pending(Pointwise(size, out.dtype, broadcast_loader(x, size, cd)))
+    y = _flipped(node.args[0], d)
+    src = ctx.env.get(y) if y is not None else None
+    reverse = isinstance(src, TensorValue) and tuple(src.size) == size
+    buf = ctx.add_computed(Scan(size, out.dtype, broadcast_loader(src if reverse else x, size, cd),
+                                dim=d, reverse=reverse))
+    value = View(buf, buf.size, buf.stride, 0)
+    if not reverse:
+        return value
+    last = size[d] - 1
+    return Reindex(value, size, lambda index: [*index[:d], last - index[d], *index[d + 1:]])
+
+
+def _flipped(arg, d):
+    """The fx node `arg` flips along dim d (decomp/shapes.py flip: an _unsafe_index by
+    arange(n - 1, -1, -1) at d), or None."""
+    if not (isinstance(arg, torch.fx.Node) and arg.target is aten._unsafe_index.Tensor):
+        return None
+    src, indices = arg.args[0], list(arg.args[1])
+    if len(indices) != d + 1 or any(i is not None for i in indices[:d]):
+        return None
+    idx = indices[d]
+    n = src.meta["val"].shape[d] if isinstance(src, torch.fx.Node) and "val" in src.meta else None
+    if not (isinstance(idx, torch.fx.Node) and idx.target is aten.arange.start_step
+            and isinstance(n, int) and tuple(idx.args[:3]) == (n - 1, -1, -1)):
+        return None
+    return src
 
 
 @rule(aten.any.default, aten.any.dim, aten.any.dims)
