@@ -24,11 +24,17 @@ import torch
 
 from ..loopir.index import contiguous_strides, numel, strided_index
 from ..loopir.ops import compute_dtype
-from .cpp_handler import CppVal, cexpr, ctype
+from .cpp_handler import CppVal, _int, cexpr, ctype
 from .cpp_loops import loop_var
+from .cpp_reduce import Span
 
 ROWS = 8                  # rows scanned together along the innermost dim
+LINE = 16                 # elements of a row scanned before the next row's
 ACC_STACK_MAX = 16384     # accumulators of the inner elements kept on the stack (more: heap)
+ACC_CHUNK = 2048          # accumulators of a chunk of the inner elements (16 KB of doubles)
+PARALLEL_TASKS = 64       # parallel iterations wanted of a scan with inner dims
+CHUNK_MIN = 64            # inner elements of a chunk at least (a few simd vectors)
+CHUNK_ALIGN = 16          # a chunk's elements: a multiple of this
 
 
 def acc_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -74,8 +80,26 @@ def emit_scan(cg, node, parallel: bool) -> None:
 
     if inner:
         sizes = [size[i] for i in inner]
-        m = numel(sizes)
-        flat = cexpr(strided_index([vars_[i] for i in inner], contiguous_strides(sizes)))
+        ivars = [vars_[i] for i in inner]
+        npre = numel([size[i] for i in pre])
+        rest = numel(sizes[1:])
+        # the first inner dim is cut into chunks, each scanned whole with its accumulators
+        # in L1 (ACC_CHUNK elements; the rows of an outer-dim cumsum over [T, H, W] would
+        # otherwise stream a T x H x W double array), and into enough chunks for the threads
+        # when few points come before the scanned dim (eager splits the columns among them)
+        tasks = min(-(-sizes[0] // CHUNK_MIN), max(1, PARALLEL_TASKS // npre)) if parallel else 1
+        span = min(-(-sizes[0] // tasks), max(1, ACC_CHUNK // rest))
+        if span < sizes[0] and rest == 1:       # whole vectors per chunk
+            span = min(-(-span // CHUNK_ALIGN) * CHUNK_ALIGN, sizes[0])
+        chunks = -(-sizes[0] // span)
+        m = span * rest
+        chunk = loop_var(len(size))
+        lo = chunk * span if chunks > 1 else 0
+        flat = cexpr(sympy.expand(strided_index([ivars[0] - lo] + ivars[1:],
+                                                contiguous_strides([span] + sizes[1:]))))
+        first = Span(_int(lo) if chunks > 1 else "0",
+                     f"std::min<int64_t>({_int(lo + span)}, {sizes[0]})" if chunks > 1
+                     else str(sizes[0]), sizes[0])
 
         def per_point():
             if m <= ACC_STACK_MAX:
@@ -86,11 +110,13 @@ def emit_scan(cg, node, parallel: bool) -> None:
             code.writeline("#pragma omp simd")
             code.writeline(f"for (int64_t i = 0; i < {m}; ++i) acc[i] = 0;")
             code.writeline(t_loop)
-            scoped(lambda: cg._loops(sizes, [vars_[i] for i in inner], False, simd_last=True,
+            scoped(lambda: cg._loops([first] + sizes[1:], ivars, False, simd_last=True,
                                      body=lambda: step(f"acc[{flat}]")))
-        if pre:
-            cg._loops([size[i] for i in pre], [vars_[i] for i in pre], parallel, simd_last=False,
-                      body=per_point)
+        outer = [size[i] for i in pre] + ([chunks] if chunks > 1 else [])
+        if outer:
+            h.ranges[chunk] = chunks
+            cg._loops(outer, [vars_[i] for i in pre] + ([chunk] if chunks > 1 else []), parallel,
+                      simd_last=False, body=per_point)
         else:
             scoped(per_point)
         return
@@ -111,11 +137,38 @@ def emit_scan(cg, node, parallel: bool) -> None:
     def per_block():
         code.writeline(f"const int64_t rn = std::min<int64_t>({ROWS}, {rows} - {ROWS} * {block});")
         code.writeline(f"{acc_t} acc[{ROWS}] = {{}};")
-        code.writeline(t_loop)
+        # a whole block: LINE elements of each row in turn (a cache line read and written
+        # whole), the rows' chains written out one after the other (independent: the CPU
+        # overlaps them, accumulators in registers)
+        code.writeline(f"if (rn == {ROWS})")
 
-        def rows_step():
-            code.writeline(f"for (int64_t {r} = 0; {r} < rn; ++{r})")
-            scoped(lambda: step(f"acc[{r}]"))
-        scoped(rows_step)
+        def full_block():
+            tb = f"{t}_b"
+            if body.reverse:
+                code.writeline(f"for (int64_t {tb} = {(n - 1) // LINE * LINE}; {tb} >= 0; {tb} -= {LINE})")
+            else:
+                code.writeline(f"for (int64_t {tb} = 0; {tb} < {n}; {tb} += {LINE})")
+
+            def unrolled():
+                end = f"std::min<int64_t>({tb} + {LINE}, {n})"
+                for k in range(ROWS):
+                    index[last] = ROWS * block + k
+                    code.writeline(f"for (int64_t {t} = {end} - 1; {t} >= {tb}; --{t})"
+                                   if body.reverse else
+                                   f"for (int64_t {t} = {tb}; {t} < {end}; ++{t})")
+                    scoped(lambda k=k: step(f"acc[{k}]"))
+                index[last] = ROWS * block + r
+            scoped(unrolled)
+        scoped(full_block)
+        code.writeline("else")
+
+        def part_block():
+            code.writeline(t_loop)
+
+            def rows_step():
+                code.writeline(f"for (int64_t {r} = 0; {r} < rn; ++{r})")
+                scoped(lambda: step(f"acc[{r}]"))
+            scoped(rows_step)
+        scoped(part_block)
     cg._loops([size[i] for i in pre[:-1]] + [-(-rows // ROWS)], [vars_[i] for i in pre[:-1]] + [block],
               parallel, simd_last=False, body=per_block)

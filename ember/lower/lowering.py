@@ -408,6 +408,9 @@ class _LoadOnly(OpsHandler):
     def load(self, name, index):
         return (name, index)
 
+    def indirect_indexing(self, value, size, check=True):
+        return sympy.Symbol("gathered", integer=True)    # an index no plain copy has
+
 
 def _disjoint_slices(node: torch.fx.Node) -> bool:
     """Are all of node's users slices of disjoint ranges of one dim (a cat's backward, a split),

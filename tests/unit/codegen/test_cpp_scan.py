@@ -65,14 +65,25 @@ def test_cumsum_dtypes(dtype):
 
 
 def test_outer_dim_scan_is_a_simd_row_add():
-    x = torch.randn(8, 512, 96)
+    x = torch.randn(64, 128, 96)
     src = _src(lambda t: torch.cumsum(t, 1), x)
     assert "cumsum" not in src
     assert "alignas(64) double acc[96];" in src
-    loop = src[src.index("for (int64_t v1 = 0; v1 < 512; ++v1)"):]
-    assert re.match(r"for \(int64_t v1 = 0; v1 < 512; \+\+v1\)\s*\{\s*#pragma omp simd\s*"
+    loop = src[src.index("for (int64_t v1 = 0; v1 < 128; ++v1)"):]
+    assert re.match(r"for \(int64_t v1 = 0; v1 < 128; \+\+v1\)\s*\{\s*#pragma omp simd\s*"
                     r"for \(int64_t v2 = 0; v2 < 96; \+\+v2\)", loop), loop[:300]
     assert "acc[v2] += static_cast<double>(" in src
+
+
+def test_scan_over_dim0_runs_chunks_in_parallel_with_accumulators_in_l1():
+    """cumsum over dim 0 of [8, 512, 768]: no point before the scanned dim, so the 512 rows
+    of the inner elements are cut into chunks of 2 (2 x 768 double accumulators, 12 KB), each
+    scanned over the 8 steps by one thread."""
+    x = torch.randn(8, 512, 768)
+    src = _src(lambda t: torch.cumsum(t, 0), x)
+    assert re.search(r"#pragma omp parallel for\s*for \(int64_t v3 = 0; v3 < 256; \+\+v3\)", src)
+    assert "alignas(64) double acc[1536];" in src
+    assert "v1 < std::min<int64_t>((2 + (2 * v3)), 512)" in src
 
 
 def test_last_dim_scan_runs_rows_together():
@@ -80,7 +91,20 @@ def test_last_dim_scan_runs_rows_together():
     src = _src(lambda t: torch.cumsum(t, -1), x)
     assert "double acc[8] = {};" in src
     assert "std::min<int64_t>(8, 20 - 8 * v2)" in src
-    assert "acc[v3] += static_cast<double>(" in src
+    for k in range(8):      # a whole block: each row's chain written out
+        assert f"acc[{k}] += static_cast<double>(" in src
+    assert "acc[v3] += static_cast<double>(" in src     # the last block's rows
+
+
+def test_large_stored_last_dim_scan_stays_aten():
+    """The cost rule: a stored input scanned along rows and larger than SCAN_STREAM_BYTES is
+    ATen's (one row at a time streams as fast); with a producer to fuse it is a scan."""
+    x = torch.randn(8, 512, 768)
+    _, stats = compile_fn(lambda t: torch.cumsum(t, -1), x)
+    assert stats["externs"] == 1 and stats["kernels"] == 0, stats
+    run, stats = compile_fn(lambda t: torch.cumsum(t * 2, -1), x)
+    assert stats["externs"] == 0 and stats["kernels"] == 1, stats
+    assert torch.equal(run(x)[0], torch.cumsum(x * 2, -1))
 
 
 def test_cumsum_gradient_is_one_reverse_scan():
