@@ -512,9 +512,12 @@ def cumsum(ctx, node, x, dim, *, dtype=None):
     flip(the reverse scan of y): y is read in place and the outer flip cancels this one."""
     out = out_meta(node)
     size = tuple(x.size)
-    if not ctx.cpp or not size or not all(isinstance(s, int) for s in size):
+
+    def aten_call():
         return ctx.extern(node.target, (x, dim), {"dtype": dtype} if dtype is not None else {},
                           out)
+    if not ctx.cpp or not size or not all(isinstance(s, int) for s in size):
+        return aten_call()
     d = dim % len(size)
     cd = compute_dtype(out.dtype)
     if size[d] == 1:
@@ -528,8 +531,7 @@ def cumsum(ctx, node, x, dim, *, dtype=None):
         # a time streams it as fast as our rows in parallel (0.8-0.9x measured: design 061)
         perf_log.info("cumsum over the last dim of %s stays aten (%.1f MB from memory, nothing "
                       "to fuse)", list(size), numel(size) * out.dtype.itemsize / 2 ** 20)
-        return ctx.extern(node.target, (x, dim), {"dtype": dtype} if dtype is not None else {},
-                          out)
+        return aten_call()
     buf = ctx.add_computed(Scan(size, out.dtype, broadcast_loader(src if reverse else x, size, cd),
                                 dim=d, reverse=reverse))
     value = View(buf, buf.size, buf.stride, 0)
