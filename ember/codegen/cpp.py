@@ -22,6 +22,7 @@ import sympy
 import torch
 
 from ..loopir.index import SIZE_NAME, hint, is_symbolic, numel
+from ..errors import InternalError
 from ..loopir.nodes import is_scan
 from ..loopir.ops import compute_dtype, set_handler
 from ..loopir.plan import Stage
@@ -93,7 +94,9 @@ class KernelCodegen:
             # sizes known at run time only: the outer loop is parallel when the call is big
             parallel = True
             self.par_if = f" if({cexpr(sympy.expand(work))} >= {PARALLEL_MIN_WORK})"
-        if is_scan(k.nodes[0]):
+        if any(is_scan(n) for n in k.nodes):
+            if len(k.nodes) != 1:       # schedule keeps a scan alone; else it reads as pointwise
+                raise InternalError(f"{k.name}: a scan kernel with other nodes")
             emit_scan(self, k.nodes[0], parallel)
         elif k.pure_pointwise and m > 0:
             nodes = k.stages[0].nodes
