@@ -270,7 +270,7 @@ def compile_aten_graph(gm, example_inputs, *, options=None):
             debug.dump("real_pairs", work.code, summary=f"complex values as real pairs "
                        f"(decomp/complex.py), {len(work.graph.nodes)} nodes", of=work)
         with stage("lower"):
-            g = GraphLowering(work, example_inputs, double_stats=not use_triton).run()
+            g = GraphLowering(work, example_inputs, cpp=not use_triton).run()
         if debug.active():
             debug.dump("lower", print_lowered(g.inputs, g.nodes, g.outputs), summary=None)
         with stage("schedule"):

@@ -22,6 +22,8 @@ import sympy
 import torch
 
 from ..loopir.index import SIZE_NAME, hint, is_symbolic, numel
+from ..errors import InternalError
+from ..loopir.nodes import is_scan
 from ..loopir.ops import compute_dtype, set_handler
 from ..loopir.plan import Stage
 from .common import IndentedBuffer
@@ -32,6 +34,7 @@ from .cpp_loops import TILE, _coeff, _drop_simd_over_masked_ifs, _transposed_dim
     gathers, loop_var, opaque_vars, plan_loops, split_divided
 from .cpp_prelude import PRELUDE
 from .cpp_ranges import segment, split_points, unswitch
+from .cpp_scan import emit_scan
 from .cpp_reduce import ARG, CASCADE_BLOCK, CASCADE_ROWS, PARALLEL_BLOCK, SIMD_RED, UDR, Span, \
     _acc_value, _arg_better, _block_split, _cascaded, _combine, _count, _flat, _for, _init, \
     _red_clause, _update, lane_count, lane_loops
@@ -90,7 +93,11 @@ class KernelCodegen:
             # sizes known at run time only: the outer loop is parallel when the call is big
             parallel = True
             self.par_if = f" if({cexpr(sympy.expand(work))} >= {PARALLEL_MIN_WORK})"
-        if k.pure_pointwise and m > 0:
+        if any(is_scan(n) for n in k.nodes):
+            if len(k.nodes) != 1:       # schedule keeps a scan alone; else it reads as pointwise
+                raise InternalError(f"{k.name}: a scan kernel with other nodes")
+            emit_scan(self, k.nodes[0], parallel)
+        elif k.pure_pointwise and m > 0:
             combos, plan = self._presplit(outer, xv)
             for spans in combos or [{}]:
                 self._pointwise(outer, xv, spans, parallel, work, None if combos else plan)

@@ -26,7 +26,7 @@ import torch
 
 from ..errors import Unsupported
 from ..loopir.index import SIZE_NAME, contiguous_strides, numel
-from ..loopir.nodes import InputBuffer, Pointwise
+from ..loopir.nodes import InputBuffer, Pointwise, Scan
 from ..loopir.ops import count_body
 from .common import IndentedBuffer, py_repr
 
@@ -330,8 +330,8 @@ class WrapperCodegen:
         """The buffer a kernel only copies (same layout and dtype, no math), or None."""
         nodes = kernel.nodes
         body = getattr(nodes[0], "body", None) if len(nodes) == 1 else None
-        if not isinstance(body, Pointwise) or not kernel.pure_pointwise:
-            return None
+        if not isinstance(body, Pointwise) or isinstance(body, Scan) or not kernel.pure_pointwise:
+            return None     # (a scan of a plain load is no copy: cumsum_ of an input)
         deps = self.plan.deps[nodes[0].name]
         if len(deps.reads) != 1 or deps.indirect:
             return None

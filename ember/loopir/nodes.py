@@ -39,6 +39,21 @@ class Reduction:
     inner_fn: Callable          # (index, rindex) -> ops value
 
 
+@dataclasses.dataclass(eq=False)
+class Scan(Pointwise):
+    """An inclusive running sum along `dim` (cumsum; `reverse`: from the end, the gradient of a
+    cumsum). `inner_fn(index)` is the scanned value at `index` (compute dtype of `dtype`); the
+    buffer stores the sums. To dependency analysis it is a pointwise body reading the input at
+    every index; the scheduler keeps it alone in its kernel and codegen/cpp_scan.py emits the
+    loop (the scanned dim sequential, an accumulator per lane). Never inlined: lower stores it."""
+    dim: int = 0
+    reverse: bool = False
+
+
+def is_scan(node) -> bool:
+    return isinstance(getattr(node, "body", None), Scan)
+
+
 # --- buffers -------------------------------------------------------------------------------
 
 @dataclasses.dataclass(eq=False)

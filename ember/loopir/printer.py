@@ -20,6 +20,7 @@ import sympy
 import torch
 
 from .index import sym
+from .nodes import Scan
 from .ops import OpsHandler, set_handler
 from .plan import ExternStep
 
@@ -90,7 +91,10 @@ def _body(node) -> list[str]:
         if node.kind == "pointwise":
             node.store_pointwise(xv)
             over = ", ".join(f"{v} < {n}" for v, n in zip(xv, node.ranges))
-            head = f"def {node.name}({', '.join(map(str, xv))}):  # pointwise -> " \
+            b = node.body
+            kind = (f"{'reverse ' if b.reverse else ''}cumsum along dim {b.dim} of the value "
+                    f"stored here" if isinstance(b, Scan) else "pointwise")
+            head = f"def {node.name}({', '.join(map(str, xv))}):  # {kind} -> " \
                    f"{_layout(node)}{', over ' + over if over else ''}"
             return [head] + h.lines
         value = node.reduction_value(xv, rv)

@@ -20,8 +20,9 @@ import torch
 import torch.fx
 
 from .. import shapes
-from ..loopir.index import FloorDiv, ModularIndexing, contiguous_strides, simplify_index
-from ..loopir.ops import count_body
+from ..loopir.index import FloorDiv, ModularIndexing, contiguous_strides, simplify_index, \
+    strided_index
+from ..loopir.ops import OpsHandler, count_body, set_handler
 from ..errors import InternalError
 from ..logging import get_logger
 from ..loopir.nodes import (Buffer, ComputedBuffer, ExternBuffer, InputBuffer, MultiOutput,
@@ -78,11 +79,12 @@ def meta_of(x):
 
 
 class GraphLowering:
-    def __init__(self, gm: torch.fx.GraphModule, example_inputs=None, double_stats=True):
+    def __init__(self, gm: torch.fx.GraphModule, example_inputs=None, *, cpp: bool = True):
         self.gm = gm
+        #: C++ kernels: float var_mean accumulates its two sums in double (rules.var_mean);
+        #: Triton's have no Scan (its cumsum stays an extern)
+        self.cpp = cpp
         self.example_inputs = list(example_inputs or [])
-        #: float var_mean accumulates its two sums in double (the C++ kernels; rules.var_mean)
-        self.double_stats = double_stats
         self.inputs: list[InputBuffer] = []
         self.nodes: list[Buffer] = []
         self.outputs: list[Any] = []
@@ -325,7 +327,7 @@ class GraphLowering:
                 metas = torch.fx.node.map_arg(node.args[0], meta_of)
                 if not isinstance(outs, (list, tuple)):
                     outs, metas = (outs,), (metas,)
-                self.outputs = [self._output(v, m) for v, m in zip(outs, metas)]
+                self.outputs = self._outputs(outs, metas)
             else:
                 raise InternalError(f"unexpected node {node.op} {node.target}")
         return self
@@ -340,6 +342,42 @@ class GraphLowering:
                 if stride is not None:
                     out[o] = stride
         return out
+
+    def _outputs(self, outs, metas) -> list:
+        """The graph's outputs. One that only copies a stored buffer element for element (the
+        gradient of a cumsum: flip(reverse scan) flipped back) is that buffer, unless another
+        output returns it too (two outputs never share storage)."""
+        copied = [self._copied_buffer(v) for v in outs]
+        names = [c.name if c is not None else v.buffer.name if isinstance(v, View) else None
+                 for v, c in zip(outs, copied)]
+        result = []
+        for v, m, c in zip(outs, metas, copied):
+            want = _output_stride(m) if c is not None else None
+            if c is not None and names.count(c.name) == 1 and c.stride == (
+                    want if want is not None else _gapped_stride(m) or c.stride):
+                result.append(dense_view(c).arg())
+            else:
+                result.append(self._output(v, m))
+        return result
+
+    def _copied_buffer(self, value) -> ComputedBuffer | None:
+        """The stored buffer an unrealized value loads at each element's own position, or None."""
+        if not isinstance(value, (Pending, Reindex)) or value.realized is not None or any(
+                not isinstance(s, int) for s in value.size):
+            return None
+        index = [sympy.Integer(0) if s == 1 else sympy.Symbol(f"q{i}", integer=True,
+                                                             nonnegative=True)
+                 for i, s in enumerate(value.size)]
+        with set_handler(_LoadOnly()):
+            got = value.loader()(index)
+        if not isinstance(got, tuple):
+            return None
+        buf = next((b for b in self.nodes if b.name == got[0]), None)
+        if not isinstance(buf, ComputedBuffer) or tuple(buf.size) != tuple(value.size) \
+                or buf.dtype != value.dtype \
+                or sympy.expand(got[1] - strided_index(index, buf.stride)) != 0:
+            return None
+        return buf
 
     def _output(self, value, meta):
         if not isinstance(value, TensorValue):
@@ -361,6 +399,19 @@ class GraphLowering:
             out = view if view is not None else dense_view(self.add_computed(
                 Pointwise(out.size, out.dtype, out.loader()), stride=want))
         return out.arg()
+
+
+class _LoadOnly(OpsHandler):
+    """A body that is one load answers (buffer, index); any other op answers None."""
+
+    def default(self, name, *args, **kwargs):
+        return None
+
+    def load(self, name, index):
+        return (name, index)
+
+    def indirect_indexing(self, value, size, check=True):
+        return sympy.Symbol("gathered", integer=True)    # an index no plain copy has
 
 
 def _disjoint_slices(node: torch.fx.Node) -> bool:

@@ -733,7 +733,7 @@ EXTERNS = (
     "_scaled_dot_product_flash_attention_backward.default",
     "scaled_dot_product_attention.default",
     "max_pool2d_with_indices_backward.default",
-    "sort.default", "sort.stable", "cumsum.default", "rand.default", "randn.default",
+    "sort.default", "sort.stable", "rand.default", "randn.default",
     "empty_strided.default",
 )
 

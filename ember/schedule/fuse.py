@@ -19,6 +19,7 @@ from __future__ import annotations
 import sympy
 
 from ..loopir.index import is_symbolic, simplify_index
+from ..loopir.nodes import is_scan
 from ..loopir.plan import ExternStep, Kernel, Stage
 from .deps import loop_vars, row_gather as row_gather_at
 
@@ -62,9 +63,10 @@ def fuse(nodes, deps: dict, *, enable: bool = True, row_gather: bool = False) ->
             continue
         first = max((where[b] for b in d.reads if b in where), default=0)
         placed = False
-        for q in range(first, len(steps)) if enable else ():
+        # a scan (its own loop order, codegen/cpp_scan.py) joins no kernel, and none joins its
+        for q in range(first, len(steps)) if enable and not is_scan(node) else ():
             k = steps[q]
-            if not isinstance(k, Kernel):
+            if not isinstance(k, Kernel) or is_scan(k.nodes[0]):
                 continue
             place = _placement(k, node)
             rows = None

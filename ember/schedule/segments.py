@@ -26,6 +26,7 @@ Consumes: steps from fuse(), NodeDeps. Produces: the steps with such pairs merge
 from __future__ import annotations
 
 from ..loopir.index import hint, is_symbolic, numel
+from ..loopir.nodes import is_scan
 from ..loopir.plan import Kernel, Stage
 from .deps import row_gather
 
@@ -65,7 +66,8 @@ def _partner(steps, i, deps):
     reads1 = {b for n in k1.nodes for b in deps[n.name].reads}
     for j in range(i + 1, len(steps)):
         k2 = steps[j]
-        m = len(k2.outer) if isinstance(k2, Kernel) else 0
+        # (a scan kernel holds its scan alone: codegen/cpp_scan.py)
+        m = len(k2.outer) if isinstance(k2, Kernel) and not is_scan(k2.nodes[0]) else 0
         if m and len(k1.outer) > m and tuple(k1.outer[:m]) == tuple(k2.outer) \
                 and not any(s.keep for s in k2.stages) and _fits(k1, k2) \
                 and _reads_ok(k1, k2, outs, deps) \
