@@ -2,6 +2,7 @@
 
     python benchmarks/lowp_pointwise.py [--shape 4,256,768] [--dtypes float16,bfloat16]
         [--only REGEX] [--rounds 15] [--speed-check] [--json OUT]
+    python benchmarks/lowp_pointwise.py --models b_hf_bert,b_hf_gpt2 [--dtypes ...] [--rounds 9]
 
 Cases: gelu, layer_norm, softmax, silu_mul (silu(x) * y), add_relu, rmsnorm (x * rsqrt(mean(x^2)
 + eps) * w, computed in float like HF's LlamaRMSNorm, cast back). Inputs and outputs are in the
@@ -9,17 +10,22 @@ low-precision dtype. 1 intra-op thread; seconds are the calling thread's CPU tim
 (_timing.time_call); the speed check is off unless --speed-check (so ember's kernels are what
 is measured). Prints per case the medians and eager/ember (> 1: ember faster) with the quartiles
 of the per-round ratios (the spread), and the max |ember - eager| in units of the dtype's eps.
+--models: broad-suite models (ember.bench.broad) cast to the dtype, inference under no_grad, eager
+vs ember with the speed check off and on (two compiled copies), paired the same way; the error
+is max |ember - eager| / max |eager| of the first output.
 """
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import re
 import sys
 
 import _timing
 
-_timing.prepare()
+if __name__ == "__main__":
+    _timing.prepare()
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
@@ -52,11 +58,12 @@ def main():
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--speed-check", action="store_true")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--models", default=None)
     a = ap.parse_args()
     torch.set_num_threads(1)
     shape = [int(v) for v in a.shape.split(",")]
-    rows = []
-    for dname in a.dtypes.split(","):
+    rows = models(a) if a.models else []
+    for dname in a.dtypes.split(",") if not a.models else ():
         dtype = getattr(torch, dname)
         for name, (fn, extra) in CASES.items():
             if not re.search(a.only, name):
@@ -85,6 +92,54 @@ def main():
             for row in rows:
                 f.write(json.dumps(row) + "\n")
     return 0
+
+
+def _first(out):
+    if isinstance(out, torch.Tensor):
+        return out
+    if isinstance(out, dict):
+        return next(iter(out.values()))
+    return _first(out[0])
+
+
+def models(a) -> list[dict]:
+    from ember.bench import broad, suites  # noqa: F401 - registers the models
+    from ember.bench.spec import REGISTRY
+    rows = []
+    for model in a.models.split(","):
+        spec = REGISTRY[model]
+        for dname in a.dtypes.split(","):
+            dtype = getattr(torch, dname)
+            torch.manual_seed(0)
+            m = spec.build().eval().to(dtype)
+            args, kw = spec.inputs(), spec.kwargs()
+            args = [x.to(dtype) if x.is_floating_point() else x for x in args]
+            ember.reset()
+            fns = {"eager": m,
+                   "ember_off": ember.compile(copy.deepcopy(m), options={"speed_check": False}),
+                   "ember_on": ember.compile(copy.deepcopy(m), options={"speed_check": True})}
+
+            def call(f):
+                with torch.no_grad():
+                    return f(*args, **kw)
+            want = _first(call(m)).float()
+            errs = {k: ((_first(call(f)).float() - want).abs().max() / want.abs().max()).item()
+                    for k, f in fns.items() if k != "eager"}
+            s, reps = _timing.paired({k: (lambda f=f: call(f)) for k, f in fns.items()}, (),
+                                     a.rounds)
+            med = {k: sorted(v)[len(v) // 2] for k, v in s.items()}
+            for k in ("ember_off", "ember_on"):
+                st = _timing.ratio_stats(s["eager"], s[k])
+                row = {"model": model, "dtype": dname, "speed_check": k == "ember_on",
+                       "eager_ms": med["eager"] * 1e3, "ember_ms": med[k] * 1e3,
+                       "ratio": st["of_medians"], "p25": st["p25"], "p75": st["p75"],
+                       "rel_err": errs[k], "reps": reps}
+                rows.append(row)
+                print(f"{model} {dname:9s} speed check {'on ' if row['speed_check'] else 'off'} "
+                      f"eager {row['eager_ms']:7.2f} ms  ember {row['ember_ms']:7.2f} ms  "
+                      f"eager/ember {row['ratio']:5.2f} [{st['p25']:.2f}, {st['p75']:.2f}]  "
+                      f"rel err {errs[k]:.1e}", flush=True)
+    return rows
 
 
 if __name__ == "__main__":
