@@ -26,13 +26,18 @@ extern "C" void to_half(const float* a, ember_half* out, int64_t n) {
 """
 
 
-@pytest.fixture(scope="module")
-def lib(tmp_path_factory):
-    d = tmp_path_factory.mktemp("half")
-    (d / "k.cpp").write_text(SRC)
+def _build(tmp_path_factory, name, src):
+    """(the loaded library built from `src` with the kernels' flags, its disassembly)."""
+    d = tmp_path_factory.mktemp(name)
+    (d / "k.cpp").write_text(src)
     subprocess.run(["g++", *FLAGS, str(d / "k.cpp"), "-o", str(d / "k.so"), *LIBS], check=True)
     asm = subprocess.run(["objdump", "-d", str(d / "k.so")], capture_output=True, text=True).stdout
     return ctypes.CDLL(str(d / "k.so")), asm
+
+
+@pytest.fixture(scope="module")
+def lib(tmp_path_factory):
+    return _build(tmp_path_factory, "half", SRC)
 
 
 def _run(fn, x, dtype):
@@ -110,6 +115,9 @@ extern "C" void rnd_half(const float* a, float* out, int64_t n) {
 extern "C" void trip_half(const float* a, float* out, int64_t n) {
     for (int64_t i = 0; i < n; ++i) out[i] = ember::half_to_float(ember::float_to_half(a[i]));
 }
+extern "C" void st_half_scalar(const float* a, ember_half* out, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) out[i] = ember::float_to_half(a[i]);
+}
 extern "C" void st_bf16_scalar(const float* a, ember_bf16* out, int64_t n) {
     for (int64_t i = 0; i < n; ++i) out[i] = ember::float_to_bf16(a[i]);
 }
@@ -124,11 +132,7 @@ def _target_defines() -> str:
 
 @pytest.fixture(scope="module")
 def staged(tmp_path_factory):
-    d = tmp_path_factory.mktemp("staged")
-    (d / "k.cpp").write_text(STAGED_SRC)
-    subprocess.run(["g++", *FLAGS, str(d / "k.cpp"), "-o", str(d / "k.so"), *LIBS], check=True)
-    asm = subprocess.run(["objdump", "-d", str(d / "k.so")], capture_output=True, text=True).stdout
-    return ctypes.CDLL(str(d / "k.so")), asm
+    return _build(tmp_path_factory, "staged", STAGED_SRC)
 
 
 def _floats():
@@ -142,49 +146,42 @@ def _floats():
                       torch.randn(1 << 16, generator=g) * 1e3, torch.randn(1 << 16, generator=g) * 1e-39])
 
 
+def _every(dtype):
+    return torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(dtype)
+
+
+def _assert_bits(got, exact, want):
+    """`got` is `exact` (ember's in-loop conversion) bit for bit, and torch's `want` bit for bit
+    where that is not nan (torch's nan bits differ between its own conversion paths)."""
+    ints = {2: torch.int16, 4: torch.int32}[got.element_size()]
+    assert torch.equal(got.view(ints), exact.view(ints))
+    nan = want.isnan()
+    assert torch.equal(got.isnan(), nan)
+    assert torch.equal(got[~nan].view(ints), want[~nan].view(ints))
+
+
+@pytest.mark.parametrize("dtype,name", [(torch.float16, "half"), (torch.bfloat16, "bf16")])
 @pytest.mark.parametrize("n", [None, 1, 15, 16, 37, 255])    # None: all of them (tails: n % 16)
-def test_staged_half_conversions_match_torch_bits(staged, n):
-    every = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(torch.float16)
-    x = _floats()
+def test_staged_conversions_match_torch_bits(staged, dtype, name, n):
+    """Every fp16/bf16 value loads as torch converts it; floats of every kind (nan payloads,
+    overflow, ties, denormals: vcvtneps2bf16 would flush them) store as the in-loop conversion
+    (float_to_bf16: nan -> 0x7fc0) and as torch's values."""
+    every, x = _every(dtype), _floats()
     every, x = (every, x) if n is None else (every[7:7 + n], x[3:3 + n])
-    got = _run(staged[0].ld_half, every, torch.float32)
+    got = _run(getattr(staged[0], f"ld_{name}"), every, torch.float32)
     assert torch.equal(got.view(torch.int32), every.float().view(torch.int32))
-    got = _run(staged[0].st_half, x, torch.float16)
-    assert torch.equal(got.view(torch.int16), x.half().view(torch.int16))
+    _assert_bits(_run(getattr(staged[0], f"st_{name}"), x, dtype),
+                 _run(getattr(staged[0], f"st_{name}_scalar"), x, dtype), x.to(dtype))
 
 
 def test_round_half_matches_torch_bits(staged):
-    """round_half (a value cast to fp16 and computed with in float) is float(half(x)) bit for bit:
-    torch's value bits, and the round trip through the loads' and stores' conversions, nan
-    payloads included (the prelude's comment: checked over all 2^32 floats once; torch's own
-    nan bits differ between its conversion paths)."""
-    x = _floats()
-    every = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(torch.float16)
-    x = torch.cat([x, every.float(), every.float().nextafter(torch.tensor(float("inf"))),
-                   every.float().nextafter(torch.tensor(float("-inf")))])
-    got = _run(staged[0].rnd_half, x, torch.float32)
-    assert torch.equal(got.view(torch.int32), _run(staged[0].trip_half, x, torch.float32).view(torch.int32))
-    want = x.half().float()
-    nan = want.isnan()
-    assert torch.equal(got.isnan(), nan)
-    assert torch.equal(got[~nan].view(torch.int32), want[~nan].view(torch.int32))
-
-
-@pytest.mark.parametrize("n", [None, 1, 15, 16, 37, 255])
-def test_staged_bf16_conversions_match_torch_bits(staged, n):
-    every = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
-    x = _floats()
-    every, x = (every, x) if n is None else (every[7:7 + n], x[3:3 + n])
-    got = _run(staged[0].ld_bf16, every, torch.float32)
-    assert torch.equal(got.view(torch.int32), every.float().view(torch.int32))
-    got = _run(staged[0].st_bf16, x, torch.bfloat16)
-    # bit for bit what the in-loop conversion (float_to_bf16: nan -> 0x7fc0) stores, and torch's
-    # values (denormals kept: vcvtneps2bf16 would flush them), nan where torch has nan
-    assert torch.equal(got.view(torch.int16), _run(staged[0].st_bf16_scalar, x, torch.bfloat16).view(torch.int16))
-    want = x.bfloat16()
-    nan = want.isnan()
-    assert torch.equal(got.isnan(), nan)
-    assert torch.equal(got[~nan].view(torch.int16), want[~nan].view(torch.int16))
+    """round_half (a value cast to fp16 and computed with in float) is float(half(x)) bit for bit
+    (the prelude's comment: checked over all 2^32 floats once)."""
+    every = _every(torch.float16).float()
+    x = torch.cat([_floats(), every, every.nextafter(torch.tensor(float("inf"))),
+                   every.nextafter(torch.tensor(float("-inf")))])
+    _assert_bits(_run(staged[0].rnd_half, x, torch.float32),
+                 _run(staged[0].trip_half, x, torch.float32), x.half().float())
 
 
 def test_staged_conversions_use_the_hardware_conversions(staged):
