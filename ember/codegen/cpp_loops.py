@@ -172,7 +172,7 @@ def _drop_simd_over_masked_ifs(lines, start):
         return
     for i, line in enumerate(body, start):
         if line.lstrip().startswith("#pragma omp") and "simd" in line:
-            kept = re.sub(r" simd(len\(\d+\))?\b", "", line)
+            kept = re.sub(r" simd(?:len\(\d+\))?(?![\w(])", "", line)
             lines[i] = kept if kept.strip() != "#pragma omp" else ""
 
 
