@@ -28,11 +28,11 @@ from ..loopir.ops import compute_dtype, set_handler
 from ..loopir.plan import Stage
 from .common import IndentedBuffer
 from .cpp_columns import ColumnPartials
-from .cpp_handler import CHECKED, CppHandler, CppVal, _blocks, _int, cexpr, ctype, \
+from .cpp_handler import CHECKED, CppHandler, CppVal, Staging, _blocks, _int, cexpr, ctype, \
     prune_dead
-from .cpp_loops import TILE, _coeff, _drop_simd_over_masked_ifs, _transposed_dim, collect, \
-    gathers, loop_var, opaque_vars, plan_loops, split_divided
-from .cpp_prelude import PRELUDE
+from .cpp_loops import TILE, _coeff, _drop_simd_over_masked_ifs, _transposed_dim, chunk_stores, \
+    collect, gathers, loop_var, opaque_vars, plan_loops, split_divided, stage_chunks
+from .cpp_prelude import PRELUDE, STAGED
 from .cpp_ranges import segment, split_points, unswitch
 from .cpp_scan import emit_scan
 from .cpp_reduce import ARG, CASCADE_BLOCK, CASCADE_ROWS, PARALLEL_BLOCK, SIMD_RED, UDR, Span, \
@@ -496,19 +496,30 @@ class KernelCodegen:
             code.writeline(_for(v, size))
             code.writeline("{")
             code.level += 1
-        outer = h.simd, h.hoisted, h.hoisted_cse, h.simd_oob
-        oob = None
+        outer = h.simd, h.hoisted, h.hoisted_cse, h.simd_oob, h.staging
+        oob = st = None
         if n and simd_last:
             size = ranges[-1].size if isinstance(ranges[-1], Span) else ranges[-1]
             h.simd, h.hoisted, h.hoisted_cse = (vars_[-1], size), hoisted, {}
             oob = h.simd_oob = [h.fresh("oob"), False] if simd_pragma else None
+            st = h.staging = Staging(vars_[-1], code, h.fresh) if simd_pragma else None
         body()
         if oob and oob[1]:     # gathers checked lane-wise: an OR reduction over the loop
             code.lines[hoist_at] += f" reduction(|:{oob[0]})"
             hoisted.writeline(f"int {oob[0]} = 0;")
+        if st and (st.loads or st.stores):
+            # fp16/bf16 operands contiguous along the loop: converted a chunk at a time
+            lo, hi = (ranges[-1].lo, ranges[-1].hi) if isinstance(ranges[-1], Span) else (
+                0, _int(ranges[-1]))
+            clauses = (f" {reduction}" if reduction else "") + (
+                f" reduction(|:{oob[0]})" if oob and oob[1] else "")
+            stage_chunks(code.lines, hoist_at, st, vars_[-1], lo, hi,
+                         code.lines[hoist_at].strip() if pragma else None, clauses)
+            code.writeline("}")
+            code.writelines(chunk_stores(st))
         if n and simd_last:
             code.lines[hoist_at:hoist_at] = hoisted.lines
-        h.simd, h.hoisted, h.hoisted_cse, h.simd_oob = outer
+        h.simd, h.hoisted, h.hoisted_cse, h.simd_oob, h.staging = outer
         for i in range(n):
             code.level -= 1
             code.writeline("}")
@@ -881,4 +892,6 @@ def generate_tu(kernels, deps, buffers: dict) -> tuple[str, dict]:
         if CHECKED.search(out[-1]):     # load() checks ember_take_error after its calls
             out.append(f'extern "C" const int {k.name}_checked = 1;')
         signatures[k.name] = args + cg.size_params
+    if any("ember::load_" in s or "ember::store_" in s for s in out[1:]):
+        out.insert(1, STAGED)
     return "\n".join(out), signatures

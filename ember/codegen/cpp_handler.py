@@ -45,6 +45,34 @@ def _blocks(n, block: int) -> str:
 
 # --- the handler ---------------------------------------------------------------------------
 
+#: low-precision buffer dtypes a staged simd loop converts a chunk at a time (cpp_prelude.STAGED)
+LOWP = {torch.float16: "half", torch.bfloat16: "bf16"}
+
+
+class Staging:
+    """The fp16/bf16 loads and stores of one simd loop over `var` that are contiguous in it:
+    each is a float array of a chunk of the loop, converted before the chunk's loop (loads) or
+    after it (stores) by cpp_loops.stage_chunks. `code`: the loop body's buffer (a store in a
+    nested block is not staged); `loaded` / `stored`: buffer names the loop reads / stores staged
+    (a store to a buffer the loop also reads converts in the loop, and a load after a staged
+    store of its buffer is an error: it would read the chunk before the store)."""
+
+    def __init__(self, var, code, fresh):
+        self.var, self.code, self.fresh = var, code, fresh
+        self.lo = f"{var}_c"
+        self.offset = f"{var} - {self.lo}"
+        self.loads: dict = {}       # (buffer, rest) -> (array, dtype)
+        self.stores: dict = {}
+        self.loaded: set = set()
+        self.stored: set = set()
+
+    def array(self, table, name, rest, dtype) -> str:
+        key = (name, rest)
+        if key not in table:
+            table[key] = (self.fresh("stg"), dtype)
+        return table[key][0]
+
+
 LOOP_VAR = re.compile(r"v\d+")
 TEMP = re.compile(r"\b(?:v|tmp|idx|acc|part)\d+\b")    # names the generated code declares
 # integer ops that fault on a zero divisor (a masked-off lane may hold any value)
@@ -206,6 +234,7 @@ class CppHandler:
         self.known: dict = {}         # temporary or literal -> its index expr or constant
         self.index_t = index_type(buffers)   # a gather's index (indirect_indexing)
         self.rounded: dict = {}       # a to_dtype(fp16/bf16) temporary -> (its input, dtype)
+        self.staging = None           # Staging of the simd loop being emitted (cpp_loops.py)
 
     def simple(self, index):
         return simplify_index(sympy.expand(index), self.ranges)
@@ -294,6 +323,15 @@ class CppHandler:
         # bounds there), not a buffer this kernel writes, and only when the loop surely runs.
         hoist = (self.load_mask is None and name not in self.writes and self.simd is not None
                  and surely_positive(self.simd[1]))
+        st = self.staging
+        if st is not None:
+            if name in st.stored:
+                raise AssertionError(f"{name} loaded after its staged store in one simd loop")
+            st.loaded.add(name)
+            base = self._stageable(index) if dt in LOWP and name not in self.writes else None
+            if base is not None:
+                return self.emit(f"{st.array(st.loads, name, base, dt)}[{st.offset}]",
+                                 torch.float32, False)
         if dt == torch.bfloat16:
             return self.emit(f"ember::bf16_to_float({name}[{idx}])", torch.float32, hoist, True)
         if dt == torch.float16:
@@ -319,13 +357,33 @@ class CppHandler:
             return None
         if self.rounded.get(str(value), (None, None))[1] == dt:
             value = self.rounded[str(value)][0]   # stored rounded anyway: one conversion
-        if dt == torch.bfloat16:
+        st = self.staging
+        base = self._stageable(index) if (dt in LOWP and st is not None and name not in st.loaded
+                                          and self.code is st.code) else None
+        if base is not None:
+            st.stored.add(name)
+            self.code.writeline(f"{st.array(st.stores, name, base, dt)}[{st.offset}] = {value};")
+        elif dt == torch.bfloat16:
             self.code.writeline(f"{name}[{idx}] = ember::float_to_bf16({value});")
         elif dt == torch.float16:
             self.code.writeline(f"{name}[{idx}] = ember::float_to_half({value});")
         else:
             self.code.writeline(f"{name}[{idx}] = {value};")
         return None
+
+    def _stageable(self, index) -> str | None:
+        """The C++ of `rest` for an index `rest + v` contiguous in the staged simd loop's var v,
+        with `rest` the same in every iteration; else None (the load or store converts in the
+        loop). Not under a mask: the chunk is converted whole, masked-off lanes included."""
+        if self.load_mask is not None:
+            return None
+        v = self.simd[0]
+        e = self.simple(index).xreplace(self.subs) if self.subs else self.simple(index)
+        rest = sympy.expand(e - v)
+        if rest.has(v):
+            return None
+        text = cexpr(rest)
+        return text if self.is_invariant(text) else None
 
     # --- values ---
     def constant(self, value, dtype):

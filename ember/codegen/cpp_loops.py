@@ -3,10 +3,13 @@ reordering and merging (plan_loops), layout-conversion tiles, and the split of a
 as v // k and v % k. Used by cpp.py and triton_kernel.py."""
 from __future__ import annotations
 
+import re
+
 import sympy
 
 from ..loopir.index import FloorDiv, ModularIndexing, hint, is_symbolic, numel, simplify_index, sym
 from ..loopir.ops import OpsHandler, set_handler
+from .cpp_handler import LOWP
 from .cpp_ranges import CMP, SWAP, bounds, decide
 
 
@@ -149,6 +152,47 @@ def _transposed_dim(sizes, lvars, exprs) -> int | None:
                 return d
 
 
+#: iterations of a staged simd loop's chunk (cpp_handler.Staging): its float arrays stay in L1
+#: (benchmarks/lowp_pointwise.py: 256 beat 128, 512 and 1024 on fp16 gelu 4x256x768)
+STAGE_CHUNK = 256
+
+
+def stage_chunks(lines, at, st, var, lo, hi, pragma, clauses):
+    """Rewrite the simd loop whose header starts at lines[at] (its pragma, if any, then `for`
+    and `{`; its body follows) into a loop over chunks of STAGE_CHUNK iterations, whose staged
+    loads (Staging `st`) are converted into float arrays before the chunk's simd loop; the
+    caller closes the simd loop, then writes `chunk_stores(st)` and closes the chunk loop.
+    The chunk loop takes the loop's `omp parallel for` (and its clauses) if it had one; the simd
+    loop gets `clauses` (reductions) and simdlen(16): it then reads the arrays as they were
+    written (cpp_prelude.STAGED)."""
+    head = 2 + (pragma is not None)
+    ind = lines[at][:len(lines[at]) - len(lines[at].lstrip())]
+    new = []
+    if pragma is not None and "parallel" in pragma:
+        new.append(ind + re.sub(r" simd\b", "", pragma, count=1))
+    c, e = st.lo, f"{var}_e"
+    new += [f"{ind}for (int64_t {c} = {lo}; {c} < {hi}; {c} += {STAGE_CHUNK})", ind + "{"]
+    i2 = ind + "    "
+    new.append(f"{i2}const int64_t {e} = std::min<int64_t>({c} + {STAGE_CHUNK}, {hi});")
+    for (name, rest), (arr, dt) in {**st.loads, **st.stores}.items():
+        new.append(f"{i2}alignas(64) float {arr}[{STAGE_CHUNK}];")
+    for (name, rest), (arr, dt) in st.loads.items():
+        new.append(f"{i2}ember::load_{LOWP[dt]}({_at(name, rest, c)}, {arr}, {e} - {c});")
+    new.append(f"{i2}#pragma omp simd simdlen(16){clauses}")
+    new += [f"{i2}for (int64_t {var} = {c}; {var} < {e}; ++{var})", i2 + "{"]
+    lines[at:] = new + ["    " + line if line else line for line in lines[at + head:]]
+
+
+def chunk_stores(st) -> list[str]:
+    """The conversions of a staged loop's stores, after its chunk's simd loop."""
+    return [f"ember::store_{LOWP[dt]}({arr}, {_at(name, rest, st.lo)}, {st.var}_e - {st.lo});"
+            for (name, rest), (arr, dt) in st.stores.items()]
+
+
+def _at(name, rest, lo) -> str:
+    return f"{name} + {lo}" if rest == "0" else f"{name} + ({rest}) + {lo}"
+
+
 def _drop_simd_over_masked_ifs(lines, start):
     """g++ 12 miscompiles `#pragma omp simd` over a loop whose body loads the two halves of a
     stride-2 group under `if (mask)` (constant_pad_nd of pairs: valid elements came out 0):
@@ -159,7 +203,7 @@ def _drop_simd_over_masked_ifs(lines, start):
         return
     for i, line in enumerate(body, start):
         if line.lstrip().startswith("#pragma omp") and "simd" in line:
-            kept = line.replace(" simd", "")
+            kept = re.sub(r" simd(?:len\(\d+\))?(?![\w(])", "", line)
             lines[i] = kept if kept.strip() != "#pragma omp" else ""
 
 

@@ -6,7 +6,7 @@ vectorize without -ffast-math; the rest of <cmath> (sin, pow, atan2, ..., and do
 in vector form from glibc's libmvec where the build links it (EMBER_LIBMVEC; a scalar libm call a
 lane made sin 10x and atan 20x slower than eager). NaN propagates like eager (max/min).
 
-Consumes: nothing. Produces: PRELUDE (a string).
+Consumes: nothing. Produces: PRELUDE (a string), and STAGED: the conversions of staged simd loops.
 """
 
 PRELUDE = r"""
@@ -102,7 +102,23 @@ static inline ember_half float_to_half(float f) {
     ember_half h; std::memcpy(&h, &v, 2);
     return h;
 }
-static inline float round_half(float f) { return half_to_float(float_to_half(f)); }
+// f rounded to the nearest fp16 value, as float (half_to_float(float_to_half(f)) bit for bit,
+// checked over all 2^32 floats): f plus and minus a float whose ulp is the fp16 quantum at f's
+// exponent (2^-24 below 2^-14) rounds to nearest even in one float add; 10 vector ops where
+// the round trip took ~30 (fp16 silu(x) * y, whose silu is rounded, ran at 0.8x eager)
+static inline float round_half(float f) {
+    uint32_t u; std::memcpy(&u, &f, 4);
+    uint32_t sign = u & 0x80000000u, a = u ^ sign;
+    uint32_t mb = std::max<uint32_t>((a & 0x7f800000u) + (13u << 23), 0x3f000000u);
+    float m, af; std::memcpy(&m, &mb, 4); std::memcpy(&af, &a, 4);
+    float r = (af + m) - m;
+    uint32_t rb; std::memcpy(&rb, &r, 4);
+    // nan: quieted, payload cut to fp16's 10 bits; above 65504 after rounding: inf
+    rb = a > 0x7f800000u ? (a | 0x00400000u) & 0xffffe000u : (rb > 0x477fe000u ? 0x7f800000u : rb);
+    rb |= sign;
+    std::memcpy(&f, &rb, 4);
+    return f;
+}
 
 // a kernel's per-thread row scratch too long for the stack (kernel-local rows, schedule/memory.py):
 // allocated once per thread and kept (aligned for the simd loops)
@@ -400,4 +416,89 @@ extern "C" int ember_take_error() {
 #pragma omp declare reduction(emin : float : omp_out = ember::min_nan(omp_out, omp_in)) initializer(omp_priv = std::numeric_limits<float>::infinity())
 #pragma omp declare reduction(emax : double : omp_out = ember::max_nan(omp_out, omp_in)) initializer(omp_priv = -std::numeric_limits<double>::infinity())
 #pragma omp declare reduction(emin : double : omp_out = ember::min_nan(omp_out, omp_in)) initializer(omp_priv = std::numeric_limits<double>::infinity())
+"""
+
+
+#: The fp16/bf16 operands of a staged simd loop (cpp_loops.stage_chunks): a chunk of n contiguous
+#: values converted to / from a float array before / after the loop. Appended to PRELUDE only in a
+#: translation unit that uses them (<immintrin.h> adds ~0.2 s of g++ time to a TU).
+STAGED = r"""
+#if defined(__F16C__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+namespace ember {
+// With F16C (and AVX512F) vcvtph2ps / vcvtps2ph convert 8 (16) lanes an instruction, where the
+// integer sequences of half_to_float / float_to_half take ~10 (~20) vector ops per 8 lanes; the
+// hardware conversions are bit-exact with them (round to nearest even, denormals, nan payloads
+// kept and quieted). A chunk is stored 16 floats at a time as its simdlen(16) loop reads it:
+// a load that is narrower or wider than the store before it is not forwarded from the store
+// buffer (8-lane stores read by 16-lane loads made the staged gelu 1.7x slower).
+static inline void load_half(const ember_half* s, float* d, int64_t n) {
+    int64_t i = 0;
+#if defined(__AVX512F__)
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(d + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i))));
+#elif defined(__F16C__)
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(d + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i))));
+#endif
+    #pragma omp simd simdlen(16)
+    for (int64_t j = i; j < n; ++j) d[j] = half_to_float(s[j]);
+}
+static inline void store_half(const float* s, ember_half* d, int64_t n) {
+    int64_t i = 0;
+#if defined(__AVX512F__)
+    for (; i + 16 <= n; i += 16)
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + i),
+                            _mm512_cvtps_ph(_mm512_loadu_ps(s + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#elif defined(__F16C__)
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(s + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#endif
+    #pragma omp simd simdlen(16)
+    for (int64_t j = i; j < n; ++j) d[j] = float_to_half(s[j]);
+}
+// bf16 <-> float is a shift (and a rounding add): the plain loops vectorize, but g++ writes
+// their floats 8 at a time (the 16-bit side fills a 32-byte vector), which the 16-lane loop
+// then cannot read from the store buffer (bf16 LayerNorm ran 0.55x eager): 16 at a time here
+static inline void load_bf16(const ember_bf16* s, float* d, int64_t n) {
+    int64_t i = 0;
+#if defined(__AVX512F__)
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(d + i, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i))), 16)));
+#endif
+    #pragma omp simd simdlen(16)
+    for (int64_t j = i; j < n; ++j) d[j] = bf16_to_float(s[j]);
+}
+static inline void store_bf16(const float* s, ember_bf16* d, int64_t n) {
+    int64_t i = 0;
+#if defined(__AVX512BF16__) && defined(__AVX512DQ__)
+    // vcvtneps2bf16 rounds to nearest even like float_to_bf16 but treats denormal inputs as 0
+    // and keeps nan payloads: a vector holding either goes the integer way from there on
+    for (; i + 16 <= n; i += 16) {
+        __m512 x = _mm512_loadu_ps(s + i);
+        if (_mm512_fpclass_ps_mask(x, 0xa1))          // qnan | denormal | snan
+            break;
+        __m256bh h = _mm512_cvtneps_pbh(x);
+        std::memcpy(d + i, &h, 32);
+    }
+#endif
+#if defined(__AVX512F__)
+    const __m512i one = _mm512_set1_epi32(1), half = _mm512_set1_epi32(0x7fff);
+    const __m512i qnan = _mm512_set1_epi32(0x7fc0);
+    for (; i + 16 <= n; i += 16) {
+        __m512 x = _mm512_loadu_ps(s + i);
+        __m512i b = _mm512_castps_si512(x);
+        __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(b, half),
+                                      _mm512_and_si512(_mm512_srli_epi32(b, 16), one)), 16);
+        r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), qnan);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + i), _mm512_cvtepi32_epi16(r));
+    }
+#endif
+    #pragma omp simd simdlen(16)
+    for (int64_t j = i; j < n; ++j) d[j] = float_to_bf16(s[j]);
+}
+}
 """

@@ -72,3 +72,9 @@ def test_masked_if_loses_the_simd_pragma():
     lines = ["#pragma omp parallel for simd", "for (...)", "{", "a = b;", "}"]
     _drop_simd_over_masked_ifs(lines, 0)
     assert lines[0] == "#pragma omp parallel for simd"
+    # a staged loop (cpp_loops.stage_chunks): the chunk loop keeps its parallel for, the simd
+    # loop loses simd and simdlen
+    lines = ["#pragma omp parallel for if(s0 >= 32768)", "for (...)", "{", "#pragma omp simd simdlen(16)",
+             "for (...)", "{", "if (tmp3) {", "}", "}", "}"]
+    _drop_simd_over_masked_ifs(lines, 0)
+    assert lines[0] == "#pragma omp parallel for if(s0 >= 32768)" and lines[3] == ""
