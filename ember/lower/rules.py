@@ -300,7 +300,7 @@ def lerp(ctx, node, a, b, w):
 
 # --- casts, copies, factories ----------------------------------------------------------------
 
-def _cast(ctx, node, x, dtype):
+def _cast(x, dtype):
     if not isinstance(x, TensorValue):
         return NotImplemented
     load = x.loader()
@@ -309,7 +309,7 @@ def _cast(ctx, node, x, dtype):
 
 @rule(prims.convert_element_type.default)
 def convert_element_type(ctx, node, x, dtype):
-    return _cast(ctx, node, x, dtype)
+    return _cast(x, dtype)
 
 
 @rule(aten._to_copy.default)
@@ -317,7 +317,7 @@ def to_copy(ctx, node, x, dtype=None, layout=None, device=None, pin_memory=None,
             non_blocking=False, memory_format=None):
     if device is not None and torch.device(device).type != "cpu":
         return NotImplemented
-    return _cast(ctx, node, x, dtype or x.dtype)
+    return _cast(x, dtype or x.dtype)
 
 
 @rule(aten.clone.default, aten.lift_fresh_copy.default, aten.contiguous.default)
@@ -616,13 +616,8 @@ def _var_mean_double(ctx, x, d, n, denom, dtype):
         diff = ops.sub(lx(index), lm(index))
         return ops.mul(diff, diff)
     q = reduce(ctx, Pending(Pointwise(x.size, f64, sq)), d, True, "sum", f64, src_dtype=f64)
-    return (_rounded(Pending(Pointwise(s.size, f64, _div_const(q.loader(), denom, f64))), dtype),
-            _rounded(mean, dtype))
-
-
-def _rounded(v, dtype):
-    load = v.loader()
-    return Pending(Pointwise(v.size, dtype, lambda i: ops.to_dtype(load(i), dtype)))
+    return (_cast(Pending(Pointwise(s.size, f64, _div_const(q.loader(), denom, f64))), dtype),
+            _cast(mean, dtype))
 
 
 def _var_mean_shifted(ctx, x, d, n, denom, dtype, cd):
