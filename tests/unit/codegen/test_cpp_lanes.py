@@ -25,23 +25,27 @@ def _src(fn, *args):
     return src[src.index('extern "C" void kernel'):]
 
 
-def _lane_order_sum(row: torch.Tensor) -> torch.Tensor:
-    """The stated order for a cascaded float row sum: blocks of CASCADE_BLOCK elements; in a
-    block, element k adds into float lane k % 64 in turn, the lanes are combined as a tree
-    (lane j += lane j + w, w = 32 ... 1) and the block's sum is added into a double."""
+def _lane_sum(row: torch.Tensor) -> torch.Tensor:
+    """The stated order of a float row sum with lanes: element k adds into float lane k % 64 in
+    turn, then the lanes are combined as a tree (lane j += lane j + w, w = 32 ... 1)."""
     lanes = LANE_BYTES // 4
+    acc = torch.zeros(lanes, dtype=torch.float32)
+    for c in range(0, row.numel(), lanes):
+        part = row[c:c + lanes]
+        acc[:part.numel()] += part
+    w = lanes // 2
+    while w:
+        acc[:w] += acc[w:2 * w]
+        w //= 2
+    return acc[0]
+
+
+def _lane_order_sum(row: torch.Tensor) -> torch.Tensor:
+    """The stated order for a cascaded float row sum: blocks of CASCADE_BLOCK elements, each
+    summed in lanes (_lane_sum), the block's sum added into a double."""
     total = torch.zeros((), dtype=torch.float64)
     for lo in range(0, row.numel(), CASCADE_BLOCK):
-        blk = row[lo:lo + CASCADE_BLOCK]
-        acc = torch.zeros(lanes, dtype=torch.float32)
-        for c in range(0, blk.numel(), lanes):
-            part = blk[c:c + lanes]
-            acc[:part.numel()] += part
-        w = lanes // 2
-        while w:
-            acc[:w] += acc[w:2 * w]
-            w //= 2
-        total += torch.zeros((), dtype=torch.float32).add_(acc[0]).double()
+        total += _lane_sum(row[lo:lo + CASCADE_BLOCK]).double()
     return total.float()
 
 

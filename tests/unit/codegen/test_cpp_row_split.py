@@ -9,8 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import ember
-from ember.codegen.cpp_reduce import LANE_BYTES
-from tests.unit.codegen.test_cpp_lanes import _src
+from tests.unit.codegen.test_cpp_lanes import _lane_sum, _src
 from tests.unit.lower.helpers import check, compile_fn
 
 B, H, L, D = 2, 8, 16, 64
@@ -52,21 +51,6 @@ def test_head_merged_rms_norm_grads():
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
 
 
-def _lane_sum(row):
-    """The stated order of a float row sum with lanes (design 050): element k into lane k % 64,
-    then the tree (lane j += lane j + w, w = 32 ... 1)."""
-    lanes = LANE_BYTES // 4
-    acc = torch.zeros(lanes)
-    for c in range(0, row.numel(), lanes):
-        part = row[c:c + lanes]
-        acc[:part.numel()] += part
-    w = lanes // 2
-    while w:
-        acc[:w] += acc[w:2 * w]
-        w //= 2
-    return acc[0]
-
-
 def _merged_sum(d):
     def f(y):
         b, h, n, _ = y.shape
@@ -74,30 +58,28 @@ def _merged_sum(d):
     return f
 
 
-def test_split_row_sum_keeps_the_lane_order_bitwise():
-    # k = 64 = L: split into (8, 64), lane k % 64 of the flat index either way
-    torch.manual_seed(1)
-    y = torch.randn(2, 8, 5, 64) * 3 + 1
-    f = _merged_sum(64)
+def _lane_ordered_split_sum(seed, heads, d):
+    """The merged-heads row sum of [2, heads, 5, d] (rows of 512) compiled, checked bit for bit
+    against the stated lane order over the flat row; returns whether its kernel still divides."""
+    torch.manual_seed(seed)
+    y = torch.randn(2, heads, 5, d) * 3 + 1
+    f = _merged_sum(d)
     run, _ = compile_fn(f, y)
     (got,) = run(y)
     rows = y.permute(0, 2, 1, 3).reshape(2, 5, 512)
     want = torch.stack([torch.stack([_lane_sum(r) for r in b]) for b in rows])
     assert torch.equal(got, want), (got - want).abs().max()
-    assert not _divided(_src(f, y))
+    return _divided(_src(f, y))
+
+
+def test_split_row_sum_keeps_the_lane_order_bitwise():
+    # k = 64 = L: split into (8, 64), lane k % 64 of the flat index either way
+    assert not _lane_ordered_split_sum(1, 8, 64)
 
 
 def test_split_that_would_reorder_lanes_is_not_taken():
     # k = 32: a split (16, 32) would leave a 32-long simd loop without lanes; kept unsplit
-    torch.manual_seed(2)
-    y = torch.randn(2, 16, 5, 32) * 3 + 1
-    f = _merged_sum(32)
-    run, _ = compile_fn(f, y)
-    (got,) = run(y)
-    rows = y.permute(0, 2, 1, 3).reshape(2, 5, 512)
-    want = torch.stack([torch.stack([_lane_sum(r) for r in b]) for b in rows])
-    assert torch.equal(got, want), (got - want).abs().max()
-    assert _divided(_src(f, y))
+    assert _lane_ordered_split_sum(2, 16, 32)
 
 
 def test_split_without_lanes_values():
