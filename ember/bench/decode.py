@@ -18,6 +18,8 @@ noise than tokens/s does on a shared machine.
 Every compiler works on a deep copy of the same seeded model; the model is compiled in place
 (`ember.compile(model)`, `model.compile()` for torch.compile) so `generate()`'s own `self(...)`
 calls go through it. Batch 1, greedy, EOS disabled so every run makes exactly N tokens.
+Times are thread CPU seconds at one thread (wall seconds otherwise), as the harness's rounds
+(`backends.speed.step_clock`): on a shared machine other processes do not count against a row.
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ import statistics
 import time
 
 from . import hygiene
+from ..backends.speed import step_clock
 
 MODELS = ("llama", "gpt2")
 CACHES = ("dynamic", "static")
@@ -112,7 +115,8 @@ def measure(name: str, cache: str, compilers: list[str], args) -> list[dict]:
         rec = {"bench": "llm-decode", "model": f"{name}_{cache}", "cache": cache,
                "compiler": c, "prompt": args.prompt, "new_tokens": args.new_tokens,
                "params_m": round(sum(p.numel() for p in base_model.parameters()) / 1e6, 1),
-               "threads": env["threads"], "allocator": env["allocator"], "env": env}
+               "threads": env["threads"], "allocator": env["allocator"], "env": env,
+               "clock": "thread_cpu" if step_clock() is time.thread_time else "wall"}
         recs[c] = rec
         model = copy.deepcopy(base_model)
         path = Path(c, c)
@@ -141,16 +145,18 @@ def measure(name: str, cache: str, compilers: list[str], args) -> list[dict]:
     order = list(models)
     t_full = {c: [] for c in order}
 
+    clock = step_clock()
+
     def timed(c) -> bool:
         """One generate of compiler `c`, timed; a failure fails that compiler's row only."""
-        t0 = time.perf_counter()
+        t0 = clock()
         try:
             generate(models[c], args.new_tokens)
         except Exception as exc:  # noqa: BLE001
             recs[c].update(status="fail", error="timing: " + describe_exception(exc))
             order.remove(c)
             return False
-        t_full[c].append(time.perf_counter() - t0)
+        t_full[c].append(clock() - t0)
         return True
     # Always the same length: generate() sizes a static cache from the longest call so far.
     for c in list(order):                  # one untimed warm-up call each
@@ -210,15 +216,16 @@ def step_times(models: dict, order: list, generate, reps: int) -> dict:
             model._compiled_call_impl = inner
         calls[c] = seen[10]
     times: dict = {c: [] for c in order}
+    clock = step_clock()
     with torch.no_grad():
         for r in range(reps):
             for c in (order if r % 2 == 0 else order[::-1]):
                 a, kw, counters = calls[c]
                 for t, value in counters:
                     t.copy_(value)
-                t0 = time.perf_counter()
+                t0 = clock()
                 models[c](*a, **kw)
-                times[c].append(time.perf_counter() - t0)
+                times[c].append(clock() - t0)
     return {c: (statistics.median(v), sorted(v)[len(v) // 10]) for c, v in times.items()}
 
 

@@ -70,6 +70,7 @@ def test_llm_decode_tiny_rows_are_honest():
     by = {r["compiler"]: r for r in recs}
     assert by["eager"]["status"] == "pass" and by["eager"]["tokens_match"] == "3/3"
     assert by["eager"]["tokens_per_s"] > 0 and by["eager"]["speedup"] == 1.0
+    assert by["eager"]["clock"] == ("thread_cpu" if torch.get_num_threads() == 1 else "wall")
     em = by["ember"]
     assert em["status"] in ("pass", "fallback", "fail", "wrong")
     if em["status"] == "pass":
