@@ -1,0 +1,77 @@
+"""outside_suite.py MODELS [REPS] [OUT.jsonl]: inference, eager vs ember, on timm models that are in
+none of ember's suites (a check that speed and correctness generalize beyond `ember bench`).
+
+MODELS is a comma list of timm names (random weights, pretrained=False, the model's own input
+size, batch 4). Per model: the compiled copy (`ember.compile` of a deep copy: ember compiles a
+module in place) is checked against eager (max |err| / max |eager|; a head initialised to zero
+gives an all-zero output, then the absolute error is reported) and timed paired, alternating,
+thread CPU at one thread, REPS rounds (default 7): the median of per-round eager/ember ratios
+with the min-max. The speed check is on (the product default), so its re-timing of a close
+graph shows as one slow ember round (the low end of the spread). One JSON line per model.
+Run with MALLOC_MMAP_THRESHOLD_=4294967296 MALLOC_TRIM_THRESHOLD_=68719476736 and a fresh
+EMBER_CACHE_DIR, as the bench harness does.
+"""
+import copy
+import json
+import os
+import statistics
+import sys
+import time
+import warnings
+
+import timm
+import torch
+
+import ember
+
+
+def measure(name: str, reps: int) -> dict:
+    torch.manual_seed(0)
+    model = timm.create_model(name, pretrained=False).eval()
+    size = model.pretrained_cfg.get("input_size", (3, 224, 224))
+    x = torch.randn(4, *size)
+    with torch.no_grad():
+        ref = model(x)
+        compiled = copy.deepcopy(model)
+        t0 = time.perf_counter()
+        ember.compile(compiled)
+        out = compiled(x)
+        compile_s = time.perf_counter() - t0
+        scale = ref.abs().max().item()
+        err = (out - ref).abs().max().item() / (scale or 1.0)
+        for _ in range(2):
+            model(x), compiled(x)
+        times = {"eager": [], "ember": []}
+        for r in range(reps):
+            pairs = [("eager", model), ("ember", compiled)]
+            for key, f in (pairs if r % 2 == 0 else pairs[::-1]):
+                t = time.thread_time()
+                f(x)
+                times[key].append(time.thread_time() - t)
+    ratios = sorted(e / k for e, k in zip(times["eager"], times["ember"]))
+    return dict(model=name, input=list(size), eager_ms=statistics.median(times["eager"]) * 1e3,
+                ember_ms=statistics.median(times["ember"]) * 1e3, ratio=statistics.median(ratios),
+                lo=ratios[0], hi=ratios[-1], err=err, err_kind="rel" if scale else "abs",
+                compile_s=compile_s, fallbacks=ember.stats()["counts"].get("fallbacks", 0),
+                load=os.getloadavg()[0])
+
+
+def main() -> None:
+    warnings.filterwarnings("ignore")
+    torch.set_num_threads(1)
+    names = sys.argv[1].split(",")
+    reps = int(sys.argv[2]) if len(sys.argv) > 2 else 7
+    out = open(sys.argv[3], "a") if len(sys.argv) > 3 else None
+    for name in names:
+        try:
+            rec = measure(name, reps)
+        except Exception as exc:  # noqa: BLE001 - recorded, the next model goes on
+            rec = dict(model=name, error=f"{type(exc).__name__}: {str(exc)[:200]}")
+        print(json.dumps(rec), flush=True)
+        if out:
+            out.write(json.dumps(rec) + "\n")
+            out.flush()
+
+
+if __name__ == "__main__":
+    main()
