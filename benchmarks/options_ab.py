@@ -16,8 +16,7 @@ import time
 import torch
 
 import ember
-from ember.bench import broad, suites  # noqa: F401 - registers the models
-from ember.bench.spec import REGISTRY
+from infer_ab import eval_model
 
 
 def main():
@@ -27,11 +26,7 @@ def main():
     ap.add_argument("--new", default="{}", help="options of the new ember (JSON)")
     ap.add_argument("--reps", type=int, default=9)
     a = ap.parse_args()
-    torch.set_num_threads(1)
-    spec = REGISTRY[a.model]
-    torch.manual_seed(0)
-    m = spec.build().eval()
-    args, kw = spec.inputs(), spec.kwargs()
+    m, args, kw = eval_model(a.model)
     fns = {"eager": copy.deepcopy(m),
            "base": ember.compile(copy.deepcopy(m), options=json.loads(a.base)),
            "new": ember.compile(copy.deepcopy(m), options=json.loads(a.new))}
