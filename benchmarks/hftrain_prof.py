@@ -1,5 +1,5 @@
-"""hftrain_prof.py MODEL [--rounds N] [--top K] [--no-torch] [--no-prof]: training steps (bench
-Runner: forward, loss, backward, SGD) of eager / ember / torch.compile, paired and alternating in
+"""hftrain_prof.py MODEL [--rounds N] [--top K] [--no-torch] [--no-prof] [--infer]: training steps
+(bench Runner: forward, loss, backward, SGD; with --infer, eval-mode no_grad calls) of eager / ember / torch.compile, paired and alternating in
 one process, timed by thread CPU time (1 thread); then one profiled step each: the top ops by
 self CPU time (EMBER_PROFILE=1 names ember's kernels; Inductor's generated code is one event
 per compiled graph, its externs are aten events)."""
@@ -18,7 +18,8 @@ arg = lambda k, d: int(sys.argv[sys.argv.index(k) + 1]) if k in sys.argv else d
 rounds, top = arg("--rounds", 6), arg("--top", 30)
 spec = REGISTRY[name]
 torch.manual_seed(0)
-m = spec.build(); m.train(True); args = spec.inputs(); kw = spec.kwargs()
+mode = "infer" if "--infer" in sys.argv else "train"
+m = spec.build(); m.train(mode == "train"); args = spec.inputs(); kw = spec.kwargs()
 mods = {"eager": copy.deepcopy(m)}
 if "--no-torch" not in sys.argv:
     mods["torch"] = copy.deepcopy(m)
@@ -26,7 +27,7 @@ mods["ember"] = m
 rs = {}
 for k, mod in mods.items():
     f = mod if k == "eager" else ember.compile(mod) if k == "ember" else torch.compile(mod)
-    rs[k] = Runner(f, mod, "train", args, kw)
+    rs[k] = Runner(f, mod, mode, args, kw)
     for _ in range(2):
         rs[k].step()
 cpu = {k: [] for k in rs}

@@ -18,17 +18,21 @@ from ember.bench import broad, suites  # noqa: F401 - registers the models
 from ember.bench.spec import REGISTRY
 
 
+def eval_model(name: str):
+    """(model in eval mode, args, kwargs) of broad-suite model `name`, 1 intra-op thread."""
+    torch.set_num_threads(1)
+    spec = REGISTRY[name]
+    torch.manual_seed(0)
+    return spec.build().eval(), spec.inputs(), spec.kwargs()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("model")
     ap.add_argument("--reps", type=int, default=9)
     ap.add_argument("--tag", default=os.environ.get("TAG", ""))
     a = ap.parse_args()
-    torch.set_num_threads(1)
-    spec = REGISTRY[a.model]
-    torch.manual_seed(0)
-    m = spec.build().eval()
-    args, kw = spec.inputs(), spec.kwargs()
+    m, args, kw = eval_model(a.model)
     eager, comp = copy.deepcopy(m), ember.compile(copy.deepcopy(m))
 
     def step(f):

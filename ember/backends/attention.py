@@ -250,3 +250,140 @@ def fuse_attention(gm: fx.GraphModule, example_inputs, options: dict) -> fx.Grap
     gm.recompile()
     perf_log.info("attention: %d matmul-softmax-matmul chain(s) run as one fused sdpa", done)
     return gm
+
+
+# ---- nn.MultiheadAttention / nn.TransformerEncoderLayer inference fast paths -------------------
+# In eval mode with grad off, both modules call one opaque aten op (torch's "fast path"):
+# `_native_multi_head_attention` (in-projection, attention, out-projection) and
+# `_transformer_encoder_layer_fwd` (a whole encoder layer). As graph nodes they ran as one
+# fallback extern each: no weight packing for their linears, no fusion around them. Written out
+# as their parts (the math of torch's own slow path, which the op implements), the linears are
+# ordinary `F.linear` nodes that freezing packs, the attention one fused sdpa, and the norms,
+# activations and residual adds ember kernels. Masks, attention weights (need_weights=True) and
+# other devices keep the op.
+_NATIVE_MHA = torch._native_multi_head_attention
+_NATIVE_LAYER = torch._transformer_encoder_layer_fwd
+
+
+class _Emit:
+    """Adds call_function nodes before `at`, each with its example value computed from its
+    arguments' example values (meta tensors)."""
+
+    def __init__(self, g: fx.Graph, at: fx.Node):
+        self.g, self.at = g, at
+
+    def __call__(self, target, *args, **kwargs):
+        with self.g.inserting_before(self.at):
+            n = self.g.call_function(target, args, kwargs)
+        n.meta["example_value"] = target(*fx.node.map_arg(args, _val),
+                                         **fx.node.map_arg(kwargs, _val))
+        return n
+
+
+def _mha_parts(e: _Emit, q, k, v, embed, heads, w_in, b_in, w_out, b_out):
+    """The output node of multi-head self/cross attention with packed in-projection `w_in`
+    [3E, E] (as nn.MultiheadAttention's fast path computes it, without mask or weights)."""
+    (b, lq, _), lk, d = _val(q).shape, _val(k).shape[1], embed // heads
+
+    def split_heads(x, length):         # [B, L, E] -> [B, H, L, D]
+        return e(torch.transpose, e(torch.reshape, x, (b, length, heads, d)), 1, 2)
+    if q is k and k is v:
+        qkv = e(F.linear, q, w_in, b_in)                        # [B, L, 3E]
+        qkv = e(torch.permute, e(torch.reshape, qkv, (b, lq, 3, heads, d)), (2, 0, 3, 1, 4))
+        qh, kh, vh = (e(operator.getitem, qkv, i) for i in range(3))
+    else:
+        ws = [e(operator.getitem, w_in, slice(i * embed, (i + 1) * embed)) for i in range(3)]
+        bs = [e(operator.getitem, b_in, slice(i * embed, (i + 1) * embed)) for i in range(3)]
+        qh, kh, vh = (split_heads(e(F.linear, x, w, bias), n) for x, w, bias, n in
+                      zip((q, k, v), ws, bs, (lq, lk, lk)))
+    o = e(F.scaled_dot_product_attention, qh, kh, vh)          # scale 1/sqrt(D), as the op's
+    o = e(torch.reshape, e(torch.transpose, o, 1, 2), (b, lq, embed))
+    return e(F.linear, o, w_out, b_out)
+
+
+def _unfold_mha(g: fx.Graph, n: fx.Node) -> bool:
+    """`(out, None) = _native_multi_head_attention(...)` as its parts, when the op's mask is
+    None, its weights are not asked for and nothing reads them."""
+    names = ("query", "key", "value", "embed_dim", "num_head", "qkv_weight", "qkv_bias",
+             "proj_weight", "proj_bias", "mask", "need_weights", "average_attn_weights",
+             "mask_type")
+    a = dict(zip(names, n.args)) | n.kwargs
+    users = list(n.users)
+    if a.get("mask") is not None or a.get("need_weights", True) or \
+            not all(_calls(u, (operator.getitem,)) and u.args[1] in (0, 1) for u in users) or \
+            any(u.args[1] == 1 and u.users for u in users) or \
+            not _float_cpu_3d(a["query"], a["key"], a["value"]) or \
+            any(not isinstance(a[k], fx.Node) for k in names[5:9]):
+        return False
+    out = _mha_parts(_Emit(g, n), a["query"], a["key"], a["value"], a["embed_dim"],
+                     a["num_head"], a["qkv_weight"], a["qkv_bias"], a["proj_weight"],
+                     a["proj_bias"])
+    for u in users:
+        if u.args[1] == 0:
+            u.replace_all_uses_with(out)
+        g.erase_node(u)
+    g.erase_node(n)
+    return True
+
+
+def _unfold_layer(g: fx.Graph, n: fx.Node) -> bool:
+    """`_transformer_encoder_layer_fwd(...)` (nn.TransformerEncoderLayer's fast path) as its
+    parts, when it has no mask."""
+    names = ("src", "embed_dim", "num_heads", "qkv_weight", "qkv_bias", "proj_weight",
+             "proj_bias", "use_gelu", "norm_first", "eps", "norm_weight_1", "norm_bias_1",
+             "norm_weight_2", "norm_bias_2", "ffn_weight_1", "ffn_bias_1", "ffn_weight_2",
+             "ffn_bias_2", "mask", "mask_type")
+    a = dict(zip(names, n.args)) | n.kwargs
+    if a.get("mask") is not None or not _float_cpu_3d(a["src"]) or \
+            any(not isinstance(a[k], fx.Node) for k in names[3:7] + names[10:18]):
+        return False
+    e, x, embed = _Emit(g, n), a["src"], a["embed_dim"]
+
+    def norm(h, i):
+        return e(F.layer_norm, h, (embed,), a[f"norm_weight_{i}"], a[f"norm_bias_{i}"], a["eps"])
+
+    def attn(h):
+        return _mha_parts(e, h, h, h, embed, a["num_heads"], a["qkv_weight"], a["qkv_bias"],
+                          a["proj_weight"], a["proj_bias"])
+
+    def ffn(h):
+        h = e(F.gelu if a["use_gelu"] else F.relu, e(F.linear, h, a["ffn_weight_1"],
+                                                      a["ffn_bias_1"]))
+        return e(F.linear, h, a["ffn_weight_2"], a["ffn_bias_2"])
+    if a["norm_first"]:
+        x = e(operator.add, x, attn(norm(x, 1)))
+        out = e(operator.add, x, ffn(norm(x, 2)))
+    else:
+        x = norm(e(operator.add, x, attn(x)), 1)
+        out = norm(e(operator.add, x, ffn(x)), 2)
+    n.replace_all_uses_with(out)
+    g.erase_node(n)
+    return True
+
+
+def _float_cpu_3d(*nodes) -> bool:
+    """Batched [B, L, E] float tensors of static sizes (nested tensors and others keep the op)."""
+    vals = [_val(x) for x in nodes]
+    return all(isinstance(t, torch.Tensor) and t.dim() == 3 and not t.is_nested and
+               t.dtype in (torch.float32, torch.float64) and
+               all(isinstance(s, int) for s in t.shape) for t in vals)
+
+
+_UNFOLD = {_NATIVE_MHA: _unfold_mha, _NATIVE_LAYER: _unfold_layer}
+
+
+def unfold_fast_paths(gm: fx.GraphModule, example_inputs, options: dict) -> fx.GraphModule:
+    """`gm`, or a copy of it with the fast-path ops of nn.MultiheadAttention and
+    nn.TransformerEncoderLayer written out as their parts (CPU graphs; see above)."""
+    if not enabled(options) or any(isinstance(x, torch.Tensor) and x.device.type != "cpu"
+                                   for x in example_inputs) or \
+            not any(_calls(n, tuple(_UNFOLD)) for n in gm.graph.nodes):
+        return gm
+    gm = copy_module(gm)
+    g = gm.graph
+    done = sum(_UNFOLD[n.target](g, n) for n in list(g.nodes) if _calls(n, tuple(_UNFOLD)))
+    g.lint()
+    gm.recompile()
+    perf_log.info("attention: %d fast-path op(s) of nn.MultiheadAttention / "
+                  "nn.TransformerEncoderLayer written out as their parts", done)
+    return gm

@@ -585,7 +585,10 @@ class KernelCodegen:
 
     def _segments(self, sizes, lvars, store):
         """The segments of the innermost loop between which the body's index compares change
-        (cat or pad along the contiguous dim, cpp_ranges), when that loop is one dim unmerged."""
+        (cat or pad along the contiguous dim, cpp_ranges), when that loop is one dim unmerged.
+        None also when no loop is left (a segment of one iteration made every var a constant)."""
+        if not lvars:
+            return None
         v, n = lvars[-1], sizes[-1]
         if is_symbolic(n) or self.h.ranges.get(v) != n:
             return None

@@ -105,3 +105,11 @@ def test_channel_cat_parts_split_at_their_offsets():
     _, src = _source(_cat_of_divided_parts, a, b, g)
     assert not DIVIDED.search(src), src
     check_grads(_cat_of_divided_parts, a, b, g)
+
+
+def test_segment_of_one_element_is_no_loop():
+    # a cat of one element and a permuted part (read as v / 4, v % 4): split at 1, the copy
+    # over [0, 1) has no loop left; it is emitted once (it raised IndexError, and
+    # hf_whisper's decoder fell back to eager on its position-id kernel)
+    a, z = torch.randn(1), torch.randn(16, 4)
+    check(lambda a, z: torch.cat([a, z.t().reshape(64)]) * 2, a, z, kernels=1)
