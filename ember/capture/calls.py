@@ -452,7 +452,20 @@ def call_torch(tr, f, args, kwargs) -> V:
         return tr.call_graph(f, args, kwargs)
     if name in _TENSOR_BLOCKED:
         raise tr.unsupported(f"torch.{name} needs tensor data")
+    if f is torch._native_multi_head_attention:
+        return _native_mha(tr, f, args, kwargs)
     return tr.call_graph(f, args, kwargs)
+
+
+def _native_mha(tr, f, args, kwargs) -> V:
+    """nn.MultiheadAttention's fast path (eval, no grad): with need_weights=False eager returns
+    (out, None), the weights an undefined tensor, where the meta kernel gives a tensor; the
+    traced value is None too, so `w is None` reads as it does eagerly."""
+    out = tr.call_graph(f, args, kwargs)
+    need = args[10] if len(args) > 10 else kwargs.get("need_weights", ObjV(True))
+    if isinstance(out, TupleV) and isinstance(need, ObjV) and need.value is False:
+        return TupleV([out.items[0], ObjV(None)])
+    return out
 
 
 def call_module(tr, mv: ObjV, args, kwargs) -> V:

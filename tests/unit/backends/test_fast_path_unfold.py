@@ -74,8 +74,8 @@ def test_encoder_layer_fast_path(norm_first, activation):
 
 
 def test_as_written_weights_read_and_masks_keep_the_op():
-    """options attention="as_written" keeps the op; so do its weights output read (None
-    here, as in eager) and a mask (none of them written out)."""
+    """options attention="as_written" keeps the op; so does a mask. Weights returned with
+    need_weights=False are None in the graph too (as in eager), so that op is written out."""
     torch.manual_seed(0)
     x = torch.randn(2, 10, E)
     got, want, n = run(SelfAttention(), x, attention="as_written")
@@ -83,7 +83,7 @@ def test_as_written_weights_read_and_masks_keep_the_op():
     assert n == 1
     (got, w), (want, _), n = run(SelfAttention(weights=True), x)
     torch.testing.assert_close(got, want, **TOL[torch.float32])
-    assert w is None and n == 1
+    assert w is None and n == 0
     layer = nn.TransformerEncoderLayer(E, H, 96, batch_first=True).eval()
     mask = torch.zeros(2, 10, dtype=torch.bool)
     mask[1, 7:] = True
@@ -115,3 +115,22 @@ def test_frozen_parts_pack_their_linears(monkeypatch):
     torch.testing.assert_close(got, want, **TOL[torch.float32])
     assert n == 0
     assert ember.stats()["counts"].get("prepacked_linears", 0) - before == 4
+
+
+def test_fast_path_weights_are_none_as_in_eager():
+    """need_weights=False: the fast-path op returns (out, None) eagerly; the traced value is None
+    too (the meta kernel gives a tensor), so a branch on `w is None` takes eager's side, in one
+    graph."""
+    attn = nn.MultiheadAttention(E, H, batch_first=True).eval()
+
+    def f(x):
+        out, w = attn(x, x, x, need_weights=False)
+        return (out + 1 if w is None else out - 1), w is None
+
+    x = torch.randn(2, 7, E)
+    ember.reset()
+    with torch.no_grad():
+        got, want = ember.compile(f)(x), f(x)
+    assert got[1] is True and want[1] is True
+    torch.testing.assert_close(got[0], want[0], **TOL[torch.float32])
+    assert ember.stats()["counts"]["graphs"] == 1
