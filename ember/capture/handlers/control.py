@@ -148,7 +148,13 @@ def pop_except(tr, f, ins):
 def check_exc_match(tr, f, ins):
     typ = f.pop()
     exc = f.stack[-1]
-    f.push(ObjV(isinstance(exc.value, typ.value)))
+    if isinstance(typ, TupleV):         # `except (A, B):` builds the tuple on the stack
+        if not all(isinstance(t, ObjV) for t in typ.items):
+            raise tr.unsupported("an except clause whose exception types are not constants")
+        types_ = tuple(t.value for t in typ.items)
+    else:
+        types_ = typ.value
+    f.push(ObjV(isinstance(exc.value, types_)))
 
 
 @handler("RERAISE")

@@ -263,6 +263,22 @@ def test_del_subscr_on_callers_and_fresh_containers():
     check(f, x3, {"a": 1, "b": x3}, [1, 2, 3, 4])
 
 
+def test_except_with_a_tuple_of_types():
+    """`except (A, B):` matches either type, in one graph (CHECK_EXC_MATCH with a tuple: it
+    raised AttributeError in capture, and a pytest-rewritten assert compiles to one)."""
+    def f(x):
+        try:
+            y = {}["k"]
+        except (IndexError, KeyError):
+            y = x * 2
+        try:
+            raise ValueError("v")
+        except (TypeError, ValueError):
+            y = y + 1
+        return y
+    explain_same(f, x3, graphs=1)
+
+
 # ---- Sequential / ModuleList / ModuleDict indexing and slicing ------------------------------------
 class Containers(nn.Module):
     def __init__(self):
