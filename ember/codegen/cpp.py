@@ -585,7 +585,11 @@ class KernelCodegen:
 
     def _segments(self, sizes, lvars, store):
         """The segments of the innermost loop between which the body's index compares change
-        (cat or pad along the contiguous dim, cpp_ranges), when that loop is one dim unmerged."""
+        (cat or pad along the contiguous dim, cpp_ranges), when that loop is one dim unmerged.
+        None for a copy with no loop left (_presplit's segment of one point, every var a constant
+        there: a cat's one-element part of a 1-D kernel, Whisper's decoder positions)."""
+        if not lvars:
+            return None
         v, n = lvars[-1], sizes[-1]
         if is_symbolic(n) or self.h.ranges.get(v) != n:
             return None
