@@ -299,21 +299,3 @@ def test_tiled_channel_cat_decides_its_compares(dirs):
     assert loops and not any("pick(" in b or "if (" in b for b in loops), loops
     assert "blk0_lo" in _kernels(dirs, "*_kernels.cpp")     # the transposed part is tiled
 
-
-def test_one_point_segment_of_a_presplit_cat(dirs, monkeypatch):
-    """A 1-D cat whose first part is one element and whose second reads through a div/mod
-    (a cloned expand): _presplit gives that element a copy with no loop left. It raised
-    IndexError in codegen, and the whole graph (Whisper's decoder positions) ran eagerly."""
-    monkeypatch.setenv("EMBER_STRICT", "1")
-    x = torch.randn(1, 64)
-
-    def f(t):
-        p = torch.arange(64).view(1, 1, 1, 64).expand(1, 1, 1, 64).clone().view(1, 64)
-        c = torch.cat([p[:, :1] - 1, p], -1)
-        return t + (c[:, 1:] - c[:, :-1]).ne(1).cumsum(-1), c
-    got, c = ember.compile(f, options={"speed_check": False})(x)
-    want, c_want = f(x)
-    torch.testing.assert_close(got, want)
-    assert torch.equal(c, c_want)
-    k = _kernels(dirs)
-    assert "buf0[0] =" in k and "v0 = 0; v0 < 64" in k, k
