@@ -416,6 +416,12 @@ def measure(spec, mode: str, compiler_names: list[str], reps: int, warmup: int, 
             kink = f", kink allowance {allowed[i]:.3g}" if allowed else ""
             rec["error"] = (f"{what}: rel_err {per[i]:.3g} vs eager-fp32 {eager_per[i]:.3g}{kink} "
                             f"({ratio:.1f}x over tolerance)")
+        elif path.rejected and (path.front, path.backend) != \
+                compilers.candidates(c, backend, front)[0]:
+            # compiled, but not as asked: ember's capture or backend failed and a lesser path
+            # (torch.compile's capture, the aot_eager backend: eager kernels) ran instead
+            rec["status"] = "degraded"
+            rec["error"] = f"ran as {path.label}; {path.rejected[0]}"
         else:
             rec["status"] = "pass"
 

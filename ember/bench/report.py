@@ -12,6 +12,7 @@ import statistics
 from collections import defaultdict
 
 STATUS_SHORT = {"pass": "pass", "fail": "FAIL", "wrong": "WRONG", "fallback": "eager-fb",
+                "degraded": "degraded",
                 "crash": "CRASH", "timeout": "TIMEOUT"}
 
 

@@ -91,3 +91,25 @@ def test_llm_decode_step_replay_static_cache():
         assert by[c]["status"] == "pass", by[c]
         assert 0 < by[c]["step_p10_ms"] <= by[c]["step_ms"]
     assert by["ember"]["graphs_after_first"] == 0
+
+
+def test_a_row_compiled_on_a_lesser_path_is_degraded_not_pass(monkeypatch):
+    """When ember's own backend fails and the aot_eager path (eager kernels) runs instead, the
+    ember row says so: status "degraded" naming the path and the first failure, not "pass"
+    (hf_whisper's training row hid a codegen crash this way)."""
+    from ember.bench import compilers
+    real_make = compilers.make
+
+    def make(front, backend, model):
+        if backend == "ember":
+            raise RuntimeError("codegen crashed")
+        return real_make(front, backend, model)
+    monkeypatch.setattr(compilers, "make", make)
+    records = []
+    harness.measure(broad.tiny_spec("b_unet_groupnorm_silu"), "infer", ["eager", "ember"],
+                    reps=1, warmup=0, backend="ember", front="auto", memory=False,
+                    emit=records.append)
+    em = {r["compiler"]: r for r in records}["ember"]
+    assert em["status"] == "degraded", em
+    assert em["path"] == "ember.compile(backend='aot_eager')"
+    assert "RuntimeError: codegen crashed" in em["error"]
