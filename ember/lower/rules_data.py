@@ -500,7 +500,8 @@ def scatter_one_per_row(ctx, node, x, dim, index, src):
         return extern_functional(ctx, node, x, dim, index, src)
     dim = dim % len(x.size)
     n = x.size[dim]
-    if (any(map(is_symbolic, (*x.size, *index.size)))
+    ssize = src.size if isinstance(src, TensorValue) else ()
+    if (any(map(is_symbolic, (*x.size, *index.size, *ssize)))
             or any(index.size[d] != x.size[d] for d in range(len(x.size)) if d != dim)
             or (isinstance(src, TensorValue) and any(src.size[d] < index.size[d]
                                                      for d in range(len(index.size))))):
