@@ -10,6 +10,7 @@ import torch
 
 import ember
 from ember.aot import trace_aten
+from ember.backends.ember import compile_aten_graph
 from ember.codegen.cpp import generate_tu
 from ember.decomp import get_decompositions
 from ember.lower.lowering import GraphLowering
@@ -198,3 +199,16 @@ def test_symbolic_source_size_stays_an_extern():
         assert torch.equal(ember.compile(scatter)(g, idx), scatter(g, idx))
         got = torch.autograd.grad(ember.compile(fwd)(x, idx), x, g)[0]
         assert torch.equal(got, torch.autograd.grad(fwd(x, idx), x, g)[0])
+
+
+def test_triton_lowering_keeps_the_aten_scatter():
+    """Triton kernels have no Scatter form: GraphLowering(cpp=False) keeps the extern."""
+    x, s = torch.randn(4, 9), torch.randn(4, 6)
+    idx = _index((4, 6), 1, 9)
+    gm = trace_aten(lambda a, i, t: a.scatter_add(1, i, t), (x, idx, s),
+                    decompositions=get_decompositions())
+    for cpp, want in ((False, ["scatter_add.default"]), (True, [])):
+        nodes = GraphLowering(gm, [x, idx, s], cpp=cpp).run().nodes
+        assert [str(n.op).split("aten.")[-1] for n in nodes if n.kind == "extern"] == want
+    run = compile_aten_graph(gm, [x, idx, s], options={"cpu_codegen": "triton"})
+    assert torch.equal(run(x, idx, s)[0], x.scatter_add(1, idx, s))
