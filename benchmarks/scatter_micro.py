@@ -69,35 +69,6 @@ def main():
             print(f"{label:28s} eager {med['eager']:8.3f} ms  ember {med['ember']:8.3f} ms  "
                   f"ember/eager {st['median']:.2f} [{st['min']:.2f}-{st['max']:.2f}]  "
                   f"bit-equal {same}  reps {reps}", flush=True)
-    if not a.only or re.search(a.only, "deberta_scores/train"):
-        deberta_scores(torch, ember, a.rounds)
-
-
-def deberta_scores(torch, ember, rounds):
-    """DeBERTa-v2's disentangled scores (results/trainhf_deberta_scores_micro_2026-12-07.py:
-    B 4, H 8, L 128, span 512), forward and backward: the backward scatters both gathers."""
-    B, H, L, S = 4, 8, 128, 512
-    rel = torch.arange(L)[:, None] - torch.arange(L)[None, :]
-    c2p = torch.clamp(rel + S // 2, 0, S - 1).expand(B * H, L, L)
-    p2c = torch.clamp(-rel + S // 2, 0, S - 1).expand(B * H, L, L)
-    mask = torch.ones(B, 1, 1, L, dtype=torch.bool)
-
-    def f(qk, cp, pc):
-        s = qk + torch.gather(cp, -1, c2p) / 13.8 + torch.gather(pc, -1, p2c).transpose(-1, -2) / 13.8
-        s = s.view(B, H, L, L).masked_fill(~mask, torch.finfo(torch.float32).min)
-        return torch.softmax(s, -1)
-    xs = [torch.randn(B * H, L, n, requires_grad=True) for n in (L, S, S)]
-    g = torch.randn(B, H, L, L)
-    run = {k: (lambda f=f: torch.autograd.grad(f(*xs), xs, g))
-           for k, f in (("eager", f), ("ember", ember.compile(f)))}
-    ref, got = run["eager"](), run["ember"]()
-    err = max(float((r - o).abs().max()) for r, o in zip(ref, got))
-    samples, reps = paired(run, (), rounds=rounds)
-    st = ratio_stats(samples["eager"], samples["ember"])
-    med = {k: sorted(v)[len(v) // 2] * 1e3 for k, v in samples.items()}
-    print(f"{'deberta_scores/train':28s} eager {med['eager']:8.3f} ms  ember {med['ember']:8.3f} ms  "
-          f"ember/eager {st['median']:.2f} [{st['min']:.2f}-{st['max']:.2f}]  "
-          f"max err {err:.1e}  reps {reps}", flush=True)
 
 
 if __name__ == "__main__":

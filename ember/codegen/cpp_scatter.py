@@ -29,6 +29,7 @@ from ..loopir.ops import compute_dtype
 from .cpp_handler import _int
 from .cpp_loops import loop_var
 from .cpp_reduce import Span
+from .cpp_scan import dim_loops, scoped
 
 PARALLEL_TASKS = 64       # parallel iterations wanted (chunks of the first inner dim if needed)
 CHUNK_MIN = 64            # inner elements of a chunk at least
@@ -38,13 +39,7 @@ def emit_scatter(cg, node, parallel: bool) -> None:
     h = cg.h
     code = h.code
     body = node.body
-    size = [int(s) for s in body.size]
-    d, n = body.dim, size[body.dim]
-    vars_ = [loop_var(i) for i in range(len(size))]
-    index = [v if s != 1 else sympy.Integer(0) for v, s in zip(vars_, size)]
-    h.ranges = {v: s for v, s in zip(vars_, size) if s != 1}
-    pre = [i for i in range(d) if size[i] != 1]
-    inner = [i for i in range(d + 1, len(size)) if size[i] != 1]
+    size, vars_, index, pre, inner, d, n = dim_loops(h, body)
     npre = numel([size[i] for i in pre])
     tasks = 1
     if parallel and inner and npre < PARALLEL_TASKS:
@@ -82,27 +77,17 @@ def emit_scatter(cg, node, parallel: bool) -> None:
         if copy:
             cg._loops(copy, copy_vars, False, simd_last=True, body=base)
         else:
-            scoped(code, h, base)
+            scoped(h, base)
         code.writeline(f"for (int64_t {kv} = 0; {kv} < {body.count}; ++{kv})")
         if inner_ranges:
-            scoped(code, h, lambda: cg._loops(inner_ranges, ivars, False, simd_last=False, body=add))
+            scoped(h, lambda: cg._loops(inner_ranges, ivars, False, simd_last=False, body=add))
         else:
-            scoped(code, h, add)
+            scoped(h, add)
 
     outer = [size[i] for i in pre] + ([chunks] if chunks > 1 else [])
     if outer:
         cg._loops(outer, [vars_[i] for i in pre] + ([chunk] if chunks > 1 else []), parallel,
                   simd_last=False, body=per_point)
     else:
-        scoped(code, h, per_point)
+        scoped(h, per_point)
 
-
-def scoped(code, h, fn) -> None:
-    """fn's statements in a { block }, its temporaries forgotten after it."""
-    saved = h.push()
-    code.writeline("{")
-    code.level += 1
-    fn()
-    code.level -= 1
-    code.writeline("}")
-    h.pop(saved)
