@@ -75,6 +75,29 @@ def test_non_contiguous_operands():
     assert stats["externs"] == 0, stats
 
 
+@pytest.mark.parametrize("rows,count", [(16, 40), (100, 5000)])
+def test_expanded_index_over_dim0_equals_eagers_sorted_path(rows, count):
+    """An index expanded over the inner dims (index_add-like, dim 0): eager takes its
+    expanded-index path (sorts the index, adds per destination row); the sums are still in
+    index order for each element, so ours equal them bit for bit."""
+    x, s = torch.randn(rows, 32), torch.randn(count, 32)
+    idx = _index((count, 1), 0, rows).expand(count, 32)
+    fn = (lambda a, i, t: a.scatter_add(0, i, t))
+    run, stats = compile_fn(fn, x, idx, s)
+    assert torch.equal(run(x, idx, s)[0], fn(x, idx, s))
+    assert stats["externs"] == 0, stats
+
+
+def test_empty_output_and_empty_index():
+    """0-size output: the extern (nothing to generate); an index of size 0 at dim: the copy."""
+    fn = (lambda a, i, t: a.scatter_add(1, i, t) + 1)
+    for x, idx in ((torch.randn(0, 5), torch.zeros(0, 3, dtype=torch.long)),
+                   (torch.randn(4, 5), torch.zeros(4, 0, dtype=torch.long))):
+        s = torch.randn(idx.shape[0], 3)
+        run, _ = compile_fn(fn, x, idx, s)
+        assert torch.equal(run(x, idx, s)[0], fn(x, idx, s))
+
+
 @pytest.mark.parametrize("bad", [9, -1, -10])
 def test_index_outside_the_dim_raises_like_eager(bad):
     x, s = torch.randn(4, 9), torch.randn(4, 6)
