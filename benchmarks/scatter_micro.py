@@ -54,7 +54,7 @@ def main():
             label = f"{name}/{case}"
             if a.only and not re.search(a.only, label):
                 continue
-            comp = ember.compile(fn)
+            comp = ember.compile(fn, dynamic=False)   # each shape its own static graph
             if grad is None:
                 run = {"eager": (lambda f=fn: f(*args)), "ember": (lambda f=comp: f(*args))}
             else:
