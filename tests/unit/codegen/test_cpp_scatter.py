@@ -226,3 +226,14 @@ def test_triton_lowering_keeps_the_aten_scatter():
         assert [str(n.op).split("aten.")[-1] for n in nodes if n.kind == "extern"] == want
     run = compile_aten_graph(gm, [x, idx, s], options={"cpu_codegen": "triton"})
     assert torch.equal(run(x, idx, s)[0], x.scatter_add(1, idx, s))
+
+
+def test_printed_ir_names_the_scatter():
+    from ember.loopir.printer import print_lowered
+    x, s = torch.randn(4, 9), torch.randn(4, 6)
+    idx = _index((4, 6), 1, 9)
+    gm = trace_aten(lambda a, i, t: a.scatter_add(1, i, t), (x, idx, s),
+                    decompositions=get_decompositions())
+    low = GraphLowering(gm, [x, idx, s]).run()
+    text = print_lowered(low.inputs, low.nodes, low.outputs)
+    assert "# scatter_add along dim 1 of 6 per row (reads at scatter_k < 6)" in text, text
