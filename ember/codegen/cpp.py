@@ -23,7 +23,7 @@ import torch
 
 from ..loopir.index import SIZE_NAME, hint, is_symbolic, numel
 from ..errors import InternalError
-from ..loopir.nodes import is_scan
+from ..loopir.nodes import Scatter, owns_loops
 from ..loopir.ops import compute_dtype, set_handler
 from ..loopir.plan import Stage
 from .common import IndentedBuffer
@@ -35,6 +35,7 @@ from .cpp_loops import TILE, _coeff, _drop_simd_over_masked_ifs, _transposed_dim
 from .cpp_prelude import PRELUDE, STAGED
 from .cpp_ranges import segment, split_points, unswitch
 from .cpp_scan import emit_scan
+from .cpp_scatter import emit_scatter
 from .cpp_reduce import ARG, CASCADE_BLOCK, CASCADE_ROWS, PARALLEL_BLOCK, SIMD_RED, UDR, Span, \
     _acc_value, _arg_better, _block_split, _cascaded, _combine, _count, _flat, _for, _init, \
     _red_clause, _update, lane_count, lane_loops
@@ -68,6 +69,9 @@ class KernelCodegen:
     def work(self):
         """Elements computed: an int, or a sympy expression of the size parameters."""
         k = self.kernel
+        body = k.nodes[0].body
+        if isinstance(body, Scatter):       # the base, then the index's elements
+            return numel(body.size) // body.size[body.dim] * (body.size[body.dim] + body.count)
         inner = sum(numel(s.inner) * len(s.nodes) for s in k.stages)
         return numel(k.outer) * (inner if inner != 0 else 1)
 
@@ -93,10 +97,11 @@ class KernelCodegen:
             # sizes known at run time only: the outer loop is parallel when the call is big
             parallel = True
             self.par_if = f" if({cexpr(sympy.expand(work))} >= {PARALLEL_MIN_WORK})"
-        if any(is_scan(n) for n in k.nodes):
+        if any(owns_loops(n) for n in k.nodes):
             if len(k.nodes) != 1:       # schedule keeps a scan alone; else it reads as pointwise
-                raise InternalError(f"{k.name}: a scan kernel with other nodes")
-            emit_scan(self, k.nodes[0], parallel)
+                raise InternalError(f"{k.name}: a scan or scatter kernel with other nodes")
+            emit = emit_scatter if isinstance(k.nodes[0].body, Scatter) else emit_scan
+            emit(self, k.nodes[0], parallel)
         elif k.pure_pointwise and m > 0:
             combos, plan = self._presplit(outer, xv)
             for spans in combos or [{}]:

@@ -46,17 +46,36 @@ def acc_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.int64
 
 
+def dim_loops(h, body):
+    """The loops of a body that walks its `dim` itself (a Scan, a Scatter): its sizes, loop
+    vars, the index of its element (size-1 dims 0), the non-1 dims before `dim` and after it,
+    `dim` and its size. Sets the handler's loop ranges."""
+    size = [int(s) for s in body.size]
+    vars_ = [loop_var(i) for i in range(len(size))]
+    index = [v if s != 1 else sympy.Integer(0) for v, s in zip(vars_, size)]
+    h.ranges = {v: s for v, s in zip(vars_, size) if s != 1}
+    pre = [i for i in range(body.dim) if size[i] != 1]
+    inner = [i for i in range(body.dim + 1, len(size)) if size[i] != 1]
+    return size, vars_, index, pre, inner, body.dim, size[body.dim]
+
+
+def scoped(h, fn) -> None:
+    """fn's statements in a { block }, its temporaries forgotten after it."""
+    code = h.code
+    saved = h.push()
+    code.writeline("{")
+    code.level += 1
+    fn()
+    code.level -= 1
+    code.writeline("}")
+    h.pop(saved)
+
+
 def emit_scan(cg, node, parallel: bool) -> None:
     h = cg.h
     code = h.code
     body = node.body
-    size = [int(s) for s in body.size]
-    d, n = body.dim, size[body.dim]
-    vars_ = [loop_var(i) for i in range(len(size))]
-    index = [v if s != 1 else sympy.Integer(0) for v, s in zip(vars_, size)]
-    h.ranges = {v: s for v, s in zip(vars_, size) if s != 1}
-    pre = [i for i in range(d) if size[i] != 1]
-    inner = [i for i in range(d + 1, len(size)) if size[i] != 1]
+    size, vars_, index, pre, inner, d, n = dim_loops(h, body)
     acc_t = ctype(acc_dtype(node.dtype))
     cd = compute_dtype(node.dtype)
     t = vars_[d]
@@ -68,15 +87,6 @@ def emit_scan(cg, node, parallel: bool) -> None:
         v = body.inner_fn(index)
         code.writeline(f"{acc} += static_cast<{acc_t}>({v});")
         h.store(node.name, strided_index(index, node.stride), CppVal(f"static_cast<{ctype(cd)}>({acc})", cd))
-
-    def scoped(fn):
-        saved = h.push()
-        code.writeline("{")
-        code.level += 1
-        fn()
-        code.level -= 1
-        code.writeline("}")
-        h.pop(saved)
 
     if inner:
         sizes = [size[i] for i in inner]
@@ -110,7 +120,7 @@ def emit_scan(cg, node, parallel: bool) -> None:
             code.writeline("#pragma omp simd")
             code.writeline(f"for (int64_t i = 0; i < {m}; ++i) acc[i] = 0;")
             code.writeline(t_loop)
-            scoped(lambda: cg._loops([first] + sizes[1:], ivars, False, simd_last=True,
+            scoped(h, lambda: cg._loops([first] + sizes[1:], ivars, False, simd_last=True,
                                      body=lambda: step(f"acc[{flat}]")))
         outer = [size[i] for i in pre] + ([chunks] if chunks > 1 else [])
         if outer:
@@ -118,14 +128,14 @@ def emit_scan(cg, node, parallel: bool) -> None:
             cg._loops(outer, [vars_[i] for i in pre] + ([chunk] if chunks > 1 else []), parallel,
                       simd_last=False, body=per_point)
         else:
-            scoped(per_point)
+            scoped(h, per_point)
         return
     if not pre:             # one row
         def one_row():
             code.writeline(f"{acc_t} acc = 0;")
             code.writeline(t_loop)
-            scoped(lambda: step("acc"))
-        scoped(one_row)
+            scoped(h, lambda: step("acc"))
+        scoped(h, one_row)
         return
     # the innermost dim: ROWS rows of the last dim before it at a time, one accumulator each
     last = pre[-1]
@@ -156,10 +166,10 @@ def emit_scan(cg, node, parallel: bool) -> None:
                     code.writeline(f"for (int64_t {t} = {end} - 1; {t} >= {tb}; --{t})"
                                    if body.reverse else
                                    f"for (int64_t {t} = {tb}; {t} < {end}; ++{t})")
-                    scoped(lambda k=k: step(f"acc[{k}]"))
+                    scoped(h, lambda k=k: step(f"acc[{k}]"))
                 index[last] = ROWS * block + r
-            scoped(unrolled)
-        scoped(full_block)
+            scoped(h, unrolled)
+        scoped(h, full_block)
         code.writeline("else")
 
         def part_block():
@@ -167,8 +177,8 @@ def emit_scan(cg, node, parallel: bool) -> None:
 
             def rows_step():
                 code.writeline(f"for (int64_t {r} = 0; {r} < rn; ++{r})")
-                scoped(lambda: step(f"acc[{r}]"))
-            scoped(rows_step)
-        scoped(part_block)
+                scoped(h, lambda: step(f"acc[{r}]"))
+            scoped(h, rows_step)
+        scoped(h, part_block)
     cg._loops([size[i] for i in pre[:-1]] + [-(-rows // ROWS)], [vars_[i] for i in pre[:-1]] + [block],
               parallel, simd_last=False, body=per_block)

@@ -16,7 +16,7 @@ import torch
 
 from ..loopir.index import SIZE_NAME, hint, is_symbolic, numel
 from ..errors import InternalError
-from ..loopir.nodes import is_scan
+from ..loopir.nodes import owns_loops
 from ..loopir.ops import set_handler
 from .cpp import kernel_args
 from .cpp_loops import _coeff, collect
@@ -286,8 +286,8 @@ def generate_kernels(kernels, deps, buffers: dict, *, max_persistent=MAX_PERSIST
     `dead`: kernel name -> buffers it writes that no later step reads (stores may be elided)."""
     out = []
     for k in kernels:
-        if is_scan(k.nodes[0]):     # lower makes Scans for C++ only (GraphLowering(cpp=...))
-            raise InternalError(f"{k.name}: a scan kernel has no Triton form")
+        if owns_loops(k.nodes[0]):     # lower makes Scans and Scatters for C++ only (GraphLowering(cpp=...))
+            raise InternalError(f"{k.name}: a scan or scatter kernel has no Triton form")
         args = kernel_args(k, deps)
         cg = TritonKernelCodegen(k, buffers, max_persistent=max_persistent, interpret=interpret,
                                  welford=welford)

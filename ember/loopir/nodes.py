@@ -50,8 +50,41 @@ class Scan(Pointwise):
     reverse: bool = False
 
 
-def is_scan(node) -> bool:
-    return isinstance(getattr(node, "body", None), Scan)
+@dataclasses.dataclass(eq=False)
+class Scatter(Pointwise):
+    """out = the base with `src` scattered along `dim`: for each position p of `index` (whose
+    size is the output's except at `dim`, `count` there), out[p with dim = index[p]] += src[p]
+    (`accumulate`; else =). A row (all dims but `dim`) receives only from its own row of index
+    and src, so rows are independent, and within a row codegen/cpp_scatter.py walks p[dim] =
+    0..count-1 in order: eager's serial loop, its sums bit for bit. `base_fn(index)` is the
+    base at `index`; `index_fn(p)` / `src_fn(p)` the index (int64) and the value (compute dtype)
+    at p. `inner_fn` is what dependency analysis sees: the base at the written index, and the
+    index and src at p = the written index with `dim` replaced by the symbol SCATTER_K (a read
+    at no written index: the kernel is never in place over them). Like a Scan it is stored
+    (never inlined), alone in its kernel, and C++ only."""
+    dim: int = 0
+    count: int = 0
+    accumulate: bool = True
+    base_fn: Callable = None
+    index_fn: Callable = None
+    src_fn: Callable = None
+
+
+SCATTER_K = sympy.Symbol("scatter_k", integer=True, nonnegative=True)
+
+
+def scatter_body(size, dtype, dim, count, accumulate, base_fn, index_fn, src_fn) -> Scatter:
+    def seen(index):
+        p = [*index[:dim], SCATTER_K, *index[dim + 1:]]
+        index_fn(p)
+        return ops.add(base_fn(index), src_fn(p))
+    return Scatter(size, dtype, seen, dim=dim, count=count, accumulate=accumulate,
+                   base_fn=base_fn, index_fn=index_fn, src_fn=src_fn)
+
+
+def owns_loops(node) -> bool:
+    """A scan or a scatter: its codegen emits its own loop nest, and it shares no kernel."""
+    return isinstance(getattr(node, "body", None), (Scan, Scatter))
 
 
 # --- buffers -------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ import sympy
 import torch
 
 from .index import sym
-from .nodes import Scan
+from .nodes import Scan, Scatter
 from .ops import OpsHandler, set_handler
 from .plan import ExternStep
 
@@ -93,7 +93,10 @@ def _body(node) -> list[str]:
             over = ", ".join(f"{v} < {n}" for v, n in zip(xv, node.ranges))
             b = node.body
             kind = (f"{'reverse ' if b.reverse else ''}cumsum along dim {b.dim} of the value "
-                    f"stored here" if isinstance(b, Scan) else "pointwise")
+                    f"stored here" if isinstance(b, Scan) else
+                    f"scatter{'_add' if b.accumulate else ''} along dim {b.dim} of {b.count} "
+                    f"per row (reads at scatter_k < {b.count})" if isinstance(b, Scatter)
+                    else "pointwise")
             head = f"def {node.name}({', '.join(map(str, xv))}):  # {kind} -> " \
                    f"{_layout(node)}{', over ' + over if over else ''}"
             return [head] + h.lines

@@ -17,7 +17,7 @@ import torch
 
 from ..loopir.index import contiguous_strides, is_symbolic, numel
 from ..loopir.ops import compute_dtype, ops
-from ..loopir.nodes import InputBuffer, Pointwise
+from ..loopir.nodes import InputBuffer, Pointwise, scatter_body
 from .index_prop import constant_value, static_index, window_preimage
 from .ir import (Pending, Reindex, SHAPE_ENV, TensorValue, View, as_size, as_sizes, meta_strided,
                  meta_view, view_chain, view_impl)
@@ -494,17 +494,20 @@ def scatter_one_per_row(ctx, node, x, dim, index, src):
     is eager's result; as an extern it cloned x (a zero fill) and scattered serially. An index
     >= n raises like eager (the bounds check); a negative one wraps as in ember's gather (eager
     raises: remapping it out of range made g++ 12 miscompile the checked simd loop, a segfault
-    in nll_loss2d's backward). Other scatters stay aten externs."""
+    in nll_loss2d's backward). Other scatters are Scatter kernels (_scatter_rows) or aten
+    externs."""
     if not x.size or len(index.size) != len(x.size):           # 0-d: the extern
         return extern_functional(ctx, node, x, dim, index, src)
     dim = dim % len(x.size)
     n = x.size[dim]
-    if (index.size[dim] != 1
-            or any(map(is_symbolic, (*x.size, *index.size)))
+    ssize = src.size if isinstance(src, TensorValue) else ()
+    if (any(map(is_symbolic, (*x.size, *index.size, *ssize)))
             or any(index.size[d] != x.size[d] for d in range(len(x.size)) if d != dim)
             or (isinstance(src, TensorValue) and any(src.size[d] < index.size[d]
                                                      for d in range(len(index.size))))):
         return extern_functional(ctx, node, x, dim, index, src)
+    if index.size[dim] != 1:
+        return _scatter_rows(ctx, node, x, dim, index, src)
     out = out_meta(node)
     lx, li = x.loader(), index.loader()
     ls = src.loader() if isinstance(src, TensorValue) else None
@@ -523,6 +526,32 @@ def scatter_one_per_row(ctx, node, x, dim, index, src):
             return ops.add(old, ops.where(hit, value, ops.constant(0, cd)))
         return ops.where(hit, value, old)
     return Pending(Pointwise(as_sizes(out.shape), out.dtype, inner))
+
+
+def _scatter_rows(ctx, node, x, dim, index, src):
+    """A scatter whose index has x's size in every dim but `dim` (gather's backward, a
+    scatter_add of log-prob gradients): a Scatter kernel (codegen/cpp_scatter.py), rows in
+    parallel, each row's sources in index order, so the sums are eager's bit for bit; the zero
+    fill or copy of x and the producers of src are read in its loops. float32/float64 only
+    (ints and 16-bit floats stay aten), C++ only (Triton: the extern), and not empty."""
+    out = out_meta(node)
+    if (not ctx.cpp or out.dtype not in (torch.float32, torch.float64) or out.numel() == 0
+            or index.dtype != torch.int64
+            or (isinstance(src, TensorValue) and src.dtype != out.dtype)):
+        return extern_functional(ctx, node, x, dim, index, src)
+    cd = compute_dtype(out.dtype)
+    lx, li = x.loader(), index.loader()
+    if isinstance(src, TensorValue):
+        ls = src.loader()
+        src_fn = (lambda p: ops.to_dtype(ls(p), cd))
+    else:
+        value = torch.tensor(src).to(cd).item()
+        src_fn = (lambda p: ops.constant(value, cd))
+    body = scatter_body(as_sizes(out.shape), out.dtype, dim, index.size[dim],
+                        node.target is aten.scatter_add.default,
+                        lambda i: ops.to_dtype(lx(i), cd), li, src_fn)
+    buf = ctx.add_computed(body)
+    return View(buf, buf.size, buf.stride, 0)
 
 
 @rule(aten.index_put.default)

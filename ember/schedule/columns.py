@@ -20,7 +20,7 @@ import sympy
 import torch
 
 from ..loopir.index import ModularIndexing, hint, numel, simplify_index
-from ..loopir.nodes import is_scan
+from ..loopir.nodes import owns_loops
 from ..loopir.plan import ExternStep, Kernel, NodeDeps, Stage
 from .deps import loop_vars
 
@@ -67,7 +67,7 @@ def _host(k) -> bool:
     """A row kernel: parallel over its outer dims, with a loop per stage (the C++ row path);
     or a one-stage pointwise kernel over at least two dims, which becomes one (_resplit)."""
     if not isinstance(k, Kernel) or not k.outer or hint(numel(k.outer)) <= 1 \
-            or is_scan(k.nodes[0]):
+            or owns_loops(k.nodes[0]):
         return False
     return not k.pure_pointwise or (len(k.stages) == 1 and len(k.outer) > 1)
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import sympy
 
 from ..loopir.index import is_symbolic, simplify_index
-from ..loopir.nodes import is_scan
+from ..loopir.nodes import owns_loops
 from ..loopir.plan import ExternStep, Kernel, Stage
 from .deps import loop_vars, row_gather as row_gather_at
 
@@ -64,9 +64,9 @@ def fuse(nodes, deps: dict, *, enable: bool = True, row_gather: bool = False) ->
         first = max((where[b] for b in d.reads if b in where), default=0)
         placed = False
         # a scan (its own loop order, codegen/cpp_scan.py) joins no kernel, and none joins its
-        for q in range(first, len(steps)) if enable and not is_scan(node) else ():
+        for q in range(first, len(steps)) if enable and not owns_loops(node) else ():
             k = steps[q]
-            if not isinstance(k, Kernel) or is_scan(k.nodes[0]):
+            if not isinstance(k, Kernel) or owns_loops(k.nodes[0]):
                 continue
             place = _placement(k, node)
             rows = None

@@ -26,7 +26,7 @@ Consumes: steps from fuse(), NodeDeps. Produces: the steps with such pairs merge
 from __future__ import annotations
 
 from ..loopir.index import hint, is_symbolic, numel
-from ..loopir.nodes import is_scan
+from ..loopir.nodes import owns_loops
 from ..loopir.plan import Kernel, Stage
 from .deps import row_gather
 
@@ -67,7 +67,7 @@ def _partner(steps, i, deps):
     for j in range(i + 1, len(steps)):
         k2 = steps[j]
         # (a scan kernel holds its scan alone: codegen/cpp_scan.py)
-        m = len(k2.outer) if isinstance(k2, Kernel) and not is_scan(k2.nodes[0]) else 0
+        m = len(k2.outer) if isinstance(k2, Kernel) and not owns_loops(k2.nodes[0]) else 0
         if m and len(k1.outer) > m and tuple(k1.outer[:m]) == tuple(k2.outer) \
                 and not any(s.keep for s in k2.stages) and _fits(k1, k2) \
                 and _reads_ok(k1, k2, outs, deps) \

@@ -35,8 +35,7 @@ def test_general_scatter_stays_an_extern():
     z = torch.tensor(2.0)                              # 0-d (max over a 0-d input's backward)
     check(lambda a, i: torch.zeros_like(a).scatter(0, i, a), z, torch.tensor(0), atol=0, rtol=0)
     x = torch.randn(16, 80)
-    stats = check(lambda a, i: a.scatter_add(1, i, a), x, torch.randint(0, 80, (16, 80)))
-    assert stats["externs"] == 1 and not stats["fallbacks"], stats
+    # (an index of x's size but at dim: a Scatter kernel, tests/unit/codegen/test_cpp_scatter.py)
     # index narrower than x in another dim: rows past it are not written
     stats = check(lambda a, i: a.scatter(1, i, 2.0), x, torch.randint(0, 80, (10, 1)))
     assert stats["externs"] == 1, stats
