@@ -21,7 +21,7 @@ from __future__ import annotations
 import sympy
 import torch
 
-from ..loopir.index import SIZE_NAME, hint, is_symbolic, numel
+from ..loopir.index import SIZE_NAME, FloorDiv, ModularIndexing, hint, is_symbolic, numel
 from ..errors import InternalError
 from ..loopir.nodes import is_scan
 from ..loopir.ops import compute_dtype, set_handler
@@ -53,6 +53,7 @@ class KernelCodegen:
         self.kernel = kernel
         self.par_if = ""            # an OpenMP if() clause when the work is symbolic
         self.columns = None         # ColumnPartials of a row kernel with column sums
+        self.row_tiles = {}         # a column reduction's staged row loads (_row_tiles)
         self.buffers = buffers
         self.h = CppHandler(buffers, kernel.local, kernel.row_local,
                             [loop_var(i) for i in range(len(kernel.outer))])
@@ -312,9 +313,70 @@ class KernelCodegen:
         # A store may be (LayerNorm over C of NCHW written channels-last, ConvNeXt's and
         # EdgeNeXt's permute + LayerNorm): one strided store per element across the lanes, where
         # the row form gathers each element in every stage (~26 ns an element)
-        return (all(store or _coeff(e, rlast) != 1 or not (e.has(last) or gathers(e))
-                    for e, rlast, store in exprs)
-                and any(_coeff(e, last) == 1 for e, _, _ in exprs))
+        self.row_tiles = {}
+        if not any(_coeff(e, last) == 1 for e, _, _ in exprs):
+            return False
+        if all(store or _coeff(e, rlast) != 1 or not (e.has(last) or gathers(e))
+               for e, rlast, store in exprs):
+            return True
+        tiles = self._row_tiles(xv)
+        if tiles is None:
+            return False
+        self.row_tiles = tiles
+        return True
+
+    #: rows of the reduced dim per staged tile of a column reduction's row loads (_row_tiles):
+    #: 16 floats, one cache line of each row
+    ROW_TILE = 16
+
+    def _row_tiles(self, xv) -> dict | None:
+        """{stage index: [(buffer, index)]}: the loads of a kernel's reduction stages that run
+        contiguously along the reduced dim (row loads) while another load runs along the last
+        outer dim and strides by >= ROW_TILE elements along the reduced one (a transposed
+        input: HF Mamba2's D and dt gradients, `(a * x.transpose(1, 2)).sum(-1)`), or None.
+        The row form's simd loop reads that input one cache line per element (a line is used
+        again only one row later, evicted by then: at a power-of-two stride the lines of one
+        pass fall into a few L1 sets); the column form reads it contiguously across the
+        lanes and stages each row load ROW_TILE rows at a time into a [ROW_TILE][columns]
+        tile, reading every row's line once (_column_reduction). Row loads must be plain:
+        float32/64, affine, unmasked, from a buffer the kernel does not write, and striding by
+        >= ROW_TILE along the last outer dim (each lane its own line)."""
+        k = self.kernel
+        last, m = xv[-1], len(xv)
+        writes = {n.name for n in k.nodes} | set(k.local)
+        tiles, transposed = {}, False
+        for si, st in enumerate(k.stages):
+            rv = [loop_var(m + i) for i in range(len(st.inner))]
+            if not rv:
+                continue
+            fn = (lambda: [n.reduction_value(xv, rv) for n in st.nodes]) \
+                if st.kind == "reduction" else \
+                (lambda: [n.store_pointwise(xv + rv) for n in st.nodes])
+            c = collect(fn, self.ranges_with(rv, st.inner))
+            rlast = rv[-1]
+            bad = [e for e in c.exprs if not any(e is s for s in c.stores)
+                   and _coeff(e, rlast) == 1 and (e.has(last) or gathers(e))]
+            rows = []
+            for name, e, masked in c.loads:
+                cl = _coeff(e, last)
+                if _coeff(e, rlast) == 1 and (e.has(last) or gathers(e)):
+                    if st.kind != "reduction" or masked or gathers(e) or name in writes \
+                            or e.atoms(FloorDiv, ModularIndexing) \
+                            or self.buffers[name].dtype not in (torch.float32, torch.float64) \
+                            or not (isinstance(cl, sympy.Integer) and abs(int(cl)) >= self.ROW_TILE) \
+                            or hint(st.inner[-1]) < self.ROW_TILE:
+                        return None
+                    if (name, e) not in rows:
+                        rows.append((name, e))
+                elif cl == 1:
+                    cr = _coeff(e, rlast)
+                    transposed |= isinstance(cr, sympy.Integer) and abs(int(cr)) >= self.ROW_TILE
+            if len(bad) != sum(1 for name, e, _ in c.loads
+                               if _coeff(e, rlast) == 1 and (e.has(last) or gathers(e))):
+                return None         # an index_expr along the row, not a load
+            if rows:
+                tiles[si] = rows
+        return tiles if tiles and transposed else None
 
     def _column_reduction(self, xv, parallel):
         k, h = self.kernel, self.h
@@ -324,6 +386,11 @@ class KernelCodegen:
         B = self.COLUMN_BLOCK
         if not is_symbolic(L) and hint(L) > B:
             B = min(-(-hint(L) // 16) * 16, self.COLUMN_BLOCK_MAX)
+        if self.row_tiles:
+            # a block of ROW_TILE columns: its row loads are ROW_TILE streams, each staged
+            # line used whole (as Inductor's 16 x 16 transposed tiles; wider blocks ran
+            # no faster on tsum_512 / tsum_128, benchmarks/tstride_micro.py)
+            B = self.ROW_TILE
         self.column_capacity = B
         width = str(B)
         if B > self.COLUMN_BLOCK and m == 1 and parallel:
@@ -364,21 +431,51 @@ class KernelCodegen:
             code.level -= 1
             code.writeline("}")
 
-        def open_loops(sizes, vars_) -> int:
-            for size, v in zip(sizes, vars_):
+        def open_loops(sizes, vars_, tiles=()) -> int:
+            for i, (size, v) in enumerate(zip(sizes, vars_)):
+                if tiles and i == len(sizes) - 1:
+                    open_tiled(size, v, tiles)
+                    return len(sizes) + 1
                 code.writeline(_for(v, size))
                 code.writeline("{")
                 code.level += 1
             return len(sizes)
+
+        def open_tiled(size, v, tiles):
+            """The reduced dim's loop in pieces of R rows; each piece first copies the rows'
+            row loads into [R][width + 16] tiles (padded: a power-of-two width would put the
+            tile's rows into the same L1 sets), one cache line per column, and the lanes
+            read them from there (h.tiles)."""
+            R, kb = self.ROW_TILE, h.fresh("kb")
+            wp = B + 16
+            lo_, hi_ = (size.lo, size.hi) if isinstance(size, Span) else (0, _int(size))
+            code.writeline(f"for (int64_t {kb} = {lo_}; {kb} < {hi_}; {kb} += {R})")
+            code.writeline("{")
+            code.level += 1
+            code.writeline(f"const int64_t {kb}_e = std::min<int64_t>({kb} + {R}, {hi_});")
+            for name, e in tiles:
+                t = h.fresh("tile")
+                code.writeline(f"alignas(64) {ctype(self.buffers[name].dtype)} {t}[{R * wp}];")
+                code.writeline("for (int64_t j = 0; j < n; ++j)")
+                code.writeline("{")
+                code.writeline(f"    int64_t {xv[-1]} = lo + j;")
+                code.writeline(f"    for (int64_t {v} = {kb}; {v} < {kb}_e; ++{v}) "
+                               f"{t}[({v} - {kb}) * {wp} + j] = {name}[{cexpr(e)}];")
+                code.writeline("}")
+                h.tiles[(name, e)] = f"{t}[({v} - {kb}) * {wp} + j]"
+            code.writeline(f"for (int64_t {v} = {kb}; {v} < {kb}_e; ++{v})")
+            code.writeline("{")
+            code.level += 1
 
         def close_loops(depth):
             for _ in range(depth):
                 code.level -= 1
                 code.writeline("}")
 
-        for st in k.stages:
+        for si, st in enumerate(k.stages):
             rv = [loop_var(m + i) for i in range(len(st.inner))]
             h.ranges = self.ranges_with(rv, st.inner)
+            tiles = self.row_tiles.get(si, ())
             if st.kind == "pointwise":
                 if not rv:
                     lanes(lambda: [n.store_pointwise(xv) for n in st.nodes], simd=False)
@@ -402,7 +499,7 @@ class KernelCodegen:
             # over a block in a float acc{k}_b[j], then added into the double acc{k}[j]
             cascade = [(acc, dt) for _, acc, _, dt in accs if widened[acc] != dt]
             i, c = _block_split(st.inner, CASCADE_ROWS) if cascade else (len(rv), 1)
-            depth = open_loops(st.inner[:i], rv[:i])
+            depth = open_loops(st.inner[:i], rv[:i], () if cascade else tiles)
             inner_depth = 0
             if cascade:
                 span = self._open_block(st.inner[i], c)
@@ -410,7 +507,7 @@ class KernelCodegen:
                 for acc, dt in cascade:
                     code.writeline(f"{ctype(dt)} {acc}_b[{B}];")
                     code.writeline(f"for (int64_t j = 0; j < n; ++j) {acc}_b[j] = {_init('sum', dt)};")
-                inner_depth = open_loops([span] + list(st.inner[i + 1:]), rv[i:])
+                inner_depth = open_loops([span] + list(st.inner[i + 1:]), rv[i:], tiles)
 
             def update(accs=accs, rv=rv, inner=st.inner):
                 for n, acc, rt, dt in accs:
@@ -425,6 +522,7 @@ class KernelCodegen:
                     tgt = f"{acc}_b[j]" if widened[acc] != dt else f"{acc}[j]"
                     code.writeline(_update(rt, tgt, v, dt))
             lanes(update)
+            h.tiles = {}
             close_loops(inner_depth)
             for acc, _ in cascade:
                 code.writeline("#pragma omp simd")
