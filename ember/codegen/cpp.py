@@ -331,16 +331,17 @@ class KernelCodegen:
 
     def _row_tiles(self, xv) -> dict | None:
         """{stage index: [(buffer, index)]}: the loads of a kernel's reduction stages that run
-        contiguously along the reduced dim (row loads) while another load runs along the last
+        contiguously along the reduced dim (row loads) where another load runs along the last
         outer dim and strides by >= ROW_TILE elements along the reduced one (a transposed
-        input: HF Mamba2's D and dt gradients, `(a * x.transpose(1, 2)).sum(-1)`), or None.
-        The row form's simd loop reads that input one cache line per element (a line is used
-        again only one row later, evicted by then: at a power-of-two stride the lines of one
-        pass fall into a few L1 sets); the column form reads it contiguously across the
-        lanes and stages each row load ROW_TILE rows at a time into a [ROW_TILE][columns]
-        tile, reading every row's line once (_column_reduction). Row loads must be plain:
-        float32/64, affine, unmasked, from a buffer the kernel does not write, and striding by
-        >= ROW_TILE along the last outer dim (each lane its own line)."""
+        input: `(a * x.transpose(1, 2)).sum(-1)` with a [B, C, L], x [B, L, C]), or None.
+        Cost rule: in the row form that load's simd loop takes one cache line per element, and
+        a line comes back one row later, evicted by then (3-6x the contiguous time, worst at
+        power-of-two strides, whose lines share a few L1 sets); the column form reads it
+        contiguously across the lanes, and each row load, ROW_TILE rows at a time, from a
+        small tile it is copied into one line per column (_column_reduction). Row loads must be
+        plain: float32/64, affine, unmasked (the copy reads the whole tile), from a buffer the
+        kernel does not write, striding by >= ROW_TILE along the last outer dim, with the
+        reduced dim at least ROW_TILE long."""
         k = self.kernel
         last, m = xv[-1], len(xv)
         writes = {n.name for n in k.nodes} | set(k.local)
@@ -349,33 +350,29 @@ class KernelCodegen:
             rv = [loop_var(m + i) for i in range(len(st.inner))]
             if not rv:
                 continue
-            fn = (lambda: [n.reduction_value(xv, rv) for n in st.nodes]) \
-                if st.kind == "reduction" else \
-                (lambda: [n.store_pointwise(xv + rv) for n in st.nodes])
-            c = collect(fn, self.ranges_with(rv, st.inner))
-            rlast = rv[-1]
-            bad = [e for e in c.exprs if not any(e is s for s in c.stores)
-                   and _coeff(e, rlast) == 1 and (e.has(last) or gathers(e))]
-            rows = []
+            c = collect(lambda: [n.reduction_value(xv, rv) for n in st.nodes]
+                        if st.kind == "reduction" else
+                        [n.store_pointwise(xv + rv) for n in st.nodes],
+                        self.ranges_with(rv, st.inner))
+
+            def row(e):
+                return _coeff(e, rv[-1]) == 1 and (e.has(last) or gathers(e))
+            loads = [(name, e) for name, e, masked in c.loads if row(e)]
+            if len(loads) != sum(1 for e in c.exprs if row(e)
+                                 and not any(e is s for s in c.stores)):
+                return None         # a row index_expr, not a load
             for name, e, masked in c.loads:
                 cl = _coeff(e, last)
-                if _coeff(e, rlast) == 1 and (e.has(last) or gathers(e)):
-                    if st.kind != "reduction" or masked or gathers(e) or name in writes \
-                            or e.atoms(FloorDiv, ModularIndexing) \
-                            or self.buffers[name].dtype not in (torch.float32, torch.float64) \
-                            or not (isinstance(cl, sympy.Integer) and abs(int(cl)) >= self.ROW_TILE) \
-                            or hint(st.inner[-1]) < self.ROW_TILE:
-                        return None
-                    if (name, e) not in rows:
-                        rows.append((name, e))
-                elif cl == 1:
-                    cr = _coeff(e, rlast)
-                    transposed |= isinstance(cr, sympy.Integer) and abs(int(cr)) >= self.ROW_TILE
-            if len(bad) != sum(1 for name, e, _ in c.loads
-                               if _coeff(e, rlast) == 1 and (e.has(last) or gathers(e))):
-                return None         # an index_expr along the row, not a load
-            if rows:
-                tiles[si] = rows
+                if row(e) and (st.kind != "reduction" or masked or gathers(e) or name in writes
+                               or e.atoms(FloorDiv, ModularIndexing)
+                               or self.buffers[name].dtype not in (torch.float32, torch.float64)
+                               or not isinstance(cl, sympy.Integer) or abs(cl) < self.ROW_TILE
+                               or hint(st.inner[-1]) < self.ROW_TILE):
+                    return None
+                cr = _coeff(e, rv[-1])
+                transposed |= cl == 1 and isinstance(cr, sympy.Integer) and abs(cr) >= self.ROW_TILE
+            if loads:
+                tiles[si] = list(dict.fromkeys(loads))
         return tiles if tiles and transposed else None
 
     def _column_reduction(self, xv, parallel):
