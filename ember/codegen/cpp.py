@@ -32,7 +32,7 @@ from .cpp_handler import CHECKED, CppHandler, CppVal, Staging, _blocks, _int, ce
     prune_dead
 from .cpp_loops import TILE, _coeff, _drop_simd_over_masked_ifs, _transposed_dim, chunk_stores, \
     collect, gathers, loop_var, opaque_vars, plan_loops, split_divided, stage_chunks
-from .cpp_prelude import PRELUDE, STAGED
+from .cpp_prelude import PRELUDE, STAGED, TRANSPOSE
 from .cpp_ranges import segment, split_points, unswitch
 from .cpp_scan import emit_scan
 from .cpp_reduce import ARG, CASCADE_BLOCK, CASCADE_ROWS, PARALLEL_BLOCK, SIMD_RED, UDR, Span, \
@@ -452,13 +452,10 @@ class KernelCodegen:
             code.writeline(f"const int64_t {kb}_e = std::min<int64_t>({kb} + {R}, {hi_});")
             for name, e in tiles:
                 t = h.fresh("tile")
+                at = cexpr(e.xreplace({xv[-1]: sympy.Symbol("lo"), v: sympy.Symbol(kb)}))
                 code.writeline(f"alignas(64) {ctype(self.buffers[name].dtype)} {t}[{R * wp}];")
-                code.writeline("for (int64_t j = 0; j < n; ++j)")
-                code.writeline("{")
-                code.writeline(f"    int64_t {xv[-1]} = lo + j;")
-                code.writeline(f"    for (int64_t {v} = {kb}; {v} < {kb}_e; ++{v}) "
-                               f"{t}[({v} - {kb}) * {wp} + j] = {name}[{cexpr(e)}];")
-                code.writeline("}")
+                code.writeline(f"ember::transpose_tile({name} + {at}, {_int(_coeff(e, xv[-1]))}, "
+                               f"{t}, {wp}, n, {kb}_e - {kb});")
                 h.tiles[(name, e)] = f"{t}[({v} - {kb}) * {wp} + j]"
             code.writeline(f"for (int64_t {v} = {kb}; {v} < {kb}_e; ++{v})")
             code.writeline("{")
@@ -989,4 +986,6 @@ def generate_tu(kernels, deps, buffers: dict) -> tuple[str, dict]:
         signatures[k.name] = args + cg.size_params
     if any("ember::load_" in s or "ember::store_" in s for s in out[1:]):
         out.insert(1, STAGED)
+    if any("ember::transpose_tile(" in s for s in out[1:]):
+        out.insert(1, TRANSPOSE)
     return "\n".join(out), signatures
