@@ -21,7 +21,7 @@ from __future__ import annotations
 import sympy
 import torch
 
-from ..loopir.index import SIZE_NAME, hint, is_symbolic, numel
+from ..loopir.index import SIZE_NAME, FloorDiv, ModularIndexing, hint, is_symbolic, numel
 from ..errors import InternalError
 from ..loopir.nodes import Scatter, owns_loops
 from ..loopir.ops import compute_dtype, set_handler
@@ -32,7 +32,7 @@ from .cpp_handler import CHECKED, CppHandler, CppVal, Staging, _blocks, _int, ce
     prune_dead
 from .cpp_loops import TILE, _coeff, _drop_simd_over_masked_ifs, _transposed_dim, chunk_stores, \
     collect, gathers, loop_var, opaque_vars, plan_loops, split_divided, stage_chunks
-from .cpp_prelude import PRELUDE, STAGED
+from .cpp_prelude import PRELUDE, STAGED, TRANSPOSE
 from .cpp_ranges import segment, split_points, unswitch
 from .cpp_scan import emit_scan
 from .cpp_scatter import emit_scatter
@@ -54,6 +54,7 @@ class KernelCodegen:
         self.kernel = kernel
         self.par_if = ""            # an OpenMP if() clause when the work is symbolic
         self.columns = None         # ColumnPartials of a row kernel with column sums
+        self.row_tiles = {}         # a column reduction's staged row loads (_row_tiles)
         self.buffers = buffers
         self.h = CppHandler(buffers, kernel.local, kernel.row_local,
                             [loop_var(i) for i in range(len(kernel.outer))])
@@ -317,9 +318,67 @@ class KernelCodegen:
         # A store may be (LayerNorm over C of NCHW written channels-last, ConvNeXt's and
         # EdgeNeXt's permute + LayerNorm): one strided store per element across the lanes, where
         # the row form gathers each element in every stage (~26 ns an element)
-        return (all(store or _coeff(e, rlast) != 1 or not (e.has(last) or gathers(e))
-                    for e, rlast, store in exprs)
-                and any(_coeff(e, last) == 1 for e, _, _ in exprs))
+        self.row_tiles = {}
+        if not any(_coeff(e, last) == 1 for e, _, _ in exprs):
+            return False
+        if all(store or _coeff(e, rlast) != 1 or not (e.has(last) or gathers(e))
+               for e, rlast, store in exprs):
+            return True
+        tiles = self._row_tiles(xv)
+        if tiles is None:
+            return False
+        self.row_tiles = tiles
+        return True
+
+    #: rows of the reduced dim per staged tile of a column reduction's row loads (_row_tiles):
+    #: 16 floats, one cache line of each row
+    ROW_TILE = 16
+
+    def _row_tiles(self, xv) -> dict | None:
+        """{stage index: [(buffer, index)]}: the loads of a kernel's reduction stages that run
+        contiguously along the reduced dim (row loads) where another load runs along the last
+        outer dim and strides by >= ROW_TILE elements along the reduced one (a transposed
+        input: `(a * x.transpose(1, 2)).sum(-1)` with a [B, C, L], x [B, L, C]), or None.
+        Cost rule: in the row form that load's simd loop takes one cache line per element, and
+        a line comes back one row later, evicted by then (3-6x the contiguous time, worst at
+        power-of-two strides, whose lines share a few L1 sets); the column form reads it
+        contiguously across the lanes, and each row load, ROW_TILE rows at a time, from a
+        small tile it is copied into one line per column (_column_reduction). Row loads must be
+        plain: float32/64, affine, unmasked (the copy reads the whole tile), from a buffer the
+        kernel does not write, striding by >= ROW_TILE along the last outer dim, with the
+        reduced dim at least ROW_TILE long."""
+        k = self.kernel
+        last, m = xv[-1], len(xv)
+        writes = {n.name for n in k.nodes} | set(k.local)
+        tiles, transposed = {}, False
+        for si, st in enumerate(k.stages):
+            rv = [loop_var(m + i) for i in range(len(st.inner))]
+            if not rv:
+                continue
+            c = collect(lambda: [n.reduction_value(xv, rv) for n in st.nodes]
+                        if st.kind == "reduction" else
+                        [n.store_pointwise(xv + rv) for n in st.nodes],
+                        self.ranges_with(rv, st.inner))
+
+            def row(e):
+                return _coeff(e, rv[-1]) == 1 and (e.has(last) or gathers(e))
+            loads = [(name, e) for name, e, masked in c.loads if row(e)]
+            if len(loads) != sum(1 for e in c.exprs if row(e)
+                                 and not any(e is s for s in c.stores)):
+                return None         # a row index_expr, not a load
+            for name, e, masked in c.loads:
+                cl = _coeff(e, last)
+                if row(e) and (st.kind != "reduction" or masked or gathers(e) or name in writes
+                               or e.atoms(FloorDiv, ModularIndexing)
+                               or self.buffers[name].dtype not in (torch.float32, torch.float64)
+                               or not isinstance(cl, sympy.Integer) or abs(cl) < self.ROW_TILE
+                               or hint(st.inner[-1]) < self.ROW_TILE):
+                    return None
+                cr = _coeff(e, rv[-1])
+                transposed |= cl == 1 and isinstance(cr, sympy.Integer) and abs(cr) >= self.ROW_TILE
+            if loads:
+                tiles[si] = list(dict.fromkeys(loads))
+        return tiles if tiles and transposed else None
 
     def _column_reduction(self, xv, parallel):
         k, h = self.kernel, self.h
@@ -329,6 +388,11 @@ class KernelCodegen:
         B = self.COLUMN_BLOCK
         if not is_symbolic(L) and hint(L) > B:
             B = min(-(-hint(L) // 16) * 16, self.COLUMN_BLOCK_MAX)
+        if self.row_tiles:
+            # a block of ROW_TILE columns: its row loads are ROW_TILE streams, each staged
+            # line used whole (as Inductor's 16 x 16 transposed tiles; wider blocks ran
+            # no faster on tsum_512 / tsum_128, benchmarks/tstride_micro.py)
+            B = self.ROW_TILE
         self.column_capacity = B
         width = str(B)
         if B > self.COLUMN_BLOCK and m == 1 and parallel:
@@ -369,21 +433,48 @@ class KernelCodegen:
             code.level -= 1
             code.writeline("}")
 
-        def open_loops(sizes, vars_) -> int:
-            for size, v in zip(sizes, vars_):
+        def open_loops(sizes, vars_, tiles=()) -> int:
+            for i, (size, v) in enumerate(zip(sizes, vars_)):
+                if tiles and i == len(sizes) - 1:
+                    open_tiled(size, v, tiles)
+                    return len(sizes) + 1
                 code.writeline(_for(v, size))
                 code.writeline("{")
                 code.level += 1
             return len(sizes)
+
+        def open_tiled(size, v, tiles):
+            """The reduced dim's loop in pieces of R rows; each piece first copies the rows'
+            row loads into [R][width + 16] tiles (padded: a power-of-two width would put the
+            tile's rows into the same L1 sets), one cache line per column, and the lanes
+            read them from there (h.tiles)."""
+            R, kb = self.ROW_TILE, h.fresh("kb")
+            wp = B + 16
+            lo_, hi_ = (size.lo, size.hi) if isinstance(size, Span) else (0, _int(size))
+            code.writeline(f"for (int64_t {kb} = {lo_}; {kb} < {hi_}; {kb} += {R})")
+            code.writeline("{")
+            code.level += 1
+            code.writeline(f"const int64_t {kb}_e = std::min<int64_t>({kb} + {R}, {hi_});")
+            for name, e in tiles:
+                t = h.fresh("tile")
+                at = cexpr(e.xreplace({xv[-1]: sympy.Symbol("lo"), v: sympy.Symbol(kb)}))
+                code.writeline(f"alignas(64) {ctype(self.buffers[name].dtype)} {t}[{R * wp}];")
+                code.writeline(f"ember::transpose_tile({name} + {at}, {_int(_coeff(e, xv[-1]))}, "
+                               f"{t}, {wp}, n, {kb}_e - {kb});")
+                h.tiles[(name, e)] = f"{t}[({v} - {kb}) * {wp} + j]"
+            code.writeline(f"for (int64_t {v} = {kb}; {v} < {kb}_e; ++{v})")
+            code.writeline("{")
+            code.level += 1
 
         def close_loops(depth):
             for _ in range(depth):
                 code.level -= 1
                 code.writeline("}")
 
-        for st in k.stages:
+        for si, st in enumerate(k.stages):
             rv = [loop_var(m + i) for i in range(len(st.inner))]
             h.ranges = self.ranges_with(rv, st.inner)
+            tiles = self.row_tiles.get(si, ())
             if st.kind == "pointwise":
                 if not rv:
                     lanes(lambda: [n.store_pointwise(xv) for n in st.nodes], simd=False)
@@ -407,7 +498,7 @@ class KernelCodegen:
             # over a block in a float acc{k}_b[j], then added into the double acc{k}[j]
             cascade = [(acc, dt) for _, acc, _, dt in accs if widened[acc] != dt]
             i, c = _block_split(st.inner, CASCADE_ROWS) if cascade else (len(rv), 1)
-            depth = open_loops(st.inner[:i], rv[:i])
+            depth = open_loops(st.inner[:i], rv[:i], () if cascade else tiles)
             inner_depth = 0
             if cascade:
                 span = self._open_block(st.inner[i], c)
@@ -415,7 +506,7 @@ class KernelCodegen:
                 for acc, dt in cascade:
                     code.writeline(f"{ctype(dt)} {acc}_b[{B}];")
                     code.writeline(f"for (int64_t j = 0; j < n; ++j) {acc}_b[j] = {_init('sum', dt)};")
-                inner_depth = open_loops([span] + list(st.inner[i + 1:]), rv[i:])
+                inner_depth = open_loops([span] + list(st.inner[i + 1:]), rv[i:], tiles)
 
             def update(accs=accs, rv=rv, inner=st.inner):
                 for n, acc, rt, dt in accs:
@@ -430,6 +521,7 @@ class KernelCodegen:
                     tgt = f"{acc}_b[j]" if widened[acc] != dt else f"{acc}[j]"
                     code.writeline(_update(rt, tgt, v, dt))
             lanes(update)
+            h.tiles = {}
             close_loops(inner_depth)
             for acc, _ in cascade:
                 code.writeline("#pragma omp simd")
@@ -902,4 +994,6 @@ def generate_tu(kernels, deps, buffers: dict) -> tuple[str, dict]:
         signatures[k.name] = args + cg.size_params
     if any("ember::load_" in s or "ember::store_" in s for s in out[1:]):
         out.insert(1, STAGED)
+    if any("ember::transpose_tile(" in s for s in out[1:]):
+        out.insert(1, TRANSPOSE)
     return "\n".join(out), signatures

@@ -235,6 +235,7 @@ class CppHandler:
         self.index_t = index_type(buffers)   # a gather's index (indirect_indexing)
         self.rounded: dict = {}       # a to_dtype(fp16/bf16) temporary -> (its input, dtype)
         self.staging = None           # Staging of the simd loop being emitted (cpp_loops.py)
+        self.tiles: dict = {}         # (buffer, index) -> its element of a staged row tile
 
     def simple(self, index):
         return simplify_index(sympy.expand(index), self.ranges)
@@ -304,6 +305,9 @@ class CppHandler:
         hit = self.stored.get((name, idx))
         if hit is not None:
             return hit
+        tile = self.tiles.get((name, self.simple(index))) if self.tiles else None
+        if tile is not None:        # a column reduction's staged row load (cpp.py _row_tiles)
+            return self.emit(tile, self.buffers[name].dtype, False)
         if name in self.row_local:
             if self.load_mask:          # row-local arrays are small: no clamped form for them
                 self.need_if = True

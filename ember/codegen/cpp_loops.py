@@ -35,11 +35,15 @@ class IndexCollector(OpsHandler):
     def __init__(self, ranges: dict):
         self.exprs: list = []
         self.stores: list = []
+        self.loads: list = []     # (buffer, index, under a mask)
         self.n = 0
         self.ranges = ranges
+        self.depth = 0            # masked bodies entered
 
     def load(self, name, index):
-        self.exprs.append(simplify_index(sympy.expand(index), self.ranges))
+        index = simplify_index(sympy.expand(index), self.ranges)
+        self.exprs.append(index)
+        self.loads.append((name, index, self.depth > 0))
 
     def store(self, name, index, value):
         index = simplify_index(sympy.expand(index), self.ranges)
@@ -55,7 +59,13 @@ class IndexCollector(OpsHandler):
         return ("c", value)
 
     def masked(self, mask, body, other):
-        return None if mask is False else body()
+        if mask is False:
+            return None
+        self.depth += 1
+        try:
+            return body()
+        finally:
+            self.depth -= 1
 
     def indirect_indexing(self, value, size, check=True):
         self.n += 1

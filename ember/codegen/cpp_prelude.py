@@ -502,3 +502,59 @@ static inline void store_bf16(const float* s, ember_bf16* d, int64_t n) {
 }
 }
 """
+
+
+#: The row tiles of a column reduction (cpp.py _row_tiles): nj columns of ni contiguous values
+#: each, copied transposed into a tile. Appended to PRELUDE only in a translation unit that
+#: uses it (<immintrin.h>). A full 16 x 16 float tile is transposed in zmm registers (the scalar
+#: copy's 256 strided stores made the transposed sum 2-4x slower: benchmarks/tstride_micro.py,
+#: design 068); the shuffle sequence is the usual 4-stage one (unpack, shuffle_ps,
+#: 2x shuffle_f32x4).
+TRANSPOSE = r"""
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+namespace ember {
+// dst[i * ds + j] = src[j * ss + i] for j < nj, i < ni
+template <typename T>
+static inline void transpose_tile(const T* src, int64_t ss, T* dst, int64_t ds, int64_t nj,
+                                  int64_t ni) {
+    for (int64_t j = 0; j < nj; ++j)
+        for (int64_t i = 0; i < ni; ++i) dst[i * ds + j] = src[j * ss + i];
+}
+#if defined(__AVX512F__)
+static inline void transpose_tile(const float* src, int64_t ss, float* dst, int64_t ds,
+                                  int64_t nj, int64_t ni) {
+    if (nj != 16 || ni != 16) {
+        transpose_tile<float>(src, ss, dst, ds, nj, ni);
+        return;
+    }
+    __m512 r[16], t[16];
+    for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(src + i * ss);
+    for (int i = 0; i < 8; ++i) {
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 4; ++i) {
+        r[4 * i] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+        r[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
+        r[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+        r[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
+    }
+    for (int i = 0; i < 4; ++i) {
+        t[i] = _mm512_shuffle_f32x4(r[i], r[4 + i], 0x88);
+        t[4 + i] = _mm512_shuffle_f32x4(r[i], r[4 + i], 0xDD);
+        t[8 + i] = _mm512_shuffle_f32x4(r[8 + i], r[12 + i], 0x88);
+        t[12 + i] = _mm512_shuffle_f32x4(r[8 + i], r[12 + i], 0xDD);
+    }
+    for (int i = 0; i < 4; ++i) {
+        r[i] = _mm512_shuffle_f32x4(t[i], t[8 + i], 0x88);
+        r[8 + i] = _mm512_shuffle_f32x4(t[i], t[8 + i], 0xDD);
+        r[4 + i] = _mm512_shuffle_f32x4(t[4 + i], t[12 + i], 0x88);
+        r[12 + i] = _mm512_shuffle_f32x4(t[4 + i], t[12 + i], 0xDD);
+    }
+    for (int i = 0; i < 16; ++i) _mm512_storeu_ps(dst + i * ds, r[i]);
+}
+#endif
+}
+"""

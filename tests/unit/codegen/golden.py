@@ -96,6 +96,8 @@ def _cases():
                     lambda: (_g(10, 16), _g(16, 12, seed=1)), True, False, {}),
         "train_mlp": (_Mlp, lambda: (_g(6, 16),), False, True, {}),
         "train_convbn": (_ConvBn, lambda: (_g(2, 3, 6, 6),), False, True, {}),
+        "transposed_sum": (lambda a, x: (a * x.transpose(1, 2)).sum(-1),
+                           lambda: (_g(2, 40, 35), _g(2, 35, 40, seed=1)), False, False, {}),
         "no_fusion": (lambda x: (x.exp() + 1).sum(1), lambda: (_g(8, 16),), False, False,
                       {"fusion": False}),
         "triton_pointwise": (lambda x, y: (x * 2 + y.sin()).relu(),
