@@ -34,7 +34,8 @@ from parameters (their gradients come back channels-last and are copied into the
 layout; a weight the graph computes, e.g. standardized, is not counted) and the elements
 converted at its boundary stay under TRAIN_MAX_BOUNDARY_PER_ACTIVATION per activation; an inference
 graph only when its `.contiguous()` calls between convs (channel shuffles) copy less than
-INFER_MAX_SHUFFLED_PER_ACTIVATION elements per conv input element and, its weights not frozen,
+INFER_MAX_SHUFFLED_PER_ACTIVATION elements per conv input element, its boundary conversions
+stay under INFER_MAX_BOUNDARY_PER_ACTIVATION per activation and, its weights not frozen,
 its conv activations hold at least INFER_MIN_ACTIVATIONS_PER_WEIGHT elements per weight element
 (oneDNN reorders plain weights for a channels-last input on every call).
 `options={"layout": "contiguous"}` turns the pass off, `"channels_last"` skips the cost rules.
@@ -209,6 +210,14 @@ INFER_MAX_SHUFFLED_PER_ACTIVATION = 0.25
 #: b1 (0.21) 0.88x vs 1.05x eager, fcn_resnet50 b1 (0.72) 0.98x vs 1.04x, resnet18 b4 (0.78)
 #: 1.23x vs 1.15x. Frozen weights are reordered once: the rule does not apply.
 INFER_MIN_ACTIVATIONS_PER_WEIGHT = 0.75
+#: inference: stay in the captured layout when the elements converted at the graph's boundary
+#: (NCHW inputs that reach a conv, NCHW outputs computed from a conv) are over this many per
+#: conv input activation element, as TRAIN_MAX_BOUNDARY_PER_ACTIVATION for training. Measured
+#: (conv-BN-act stacks of depth d, b8, NCHW in and out, frozen weights, 1 thread, Zen 4, load
+#: 15; 2/d conversions per activation; ember channels-last / NCHW vs eager, docs/design/067):
+#: depthwise 144x56x56 d=1 0.72/1.20, d=2 1.08/1.21, d=4 1.41/1.22; dense 3x3 64x56x56 d=1
+#: 0.93/1.03, d=2 1.02/1.03, d=4 1.12/1.05.
+INFER_MAX_BOUNDARY_PER_ACTIVATION = 0.75
 
 
 def training_graph(example_inputs) -> bool:
@@ -252,6 +261,11 @@ def why_not(gm: fx.GraphModule, example_inputs, options: dict,
                     f"shuffle) copy {shuffled} elements, at least "
                     f"{INFER_MAX_SHUFFLED_PER_ACTIVATION:g}x its conv activations ({acts}): "
                     "each makes the region NCHW and the next conv converts it back")
+        boundary = _boundary_conversions(gm, example_inputs, training=False)
+        if boundary is not None and boundary > INFER_MAX_BOUNDARY_PER_ACTIVATION * acts:
+            return (f"an inference graph whose NCHW inputs and outputs would be converted at "
+                    f"its boundary ({boundary} elements), over "
+                    f"{INFER_MAX_BOUNDARY_PER_ACTIVATION:g}x its conv activations ({acts})")
     if choice == "auto" and training_graph(example_inputs):
         params = sum(numel_hint(_val(a[1])) for a in convs if not _computed_beyond_views(a[1]))
         if acts < TRAIN_MIN_ACTIVATIONS_PER_WEIGHT * params:
@@ -269,12 +283,12 @@ def why_not(gm: fx.GraphModule, example_inputs, options: dict,
     return None
 
 
-def _boundary_conversions(gm: fx.GraphModule, example_inputs) -> int | None:
-    """Elements a channels-last training step converts at the graph's boundary: each NCHW
-    4-D input that reaches a conv (converted in the forward; its gradient converted back when
-    it requires grad) and each 4-D output computed from a conv that eager returns NCHW
-    (converted in the forward; its tangent converted in the backward). None: the graph does
-    not run on meta tensors (plan keeps it as captured)."""
+def _boundary_conversions(gm: fx.GraphModule, example_inputs, training=True) -> int | None:
+    """Elements a channels-last step converts at the graph's boundary: each NCHW 4-D input
+    that reaches a conv (converted in the forward; in training its gradient converted back
+    when it requires grad) and each 4-D output computed from a conv that eager returns NCHW
+    (converted in the forward; in training its tangent converted in the backward). None: the
+    graph does not run on meta tensors (plan keeps it as captured)."""
     eager = eager_layouts(gm, example_inputs)
     if eager is None:
         return None
@@ -287,13 +301,13 @@ def _boundary_conversions(gm: fx.GraphModule, example_inputs) -> int | None:
     placeholders = [n for n in g.nodes if n.op == "placeholder"]
     for n, x in zip(placeholders, example_inputs):
         if n in before and _nchw(x):
-            total += x.numel() * (2 if x.requires_grad else 1)
+            total += x.numel() * (2 if training and x.requires_grad else 1)
     out = next(n for n in reversed(g.nodes) if n.op == "output")
     found = []
     fx.node.map_arg(out.args[0], found.append)
     for v in found:
         if v in after and _nchw(eager.get(v)):
-            total += 2 * eager[v].numel()
+            total += (2 if training else 1) * eager[v].numel()
     return total
 
 

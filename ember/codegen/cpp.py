@@ -38,7 +38,7 @@ from .cpp_scan import emit_scan
 from .cpp_scatter import emit_scatter
 from .cpp_reduce import ARG, CASCADE_BLOCK, CASCADE_ROWS, PARALLEL_BLOCK, SIMD_RED, UDR, Span, \
     _acc_value, _arg_better, _block_split, _cascaded, _combine, _count, _flat, _for, _init, \
-    _red_clause, _update, lane_count, lane_loops
+    _red_clause, _update, lane_count, lane_loops, short_simdlen
 
 PARALLEL_MIN_WORK = 32768
 UNROLL = 4      # a pointwise kernel's innermost dim at most this long is unrolled (pairs, k <= 4)
@@ -583,7 +583,8 @@ class KernelCodegen:
                             pragma += " " + reduction
                     pragma += self.par_if
             elif last and simd_last:
-                pragma = "#pragma omp simd" + (f" {reduction}" if reduction else "")
+                pragma = "#pragma omp simd" + short_simdlen(size, reduction) + (
+                    f" {reduction}" if reduction else "")
             if last and simd_last:
                 hoist_at = len(code.lines)
                 hoisted = IndentedBuffer(code.level)

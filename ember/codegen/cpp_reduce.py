@@ -112,6 +112,26 @@ def _count(size) -> int:
     return size.count() if isinstance(size, Span) else hint(size)
 
 
+#: a simd loop that sums over fewer iterations than this runs 8 lanes wide (256-bit for float
+#: data): the loop is a few vectors, and the 16-lane form's tail and zmm horizontal sum cost
+#: more than its adds save. Measured (docs/design/067, Zen 4, g++ 12, rows in cache): float
+#: rows of 16-100 elements 1.4-2.0x faster at 8 lanes, 196 even, 256+ slower (0.8-0.5x); float
+#: data summed in double 1.2-2.1x faster at 16-100 elements
+SHORT_SIMD_SUM = 128
+
+
+def short_simdlen(size, reduction) -> str:
+    """' simdlen(8)' for a simd loop over `size` whose clauses (`reduction`) are all sums and
+    whose trip count is a constant below SHORT_SIMD_SUM, else ''."""
+    if not reduction or any(not c.startswith("reduction(+:") for c in reduction.split()):
+        return ""
+    if isinstance(size, Span):
+        n = size.count() if size.lo.isdigit() and size.hi.isdigit() else None
+    else:
+        n = int(size) if isinstance(size, (int, sympy.Integer)) else None
+    return " simdlen(8)" if n is not None and 0 < n < SHORT_SIMD_SUM else ""
+
+
 def _for(v, size) -> str:
     """The header of a loop over `size` (an int, a size expression or a Span)."""
     lo, hi = (size.lo, size.hi) if isinstance(size, Span) else (0, _int(size))

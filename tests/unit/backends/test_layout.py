@@ -141,11 +141,13 @@ def test_inference_cost_rule_weights_dominate(fmt):
 
 def test_inference_cost_rule_ignores_a_contiguous_after_the_last_conv():
     """A `.contiguous()` that no conv reads (a patch embedding, then attention) does not count:
-    the graph still runs its conv channels-last."""
+    the graph still runs its conv channels-last. (A channels-last input: an NCHW one would be
+    converted at the boundary, over INFER_MAX_BOUNDARY_PER_ACTIVATION.)"""
     def f(w, x):
         y = torch.conv2d(x, w, stride=4)
         return y.flatten(2).transpose(1, 2).contiguous().softmax(-1)
-    w, x = torch.randn(8, 3, 4, 4), torch.randn(2, 3, 16, 16)
+    w = torch.randn(8, 3, 4, 4)
+    x = torch.randn(2, 3, 16, 16).contiguous(memory_format=torch.channels_last)
     with torch.no_grad():
         torch.testing.assert_close(ember.compile(f)(w, x), f(w, x), **TOL)
     assert count("channels_last_graphs") == 1
@@ -350,6 +352,11 @@ class Residual(nn.Module):
         return F.relu(out + identity)
 
 
+#: the residual-add tests compile one-conv NCHW graphs, which the inference boundary rule keeps
+#: NCHW (INFER_MAX_BOUNDARY_PER_ACTIVATION): their subject, the oneDNN fusion, is forced
+CL = {"layout": "channels_last"}
+
+
 def bn_stats(m):
     for mod in m.modules():                # non-trivial statistics: a wrong fold shows
         if isinstance(mod, nn.BatchNorm2d):
@@ -368,9 +375,9 @@ def test_residual_add_fused_into_the_conv(form, fmt):
     torch.manual_seed(0)
     ref = bn_stats(Residual(form))
     x = torch.randn(2, 16, 6, 5).contiguous(memory_format=fmt)
-    compare(ember.compile(copy.deepcopy(ref), options={"freeze": False}), ref, x, False)
+    compare(ember.compile(copy.deepcopy(ref), options={"freeze": False, **CL}), ref, x, False)
     assert count("residual_adds_fused") == 1 and count("batchnorm_folded_per_call") == 1
-    compare(ember.compile(copy.deepcopy(ref).requires_grad_(False)), ref, x, False)
+    compare(ember.compile(copy.deepcopy(ref).requires_grad_(False), options=CL), ref, x, False)
     assert count("residual_adds_fused") == 2 and count("frozen_graphs") == 1
     assert count("fallbacks") == 0
 
@@ -391,7 +398,7 @@ def test_residual_add_other_used_again():
     x, o = torch.randn(2, 8, 5, 5), torch.randn(2, 8, 5, 5)
     o0 = o.clone()
     with torch.no_grad():
-        got, want = ember.compile(f)(x, o), f(x, o)
+        got, want = ember.compile(f, options=CL)(x, o), f(x, o)
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, **TOL)
         assert layout(g) == layout(w)
@@ -413,7 +420,7 @@ def test_residual_add_not_fused_across_a_write():
 
     x = torch.randn(2, 8, 5, 5)
     with torch.no_grad():
-        torch.testing.assert_close(ember.compile(f)(x), f(x), **TOL)
+        torch.testing.assert_close(ember.compile(f, options=CL)(x), f(x), **TOL)
     assert count("residual_adds_fused") == 0 and count("channels_last_graphs") == 1
 
 
@@ -422,8 +429,8 @@ def test_residual_add_cost_rule():
     kernel (the binary post-op slows such convs: docs/design/024)."""
     torch.manual_seed(0)
     ref = bn_stats(Residual("add", c=160))
-    compare(ember.compile(copy.deepcopy(ref), options={"freeze": False}), ref, torch.randn(1, 160, 16, 16),
-            False)
+    compare(ember.compile(copy.deepcopy(ref), options={"freeze": False, **CL}), ref,
+            torch.randn(1, 160, 16, 16), False)
     assert count("residual_adds_fused") == 0 and count("batchnorm_folded_per_call") == 1
 
 
@@ -462,7 +469,7 @@ def test_residual_add_into_a_conv_output_read_by_an_earlier_fusion():
 
     x, t = torch.randn(2, 8, 5, 5), torch.randn(2, 8, 5, 5)
     with torch.no_grad():
-        got, want = ember.compile(f)(x, t), f(x, t)
+        got, want = ember.compile(f, options=CL)(x, t), f(x, t)
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, **TOL)
     assert count("residual_adds_fused") == 1 and count("fallbacks") == 0
@@ -579,6 +586,24 @@ def test_training_cost_rule_weighs_the_boundary_conversions(depth):
     ref.train()
     compare(ember.compile(copy.deepcopy(ref)), ref, torch.randn(2, 8, 16, 16), True)
     assert count("channels_last_graphs") == (depth > 1) and count("graphs") == 1
+
+
+@pytest.mark.parametrize("depth", [1, 4])
+def test_inference_cost_rule_weighs_the_boundary_conversions(depth):
+    """An inference graph of one conv between an NCHW input and an NCHW output stays NCHW:
+    converting both costs more than channels-last saves (op sweep's dwconv_bn_relu6, b8, Zen 4:
+    0.72x eager channels-last, 1.20x NCHW; docs/design/067). A deeper stack (under
+    INFER_MAX_BOUNDARY_PER_ACTIVATION) runs channels-last; values are eager's either way,
+    frozen or not."""
+    torch.manual_seed(0)
+    ref = bn_stats(nn.Sequential(*[nn.Sequential(
+        nn.Conv2d(8, 8, 3, padding=1, groups=8, bias=False), nn.BatchNorm2d(8), nn.ReLU6())
+        for _ in range(depth)]))
+    x = torch.randn(2, 8, 16, 16)
+    compare(ember.compile(copy.deepcopy(ref), options={"freeze": False}), ref, x, False)
+    assert count("channels_last_graphs") == (depth > 1) and count("graphs") == 1
+    compare(ember.compile(copy.deepcopy(ref).requires_grad_(False)), ref, x, False)
+    assert count("channels_last_graphs") == 2 * (depth > 1) and count("frozen_graphs") == 1
 
 
 def test_training_input_written_in_place_before_a_channels_last_conv():

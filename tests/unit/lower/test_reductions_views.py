@@ -7,6 +7,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from ember.aot import trace_aten
+from ember.decomp import get_decompositions
+
 from .helpers import check, compile_fn, evaluations
 
 
@@ -46,6 +49,73 @@ def test_var_of_equal_values_is_exactly_zero_like_eager():
     ref = torch.var_mean(big.double(), [0], correction=0)
     torch.testing.assert_close(got[0].double(), ref[0], rtol=1e-3, atol=0)
     check(lambda t: torch.var_mean(t, -1), torch.randn(4, 3, 0))    # empty slices: nan, no load
+
+
+def test_var_mean_double_statistics_in_one_pass():
+    # docs/design/067: S = sum(y), Q = sum(y^2) of y = x - (first element) in double, in one
+    # loop over the row (two double passes ran at 0.8x eager's LayerNorm on Zen 4)
+    from ember.codegen.cpp import generate_tu
+    from ember.lower.lowering import GraphLowering
+    from ember.schedule import schedule
+    x = torch.randn(16, 3000)
+    gm = trace_aten(lambda t: torch.var_mean(t, -1), (x,), decompositions=get_decompositions())
+    plan = schedule(GraphLowering(gm, [x]).run())
+    src = generate_tu(plan.kernels, plan.deps, plan.buffers)[0]
+    body = src[src.index("void kernel0"):]
+    assert len(re.findall(r"for \(int64_t lb\d+ = 0; lb\d+ < le\d+;", body)) == 1, body
+    assert body.count("static_cast<double>") >= 2, body
+    check(lambda t: torch.var_mean(t, -1), x, kernels=1)
+
+
+def test_var_mean_one_pass_precision_on_adversarial_rows():
+    # the shift by the first element bounds the cancellation in Q - S^2/n: (c - mean)^2 <= n var
+    n = 4096
+    g = torch.Generator().manual_seed(0)
+    rows = [torch.randn(n, generator=g) * 1e-2 for _ in range(5)]
+    rows[0][0] = 1e4                                  # an outlier first: (c - mean)^2 ~ n var
+    rows[1] += 1e3                                    # mean far above the spread
+    rows[2] -= rows[2].double().mean().float()        # mean far below the spread
+    rows[3][1:] = 1e6                                 # one small spread element, big values
+    rows[4][:] = 2.5 ** 0.5                           # equal values: exactly c and 0
+    x = torch.stack(rows)
+    var, mean = compile_fn(lambda t: torch.var_mean(t, -1, correction=0), x)[0](x)[:2]
+    rvar, rmean = torch.var_mean(x.double(), -1, correction=0)
+    # each rounded once from a double within a few double ulps: the nearest float, or one ulp off
+    torch.testing.assert_close(var.double(), rvar, rtol=1.2e-7, atol=0)
+    torch.testing.assert_close(mean.double(), rmean, rtol=6e-8, atol=1e-15)
+    assert var[4].item() == 0.0 and mean[4].item() == x[4, 0].item()
+
+
+def test_var_mean_non_finite_rows_like_eager():
+    x = torch.randn(5, 40)
+    x[0, 0] = float("inf")        # a non-finite first element shifts by 0: mean inf, var nan
+    x[1, 7] = float("inf")
+    x[2, 0], x[2, 3] = float("inf"), float("-inf")
+    x[3, 5] = float("nan")
+    x[4, 0] = float("-inf")
+    var, mean = compile_fn(lambda t: torch.var_mean(t, -1), x)[0](x)[:2]
+    assert torch.isnan(var).all()                                   # as eager
+    # the mean of the double sum: +-inf, nan where both signs or a nan (eager's Welford gives
+    # nan for every row here; the unshifted double sum before 067 gave these too)
+    torch.testing.assert_close(mean, x.double().mean(-1).float(), equal_nan=True)
+    assert mean[0].item() == float("inf") and mean[4].item() == float("-inf")
+
+
+@pytest.mark.parametrize("n,short", [(49, True), (100, True), (196, False), (3136, False)])
+def test_short_simd_sums_run_8_lanes(n, short):
+    # docs/design/067: a simd sum over fewer than SHORT_SIMD_SUM (128) iterations runs 8 lanes
+    # (global average pooling over 7x7: 1.6x faster than 16 lanes on Zen 4); longer rows keep 16
+    from ember.codegen.cpp import generate_tu
+    from ember.lower.lowering import GraphLowering
+    from ember.schedule import schedule
+    x = torch.randn(4, 96, n)
+    fn = lambda t: (t.mean(-1), (t * t).sum(-1, keepdim=True))  # noqa: E731
+    gm = trace_aten(fn, (x,), decompositions=get_decompositions())
+    plan = schedule(GraphLowering(gm, [x]).run())
+    body = generate_tu(plan.kernels, plan.deps, plan.buffers)[0]
+    body = body[body.index("void kernel0"):]
+    assert ("simdlen(8) reduction(+:" in body) == short, body
+    check(fn, x, atol=1e-5, rtol=1e-5)
 
 
 def test_argmax_argmin():
