@@ -613,17 +613,7 @@ def _var_mean_double(ctx, x, d, n, denom, dtype):
     and GroupNorm on Zen 4, where a 512-bit double op issues as two halves."""
     f64 = torch.float64
     lx = broadcast_loader(x, x.size, f64)
-
-    def first(index):     # c: the slice's first element (index 0 on dims d) when finite, else 0
-        at0 = [sympy.Integer(0) if i in d else v for i, v in enumerate(index)]
-
-        def finite_first():
-            c = lx(at0)
-            return ops.where(ops.isfinite(c), c, ops.constant(0.0, f64))
-        if isinstance(n, (int, sympy.Integer)):
-            return finite_first() if n > 0 else ops.constant(0.0, f64)
-        nonempty = ops.gt(ops.index_expr(n, torch.int64), ops.constant(0, torch.int64))
-        return ops.masked(nonempty, finite_first, 0.0)
+    first = _slice_first(lx, d, n, f64, finite=True)
 
     def shifted(index):
         return ops.sub(lx(index), first(index))
@@ -651,13 +641,7 @@ def _var_mean_shifted(ctx, x, d, n, denom, dtype, cd):
     """(var, mean) with sums in the compute dtype (Triton; double data), of the data shifted by
     each slice's first element c."""
     lx = broadcast_loader(x, x.size, cd)
-
-    def first(index):     # c: each reduced slice's first element (the index at 0 on dims d)
-        at0 = [sympy.Integer(0) if i in d else v for i, v in enumerate(index)]
-        if isinstance(n, (int, sympy.Integer)):
-            return lx(at0) if n > 0 else ops.constant(0.0, cd)   # an empty slice has none
-        nonempty = ops.gt(ops.index_expr(n, torch.int64), ops.constant(0, torch.int64))
-        return ops.masked(nonempty, lambda: lx(at0), 0.0)
+    first = _slice_first(lx, d, n, cd)
     # the data shifted by c, y = x - c: mean c + sum(y) / n, variance sum((y - sum(y)/n)^2)/n'.
     # n equal values give exactly c and exactly 0, as eager's Welford does (sum(x) / n rounds,
     # and a std of 3e-8 flipped a `std > 0` test), and a mean far from 0 cancels fewer digits.
@@ -681,6 +665,23 @@ def _var_mean_shifted(ctx, x, d, n, denom, dtype, cd):
     if denom == 0:
         var_k = Pending(Pointwise(ksize, dtype, _div_const(ss.loader(), 0.0, cd)))
     return var_k, mean_k
+
+
+def _slice_first(lx, d, n, dtype, finite=False):
+    """c(index): the first element of each slice reduced over dims d (the index at 0 there),
+    0 for an empty slice (it has none; with a symbolic n, read under an `n > 0` mask);
+    `finite`: 0 also where that element is not finite."""
+    def first(index):
+        at0 = [sympy.Integer(0) if i in d else v for i, v in enumerate(index)]
+
+        def load():
+            c = lx(at0)
+            return ops.where(ops.isfinite(c), c, ops.constant(0.0, dtype)) if finite else c
+        if isinstance(n, (int, sympy.Integer)):
+            return load() if n > 0 else ops.constant(0.0, dtype)
+        nonempty = ops.gt(ops.index_expr(n, torch.int64), ops.constant(0, torch.int64))
+        return ops.masked(nonempty, load, 0.0)
+    return first
 
 
 def _scale(load, factor, cd):
