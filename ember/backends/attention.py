@@ -272,12 +272,9 @@ class _Emit:
     def __init__(self, g: fx.Graph, at: fx.Node):
         self.g, self.at = g, at
 
-    def __call__(self, target, *args, **kwargs):
+    def __call__(self, target, *args):
         with self.g.inserting_before(self.at):
-            n = self.g.call_function(target, args, kwargs)
-        n.meta["example_value"] = target(*fx.node.map_arg(args, _val),
-                                         **fx.node.map_arg(kwargs, _val))
-        return n
+            return _node(self.g, target, args, target(*fx.node.map_arg(args, _val)))
 
 
 def _mha_parts(e: _Emit, q, k, v, embed, heads, w_in, b_in, w_out, b_out):
