@@ -5,8 +5,9 @@ produced by running the loop IR under `CppHandler` (cpp_handler.py); this module
 emits the loop nests around them. The outer loop is `#pragma omp parallel for` when there is
 enough work; contiguous inner loops get `#pragma omp simd` (with reduction clauses for
 accumulators); a kernel that is one big reduction to a scalar uses per-thread partials.
-Reductions down columns vectorize across a block of columns; long float sums are cascaded
-(LONG_SUM); layout conversions walk tiles (TILE). fp16/bf16 are accumulated in float.
+Reductions down columns vectorize across a block of columns (cpp_column_reduction.py); long
+float sums are cascaded (LONG_SUM); layout conversions walk tiles (TILE). fp16/bf16 are
+accumulated in float.
 Index compares of a cat/pad/stack are decided per loop segment (cpp_ranges): the innermost loop
 is split into segments side by side, outer loops are unswitched (the nest once per segment
 combination, docs/design/037-unswitching.md).
@@ -21,24 +22,24 @@ from __future__ import annotations
 import sympy
 import torch
 
-from ..loopir.index import SIZE_NAME, FloorDiv, ModularIndexing, hint, is_symbolic, numel
+from ..loopir.index import SIZE_NAME, hint, is_symbolic, numel
 from ..errors import InternalError
 from ..loopir.nodes import Scatter, owns_loops
 from ..loopir.ops import compute_dtype, set_handler
 from ..loopir.plan import Stage
 from .common import IndentedBuffer
+from .cpp_column_reduction import emit_column_reduction, plan_column_reduction
 from .cpp_columns import ColumnPartials
-from .cpp_handler import CHECKED, CppHandler, CppVal, Staging, _blocks, _int, cexpr, ctype, \
-    prune_dead
+from .cpp_handler import CHECKED, CppHandler, CppVal, Staging, _int, cexpr, ctype, prune_dead
 from .cpp_loops import TILE, _coeff, _drop_simd_over_masked_ifs, _transposed_dim, chunk_stores, \
-    collect, gathers, loop_var, opaque_vars, plan_loops, split_divided, stage_chunks
+    collect, loop_var, opaque_vars, plan_loops, split_divided, stage_chunks
 from .cpp_prelude import PRELUDE, STAGED, TRANSPOSE
 from .cpp_ranges import segment, split_points, unswitch
 from .cpp_scan import emit_scan
 from .cpp_scatter import emit_scatter
-from .cpp_reduce import ARG, CASCADE_BLOCK, CASCADE_ROWS, PARALLEL_BLOCK, SIMD_RED, UDR, Span, \
-    _acc_value, _arg_better, _block_split, _cascaded, _combine, _count, _flat, _for, _init, \
-    _red_clause, _update, lane_count, lane_loops, short_simdlen
+from .cpp_reduce import ARG, CASCADE_BLOCK, PARALLEL_BLOCK, SIMD_RED, UDR, Span, _acc_value, \
+    _arg_better, _block_split, _cascaded, _combine, _count, _flat, _for, _init, _red_clause, \
+    _update, lane_count, lane_loops, open_block, short_simdlen
 
 PARALLEL_MIN_WORK = 32768
 UNROLL = 4      # a pointwise kernel's innermost dim at most this long is unrolled (pairs, k <= 4)
@@ -54,7 +55,6 @@ class KernelCodegen:
         self.kernel = kernel
         self.par_if = ""            # an OpenMP if() clause when the work is symbolic
         self.columns = None         # ColumnPartials of a row kernel with column sums
-        self.row_tiles = {}         # a column reduction's staged row loads (_row_tiles)
         self.buffers = buffers
         self.h = CppHandler(buffers, kernel.local, kernel.row_local,
                             [loop_var(i) for i in range(len(kernel.outer))])
@@ -107,8 +107,8 @@ class KernelCodegen:
             combos, plan = self._presplit(outer, xv)
             for spans in combos or [{}]:
                 self._pointwise(outer, xv, spans, parallel, work, None if combos else plan)
-        elif self._column_reduction_ok(xv):
-            self._column_reduction(xv, parallel)
+        elif (row_tiles := plan_column_reduction(self, xv)) is not None:
+            emit_column_reduction(self, xv, parallel, row_tiles)
         elif scalar_reduce:
             xv0 = [sympy.Integer(0)] * m
             for stage in k.stages:
@@ -267,277 +267,6 @@ class KernelCodegen:
                              self._pointwise_nest(store))
         h.subs = {}
         h.ranges = self.outer_ranges
-
-    #: columns per block of a column reduction: the fewest, and all a symbolic count gets
-    COLUMN_BLOCK = 64
-    #: the most: a block as wide as the row (up to this) reads each row of a row-major matrix
-    #: as one contiguous run; 64-column blocks stepped a row stride (3 KB for LayerNorm(768)'s
-    #: weight gradient) per 256 bytes, and that kernel ran as long as the input gradient's,
-    #: which reads twice the data
-    COLUMN_BLOCK_MAX = 1024
-
-    def _column_reduction_ok(self, xv) -> bool:
-        """Reduction stages (and pointwise stages before and after them) whose loads run contiguously along
-        the last *outer* dim and not along the reduced dims (but for loads the outer dim does not
-        move): sum over the batch of [B, F], BatchNorm's statistics (sum, then centered sum of
-        squares), softmax over dim 0 or over C of NCHW (max, sum of exp, output). Vectorize across
-        the outer dim with a block of accumulators per stage instead of striding down each
-        column once per stage."""
-        k = self.kernel
-        if not k.outer or k.row_local or not any(st.kind == "reduction" for st in k.stages) \
-                or any(st.columns or st.keep for st in k.stages):
-            return False
-        if hint(k.outer[-1]) < 16:
-            return False
-        exprs = []
-        for st in k.stages:
-            rv = [loop_var(len(xv) + i) for i in range(len(st.inner))]
-            if st.kind == "reduction":
-                if any(n.body.reduction_type not in ("sum", "prod", "max", "min") + ARG
-                       for n in st.nodes):
-                    return False
-                if not rv:
-                    return False
-                c = collect(lambda: [n.reduction_value(xv, rv) for n in st.nodes],
-                            self.ranges_with(rv, st.inner))
-            elif rv:
-                c = collect(lambda: [n.store_pointwise(xv + rv) for n in st.nodes],
-                            self.ranges_with(rv, st.inner))
-            else:
-                continue
-            if not c.exprs:
-                return False
-            exprs += [(e, rv[-1], any(e is s for s in c.stores)) for e in c.exprs]
-        last = xv[-1]
-        # a load that does not move with the outer dim (a per-row mean in LayerNorm's weight
-        # gradient) is one value for the whole block: contiguous along the reduced dim is fine.
-        # One whose outer index sits only inside a div/mod (a gather of strided slices: Swin's
-        # patch-merging cat) has coefficient 0 there but moves all the same: it is a row load;
-        # so is one at a gathered index (an embedding row feeding LayerNorm: the index load moves
-        # with the outer dim, the gathered row is contiguous along the reduced dim).
-        # A store may be (LayerNorm over C of NCHW written channels-last, ConvNeXt's and
-        # EdgeNeXt's permute + LayerNorm): one strided store per element across the lanes, where
-        # the row form gathers each element in every stage (~26 ns an element)
-        self.row_tiles = {}
-        if not any(_coeff(e, last) == 1 for e, _, _ in exprs):
-            return False
-        if all(store or _coeff(e, rlast) != 1 or not (e.has(last) or gathers(e))
-               for e, rlast, store in exprs):
-            return True
-        tiles = self._row_tiles(xv)
-        if tiles is None:
-            return False
-        self.row_tiles = tiles
-        return True
-
-    #: rows of the reduced dim per staged tile of a column reduction's row loads (_row_tiles):
-    #: 16 floats, one cache line of each row
-    ROW_TILE = 16
-
-    def _row_tiles(self, xv) -> dict | None:
-        """{stage index: [(buffer, index)]}: the loads of a kernel's reduction stages that run
-        contiguously along the reduced dim (row loads) where another load runs along the last
-        outer dim and strides by >= ROW_TILE elements along the reduced one (a transposed
-        input: `(a * x.transpose(1, 2)).sum(-1)` with a [B, C, L], x [B, L, C]), or None.
-        Cost rule: in the row form that load's simd loop takes one cache line per element, and
-        a line comes back one row later, evicted by then (3-6x the contiguous time, worst at
-        power-of-two strides, whose lines share a few L1 sets); the column form reads it
-        contiguously across the lanes, and each row load, ROW_TILE rows at a time, from a
-        small tile it is copied into one line per column (_column_reduction). Row loads must be
-        plain: float32/64, affine, unmasked (the copy reads the whole tile), from a buffer the
-        kernel does not write, striding by >= ROW_TILE along the last outer dim, with the
-        reduced dim at least ROW_TILE long."""
-        k = self.kernel
-        last, m = xv[-1], len(xv)
-        writes = {n.name for n in k.nodes} | set(k.local)
-        tiles, transposed = {}, False
-        for si, st in enumerate(k.stages):
-            rv = [loop_var(m + i) for i in range(len(st.inner))]
-            if not rv:
-                continue
-            c = collect(lambda: [n.reduction_value(xv, rv) for n in st.nodes]
-                        if st.kind == "reduction" else
-                        [n.store_pointwise(xv + rv) for n in st.nodes],
-                        self.ranges_with(rv, st.inner))
-
-            def row(e):
-                return _coeff(e, rv[-1]) == 1 and (e.has(last) or gathers(e))
-            loads = [(name, e) for name, e, masked in c.loads if row(e)]
-            if len(loads) != sum(1 for e in c.exprs if row(e)
-                                 and not any(e is s for s in c.stores)):
-                return None         # a row index_expr, not a load
-            for name, e, masked in c.loads:
-                cl = _coeff(e, last)
-                if row(e) and (st.kind != "reduction" or masked or gathers(e) or name in writes
-                               or e.atoms(FloorDiv, ModularIndexing)
-                               or self.buffers[name].dtype not in (torch.float32, torch.float64)
-                               or not isinstance(cl, sympy.Integer) or abs(cl) < self.ROW_TILE
-                               or hint(st.inner[-1]) < self.ROW_TILE):
-                    return None
-                cr = _coeff(e, rv[-1])
-                transposed |= cl == 1 and isinstance(cr, sympy.Integer) and abs(cr) >= self.ROW_TILE
-            if loads:
-                tiles[si] = list(dict.fromkeys(loads))
-        return tiles if tiles and transposed else None
-
-    def _column_reduction(self, xv, parallel):
-        k, h = self.kernel, self.h
-        code = h.code
-        m = len(xv)
-        L = k.outer[-1]
-        B = self.COLUMN_BLOCK
-        if not is_symbolic(L) and hint(L) > B:
-            B = min(-(-hint(L) // 16) * 16, self.COLUMN_BLOCK_MAX)
-        if self.row_tiles:
-            # a block of ROW_TILE columns: its row loads are ROW_TILE streams, each staged
-            # line used whole (as Inductor's 16 x 16 transposed tiles; wider blocks ran
-            # no faster on tsum_512 / tsum_128, benchmarks/tstride_micro.py)
-            B = self.ROW_TILE
-        self.column_capacity = B
-        width = str(B)
-        if B > self.COLUMN_BLOCK and m == 1 and parallel:
-            # the blocks are the parallel loop: as wide as gives each thread one, not narrower
-            # than COLUMN_BLOCK (read at run time: the kernel is cached across thread counts)
-            width = "cw"
-            code.writeline(f"const int64_t cw = std::min<int64_t>({B}, std::max<int64_t>("
-                           f"{self.COLUMN_BLOCK}, ({_int(L)} / omp_get_max_threads() + 15) / 16 * 16));")
-        nblk = _blocks(L, B) if width == str(B) else f"({_int(L)} + cw - 1) / cw"
-        saved = h.push()
-        for i, (size, v) in enumerate(zip(k.outer[:-1], xv[:-1])):
-            if i == 0 and parallel:
-                code.writeline("#pragma omp parallel for" + self.par_if)
-            code.writeline(f"for (int64_t {v} = 0; {v} < {_int(size)}; ++{v})")
-            code.writeline("{")
-            code.level += 1
-        if m == 1 and parallel:
-            code.writeline("#pragma omp parallel for" + self.par_if)
-        code.writeline(f"for (int64_t blk = 0; blk < {nblk}; ++blk)")
-        code.writeline("{")
-        code.level += 1
-        code.writeline(f"int64_t lo = blk * {width}, n = std::min<int64_t>({width}, {_int(L)} - lo);")
-
-        def lanes(body, simd=True, keep_stored=False):
-            """for j in the block (xv[-1] = lo + j): body(). Its temporaries end with the loop;
-            with keep_stored, what it stores (a stage's `acc[j]`) stays visible to later stages."""
-            if simd:
-                code.writeline("#pragma omp simd")
-            code.writeline("for (int64_t j = 0; j < n; ++j)")
-            code.writeline("{")
-            code.level += 1
-            code.writeline(f"int64_t {xv[-1]} = lo + j;")
-            cse, stored = dict(h.cse), dict(h.stored)
-            body()
-            h.cse = cse
-            if not keep_stored:
-                h.stored = stored
-            code.level -= 1
-            code.writeline("}")
-
-        def open_loops(sizes, vars_, tiles=()) -> int:
-            for i, (size, v) in enumerate(zip(sizes, vars_)):
-                if tiles and i == len(sizes) - 1:
-                    open_tiled(size, v, tiles)
-                    return len(sizes) + 1
-                code.writeline(_for(v, size))
-                code.writeline("{")
-                code.level += 1
-            return len(sizes)
-
-        def open_tiled(size, v, tiles):
-            """The reduced dim's loop in pieces of R rows; each piece first copies the rows'
-            row loads into [R][width + 16] tiles (padded: a power-of-two width would put the
-            tile's rows into the same L1 sets), one cache line per column, and the lanes
-            read them from there (h.tiles)."""
-            R, kb = self.ROW_TILE, h.fresh("kb")
-            wp = B + 16
-            lo_, hi_ = (size.lo, size.hi) if isinstance(size, Span) else (0, _int(size))
-            code.writeline(f"for (int64_t {kb} = {lo_}; {kb} < {hi_}; {kb} += {R})")
-            code.writeline("{")
-            code.level += 1
-            code.writeline(f"const int64_t {kb}_e = std::min<int64_t>({kb} + {R}, {hi_});")
-            for name, e in tiles:
-                t = h.fresh("tile")
-                at = cexpr(e.xreplace({xv[-1]: sympy.Symbol("lo"), v: sympy.Symbol(kb)}))
-                code.writeline(f"alignas(64) {ctype(self.buffers[name].dtype)} {t}[{R * wp}];")
-                code.writeline(f"ember::transpose_tile({name} + {at}, {_int(_coeff(e, xv[-1]))}, "
-                               f"{t}, {wp}, n, {kb}_e - {kb});")
-                h.tiles[(name, e)] = f"{t}[({v} - {kb}) * {wp} + j]"
-            code.writeline(f"for (int64_t {v} = {kb}; {v} < {kb}_e; ++{v})")
-            code.writeline("{")
-            code.level += 1
-
-        def close_loops(depth):
-            for _ in range(depth):
-                code.level -= 1
-                code.writeline("}")
-
-        for si, st in enumerate(k.stages):
-            rv = [loop_var(m + i) for i in range(len(st.inner))]
-            h.ranges = self.ranges_with(rv, st.inner)
-            tiles = self.row_tiles.get(si, ())
-            if st.kind == "pointwise":
-                if not rv:
-                    lanes(lambda: [n.store_pointwise(xv) for n in st.nodes], simd=False)
-                    continue
-                depth = open_loops(st.inner, rv)
-                lanes(lambda: [n.store_pointwise(xv + rv) for n in st.nodes])
-                close_loops(depth)
-                continue
-            accs, widened = [], {}
-            for n in st.nodes:
-                dt, rt = n.body.src_dtype, n.body.reduction_type
-                adt = torch.float64 if _cascaded(n, numel(st.inner)) else dt
-                acc = h.fresh("acc")
-                code.writeline(f"{ctype(adt)} {acc}[{B}];")
-                code.writeline(f"for (int64_t j = 0; j < n; ++j) {acc}[j] = {_init(rt, adt)};")
-                if rt in ARG:
-                    code.writeline(f"int64_t {acc}_i[{B}] = {{}};")
-                accs.append((n, acc, rt, dt))
-                widened[acc] = adt
-            # a cascaded sum walks the rows in blocks (see _block_split): each column is summed
-            # over a block in a float acc{k}_b[j], then added into the double acc{k}[j]
-            cascade = [(acc, dt) for _, acc, _, dt in accs if widened[acc] != dt]
-            i, c = _block_split(st.inner, CASCADE_ROWS) if cascade else (len(rv), 1)
-            depth = open_loops(st.inner[:i], rv[:i], () if cascade else tiles)
-            inner_depth = 0
-            if cascade:
-                span = self._open_block(st.inner[i], c)
-                depth += 1
-                for acc, dt in cascade:
-                    code.writeline(f"{ctype(dt)} {acc}_b[{B}];")
-                    code.writeline(f"for (int64_t j = 0; j < n; ++j) {acc}_b[j] = {_init('sum', dt)};")
-                inner_depth = open_loops([span] + list(st.inner[i + 1:]), rv[i:], tiles)
-
-            def update(accs=accs, rv=rv, inner=st.inner):
-                for n, acc, rt, dt in accs:
-                    v = h._as(n.reduction_value(xv, rv), dt)
-                    if rt in ARG:
-                        # selects, not a branch: the lanes vectorize (blends)
-                        b = h.fresh("better")
-                        code.writeline(f"bool {b} = {_arg_better(rt, v, f'{acc}[j]', dt)};")
-                        code.writeline(f"{acc}_i[j] = {b} ? {_flat(rv, inner)} : {acc}_i[j];")
-                        code.writeline(f"{acc}[j] = {b} ? {v} : {acc}[j];")
-                        continue
-                    tgt = f"{acc}_b[j]" if widened[acc] != dt else f"{acc}[j]"
-                    code.writeline(_update(rt, tgt, v, dt))
-            lanes(update)
-            h.tiles = {}
-            close_loops(inner_depth)
-            for acc, _ in cascade:
-                code.writeline("#pragma omp simd")
-                code.writeline(f"for (int64_t j = 0; j < n; ++j) {acc}[j] += {acc}_b[j];")
-            close_loops(depth)
-            lanes(lambda accs=accs, widened=widened: [
-                h.store(n.name, n.store_index(xv),
-                        CppVal(f"{acc}_i[j]", torch.int64) if rt in ARG else
-                        CppVal(_acc_value(f"{acc}[j]", widened[acc], dt), dt))
-                for n, acc, rt, dt in accs], simd=False, keep_stored=True)
-        code.level -= 1
-        code.writeline("}")
-        for _ in xv[:-1]:
-            code.level -= 1
-            code.writeline("}")
-        h.pop(saved)
 
     def _partials_ok(self) -> bool:
         for s in self.kernel.stages:
@@ -707,20 +436,6 @@ class KernelCodegen:
         else:
             self._loops(sizes[:-1], lvars[:-1], parallel, simd_last=False, body=inner)
 
-    def _open_block(self, size, c, pragma=None) -> Span:
-        """Open a loop over the blocks of c iterations of a dim of `size` (the caller closes it);
-        returns the Span of the current block."""
-        code = self.h.code
-        b = self.h.fresh("blk")
-        lo, hi = f"{b}_lo", f"{b}_hi"
-        if pragma:
-            code.writeline(pragma)
-        code.writeline(f"for (int64_t {b} = 0; {b} < {_blocks(size, c)}; ++{b})")
-        code.writeline("{")
-        code.level += 1
-        code.writeline(f"int64_t {lo} = {b} * {c}, {hi} = std::min<int64_t>({lo} + {c}, {_int(size)});")
-        return Span(lo, hi, size)
-
     def _blocked(self, sizes, lvars, accs, body, simd=True, omp_for=False):
         """A reduction stage's loop nest over `sizes` walked in blocks (see _block_split),
         updating `accs` [(name, rtype, dtype, acc dtype)] through body(targets). A cascaded sum
@@ -732,7 +447,7 @@ class KernelCodegen:
         i, c = _block_split(sizes, CASCADE_BLOCK if cascade else PARALLEL_BLOCK)
 
         def blocks():
-            span = self._open_block(sizes[i], c, "#pragma omp for" if omp_for and i == 0 else None)
+            span = open_block(self.h, sizes[i], c, "#pragma omp for" if omp_for and i == 0 else None)
             targets = [f"{name}_b" if adt != dt else name for name, _, dt, adt in accs]
             for t, (name, rt, dt, adt) in zip(targets, accs):
                 if t != name:

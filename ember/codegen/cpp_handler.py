@@ -306,7 +306,7 @@ class CppHandler:
         if hit is not None:
             return hit
         tile = self.tiles.get((name, self.simple(index))) if self.tiles else None
-        if tile is not None:        # a column reduction's staged row load (cpp.py _row_tiles)
+        if tile is not None:        # a column reduction's staged row load (cpp_column_reduction.py _row_tiles)
             return self.emit(tile, self.buffers[name].dtype, False)
         if name in self.row_local:
             if self.load_mask:          # row-local arrays are small: no clamped form for them

@@ -504,7 +504,7 @@ static inline void store_bf16(const float* s, ember_bf16* d, int64_t n) {
 """
 
 
-#: The row tiles of a column reduction (cpp.py _row_tiles): nj columns of ni contiguous values
+#: The row tiles of a column reduction (cpp_column_reduction.py _row_tiles): nj columns of ni contiguous values
 #: each, copied transposed into a tile. Appended to PRELUDE only in a translation unit that
 #: uses it (<immintrin.h>). A full 16 x 16 float tile is transposed in zmm registers (the scalar
 #: copy's 256 strided stores made the transposed sum 2-4x slower: benchmarks/tstride_micro.py,

@@ -1,6 +1,6 @@
 """C++ reductions' accumulators: initial values, update and combine statements, OpenMP
 reduction clauses, cascaded (blocked float into double) long sums and the loop spans of their
-blocks. Used by cpp.py's row stages and column reductions."""
+blocks. Used by cpp.py's row stages and cpp_column_reduction.py."""
 from __future__ import annotations
 
 import math
@@ -9,7 +9,7 @@ import sympy
 import torch
 
 from ..loopir.index import hint
-from .cpp_handler import _int, cexpr, ctype, literal
+from .cpp_handler import _blocks, _int, cexpr, ctype, literal
 
 def _init(rtype, dt) -> str:
     t = ctype(dt)
@@ -148,6 +148,21 @@ def _block_split(sizes, block: int) -> tuple[int, int]:
             return i, -(-block // inner)
         inner *= s
     return 0, max(hint(sizes[0]), 1)
+
+
+def open_block(h, size, c, pragma=None) -> Span:
+    """Open a loop over the blocks of c iterations of a dim of `size` in h's code (the caller
+    closes it); returns the Span of the current block."""
+    code = h.code
+    b = h.fresh("blk")
+    lo, hi = f"{b}_lo", f"{b}_hi"
+    if pragma:
+        code.writeline(pragma)
+    code.writeline(f"for (int64_t {b} = 0; {b} < {_blocks(size, c)}; ++{b})")
+    code.writeline("{")
+    code.level += 1
+    code.writeline(f"int64_t {lo} = {b} * {c}, {hi} = std::min<int64_t>({lo} + {c}, {_int(size)});")
+    return Span(lo, hi, size)
 
 
 def _update(rtype, acc, v, dt) -> str:

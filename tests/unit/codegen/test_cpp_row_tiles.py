@@ -1,4 +1,4 @@
-"""Column reductions with staged row tiles (cpp.py _row_tiles, design 068): a sum whose one input
+"""Column reductions with staged row tiles (cpp_column_reduction.py _row_tiles, design 068): a sum whose one input
 is read transposed (contiguous along the output's last dim, strided along the reduced dim) and
 whose other inputs run along the reduced dim is vectorized across output columns, the row inputs
 copied ROW_TILE rows at a time into a small tile; values against eager at ragged and odd sizes."""

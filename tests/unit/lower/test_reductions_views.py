@@ -510,7 +510,7 @@ def test_channels_last_block_tail_reduces_in_column_form(tmp_path, monkeypatch):
     torch.testing.assert_close(got, tail(x, r), atol=1e-5, rtol=1e-5)
     src = "\n".join(p.read_text() for p in (tmp_path / "debug").rglob("05_kernels.cpp"))
     kernels = src[src.index('extern "C" void kernel'):]
-    # (blocks of columns: 64, or as wide as the row, cpp.py COLUMN_BLOCK_MAX)
+    # (blocks of columns: 64, or as wide as the row, cpp_column_reduction.py COLUMN_BLOCK_MAX)
     assert re.search(r"int64_t lo = blk \* (\d+|cw), n = ", kernels), kernels
     assert "for (int64_t j = 0; j < n; ++j)" in kernels
 
