@@ -14,10 +14,9 @@ keyed by the CPU's model name, torch's version and the thread count), time on PR
     addmm (nn.Linear's [N, K] weight)   MKL packed   oneDNN packed   oneDNN on the plain weight
 
 alternating, ROUNDS rounds, each GEMM's minimum (the speed check's clock: thread CPU time with
-one thread). The library is oneDNN when its packed GEMM beats MKL's by MARGIN on both shapes
-(or MKL is missing and it beats addmm), else MKL; oneDNN on the plain weight is used for the
-linears whose pack does not fit the freezing budget (prepack.py) only when it beat addmm by
-MARGIN on both. `options={"gemm": "mkl" | "onednn"}` forces a library (the plain fallback then
+one thread). The library is oneDNN when its packed GEMM beats MKL's by MARGIN (the geometric
+mean of the shapes' time ratios; or, MKL missing, beats addmm), else MKL; oneDNN on the plain
+weight is used for linears left unpacked (prepack.py) only when it beat addmm by MARGIN. `options={"gemm": "mkl" | "onednn"}` forces a library (the plain fallback then
 follows the probe too, unless the library is MKL). The choice is logged under EMBER_LOGS=perf.
 
 Consumes: options. Produces: a Choice.
@@ -27,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import platform
 import tempfile
@@ -42,7 +42,7 @@ perf_log = get_logger("perf")
 #: (M, K, N): a few rows over a wide weight (batch-8 inference, decode of a few sequences) and a
 #: batch of sequences; both between 5 and 15 ms per round on a Zen 4 core
 PROBE_SHAPES = ((16, 768, 3072), (512, 768, 768))
-ROUNDS = 5
+ROUNDS = 7
 MARGIN = 1.05
 
 
@@ -115,7 +115,7 @@ def probe() -> Choice:
             ratios["mkl/onednn"].append(best["mkl"] / best["onednn"])
         ratios["addmm/onednn"].append(best["addmm"] / best["onednn"])
         ratios["addmm/plain"].append(best["addmm"] / best["plain"])
-    wins = {k: bool(v) and min(v) > MARGIN for k, v in ratios.items()}
+    wins = {k: bool(v) and math.prod(v) ** (1 / len(v)) > MARGIN for k, v in ratios.items()}
     onednn = wins["mkl/onednn"] if mkl else wins["addmm/onednn"]
     why = "probe, time ratios on %s: %s" % (
         ", ".join("x".join(map(str, s)) for s in PROBE_SHAPES),

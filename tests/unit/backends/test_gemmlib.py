@@ -162,7 +162,7 @@ def test_gemm_option_forces_a_library_and_is_checked():
 @pytest.mark.parametrize("mkl_s, dnn_s, want", [(1.0, 0.80, "onednn"), (1.0, 0.97, "mkl"),
                                                  (0.8, 1.0, "mkl")])
 def test_probe_picks_the_faster_library_by_a_margin(monkeypatch, mkl_s, dnn_s, want):
-    """oneDNN only when its packed GEMM beats MKL's by MARGIN on every probe shape; the plain
+    """oneDNN only when its packed GEMM beats MKL's by MARGIN over the probe shapes; the plain
     weight only when oneDNN on it beats addmm by MARGIN."""
     monkeypatch.setattr(torch.backends.mkl, "is_available", lambda: True)
     monkeypatch.setattr(gemmlib, "_time_variants", lambda m, k, n, mkl: {
