@@ -15,6 +15,8 @@ from ember.backends import freeze as fz
 from ember.backends import gemmlib, prepack
 from ember.backends.ember import STATS
 
+from tests.unit.backends.test_prepack import Conv1D
+
 TOL = dict(atol=1e-4, rtol=1e-4)
 pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="no oneDNN")
 ONEDNN = gemmlib.Choice("onednn", True, "test")
@@ -32,19 +34,6 @@ def count(name):
 
 def externs(op):
     return sum(f"{op}.default" in s.get("fallbacks", ()) for s in STATS)
-
-
-class Conv1D(nn.Module):
-    """GPT-2's linear: a [K, N] weight used through addmm."""
-
-    def __init__(self, k, n):
-        super().__init__()
-        self.weight = nn.Parameter(torch.randn(k, n) * 0.05)
-        self.bias = nn.Parameter(torch.randn(n) * 0.05)
-
-    def forward(self, x):
-        return torch.addmm(self.bias, x.reshape(-1, x.size(-1)), self.weight).view(
-            *x.shape[:-1], -1)
 
 
 class Net(nn.Module):
