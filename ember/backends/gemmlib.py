@@ -5,8 +5,8 @@ torch exposes two packed-weight GEMMs for CPU inference: MKL's (`mkl._mkl_linear
 `mkldnn._reorder_linear_weight` pack; it also takes the plain weight, with no copy). Which one is
 faster depends on the CPU: on an AMD Zen 4 core oneDNN's JIT kernels ran 1.2-1.4x MKL's (packed
 or addmm) from 2 to 50000 rows at transformer and convnet widths, while MKL's packed GEMV was
-faster at one row (docs/design/071). MKL was chosen from measurements on Intel cores (024, 041).
-A vendor or model name says nothing reliable about it, so the choice is measured.
+faster at one row (docs/design/071); 024 and 041 had chosen MKL from measurements on an earlier
+machine. A vendor or model name says nothing reliable about it, so the choice is measured.
 
 `choice(options)`: on first use in a process (and once per machine: the answer is cached on disk,
 keyed by the CPU's model name, torch's version and the thread count), time on PROBE_SHAPES
@@ -16,8 +16,10 @@ keyed by the CPU's model name, torch's version and the thread count), time on PR
 alternating, ROUNDS rounds, each GEMM's minimum (the speed check's clock: thread CPU time with
 one thread). The library is oneDNN when its packed GEMM beats MKL's by MARGIN (the geometric
 mean of the shapes' time ratios; or, MKL missing, beats addmm), else MKL; oneDNN on the plain
-weight is used for linears left unpacked (prepack.py) only when it beat addmm by MARGIN. `options={"gemm": "mkl" | "onednn"}` forces a library (the plain fallback then
-follows the probe too, unless the library is MKL). The choice is logged under EMBER_LOGS=perf.
+weight is used for linears left unpacked (prepack.py) only when it beat addmm by MARGIN.
+`options={"gemm": "mkl" | "onednn"}` forces a library (the plain route still follows the
+probe under "onednn"); `torch.backends.mkldnn.enabled = False` means MKL. The choice is
+logged under EMBER_LOGS=perf.
 
 Consumes: options. Produces: a Choice.
 """
@@ -61,12 +63,13 @@ def choice(options: dict) -> Choice:
     forced = options.get("gemm", "auto")
     if forced not in ("auto", "mkl", "onednn"):
         raise ValueError(f"options gemm must be 'auto', 'mkl' or 'onednn', got {forced!r}")
+    if forced == "mkl" or not torch.backends.mkldnn.enabled:    # or the user turned it off
+        ok = torch.backends.mkl.is_available()
+        return Choice("mkl" if ok else None, False, f"options gemm={forced!r}, oneDNN "
+                      f"{'enabled' if torch.backends.mkldnn.enabled else 'disabled'}")
     probed = measured()
     if forced == "auto":
         return probed
-    if forced == "mkl":
-        ok = torch.backends.mkl.is_available()
-        return Choice("mkl" if ok else None, False, "options gemm='mkl'")
     ok = torch.backends.mkldnn.is_available()
     return Choice("onednn" if ok else None, ok and probed.plain, "options gemm='onednn'")
 

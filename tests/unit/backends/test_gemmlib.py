@@ -146,6 +146,8 @@ def test_gemm_option_forces_a_library_and_is_checked():
     assert externs("mkldnn._linear_pointwise") == 0
     with pytest.raises(ValueError, match="options gemm"):
         gemmlib.choice({"gemm": "blas"})
+    with torch.backends.mkldnn.flags(enabled=False):       # oneDNN turned off: MKL
+        assert gemmlib.choice({}).library == "mkl" == gemmlib.choice({"gemm": "onednn"}).library
 
 
 @pytest.mark.parametrize("mkl_s, dnn_s, want", [(1.0, 0.80, "onednn"), (1.0, 0.97, "mkl"),
