@@ -130,7 +130,8 @@ def _time_variants(m: int, k: int, n: int, mkl: bool) -> dict[str, float]:
     """Each GEMM's minimum seconds per call over alternating rounds."""
     g = torch.Generator().manual_seed(0)
     x, w, b = (torch.randn(*s, generator=g) for s in ((m, k), (n, k), (n,)))
-    with torch.no_grad():
+    # float32 as the frozen linears are, whatever autocast the compile runs under
+    with torch.no_grad(), torch.autocast("cpu", enabled=False):
         dnn = torch.ops.mkldnn._reorder_linear_weight(w, m)
         fns = {"addmm": lambda: torch.addmm(b, x, w.t()),
                "onednn": lambda: torch.ops.mkldnn._linear_pointwise(x, dnn, b, "none", [], ""),

@@ -4,8 +4,9 @@ In a frozen inference graph (freeze.py) a linear whose weight is a constant and 
 M (the product of the input's leading sizes, static in the graph) is one where packing pays
 becomes one of
 
-    mkl._mkl_linear(x, packed, w, b, M)                packed = mkl._mkl_reorder_linear_weight(w, M)
-    mkldnn._linear_pointwise(x, packed, b, "none", [], "")   packed = mkldnn._reorder_linear_weight(w, M)
+    mkl._mkl_linear(x, packed, w, b, M)     packed = mkl._mkl_reorder_linear_weight(w, M)
+    mkldnn._linear_pointwise(x, packed, b, "none", [], "")
+                                            packed = mkldnn._reorder_linear_weight(w, M)
 
 with `packed` computed in the constant graph: once at freeze time, again at each refold (the
 packed tensor is a folded constant like any other). Which library: the one gemmlib.py measured

@@ -136,7 +136,8 @@ def test_budget_counts_a_onednn_pack_as_its_weight(monkeypatch):
     assert count("onednn_plain_linears") == 1
 
 
-def test_gemm_option_forces_a_library_and_is_checked(monkeypatch):
+@pytest.mark.filterwarnings("ignore:TF32 acceleration")    # flags() sets oneDNN's TF32 too
+def test_gemm_option_forces_a_library_and_is_checked():
     if not torch.backends.mkl.is_available():
         pytest.skip("no MKL")
     torch.manual_seed(0)
@@ -146,8 +147,8 @@ def test_gemm_option_forces_a_library_and_is_checked(monkeypatch):
     assert externs("mkldnn._linear_pointwise") == 0
     with pytest.raises(ValueError, match="options gemm"):
         gemmlib.choice({"gemm": "blas"})
-    monkeypatch.setattr(torch.backends.mkldnn, "enabled", False)    # oneDNN turned off: MKL
-    assert gemmlib.choice({}).library == "mkl" == gemmlib.choice({"gemm": "onednn"}).library
+    with torch.backends.mkldnn.flags(enabled=False):       # oneDNN turned off: MKL
+        assert gemmlib.choice({}).library == "mkl" == gemmlib.choice({"gemm": "onednn"}).library
 
 
 @pytest.mark.parametrize("mkl_s, dnn_s, want", [(1.0, 0.80, "onednn"), (1.0, 0.97, "mkl"),
@@ -191,3 +192,14 @@ def test_probe_runs_once_per_machine_cached_on_disk_and_logged(monkeypatch, tmp_
     assert len(text) == 2 and all("gemm library for frozen linears: " + first.library in t
                                   for t in text)
     assert "probe, time ratios" in text[0] and "(cached)" in text[1]
+
+
+def test_probe_times_float32_under_autocast(monkeypatch):
+    """A compile under CPU autocast must not time bfloat16 GEMMs for the float32 linears."""
+    seen = []
+    real = torch.addmm
+    monkeypatch.setattr(gemmlib, "ROUNDS", 1)
+    monkeypatch.setattr(torch, "addmm", lambda *a: seen.append(real(*a).dtype) or real(*a))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        gemmlib._time_variants(16, 64, 96, torch.backends.mkl.is_available())
+    assert seen and set(seen) == {torch.float32}
