@@ -8,7 +8,8 @@ training graph), the torch-level graph is rewritten before aot
      other eval BatchNorm becomes `x * scale + shift` with scale and shift folded once;
   2. the layout pass (layout.py) turns conv2d into oneDNN channels-last convolutions, their
      weights reordered into oneDNN's blocked layout in the constant graph;
-  3. small-batch linears use MKL-packed weights (prepack.py), packed in the constant graph;
+  3. linears use packed weights (prepack.py: MKL's or oneDNN's, whichever gemmlib.py measured
+     faster here), packed in the constant graph;
   4. every node computed from constants only (the folded weights, transposes, casts,
      concatenated weights) moves to a *constant graph*, run eagerly once; the rest, the *main
      graph*, takes the constant graph's outputs as extra inputs and is compiled as usual.
@@ -64,7 +65,7 @@ from .. import counters, shapes
 from ..logging import get_logger
 from ..runtime.pycode import compile_cached
 from . import layout
-from .prepack import MKL_PACK, prepack_linears
+from .prepack import LINEAR_PACKS, prepack_linears
 from .speed import is_random
 
 perf_log = get_logger("perf")
@@ -443,8 +444,8 @@ class ConstGraph:
         self.modules = {n: glb[n].__name__ for n in names if isinstance(glb[n], types.ModuleType)}
         self.n_conv = sum(n.target is layout.REORDER for n in gm.graph.nodes)
         outs = next(n for n in gm.graph.nodes if n.op == "output").args[0]
-        #: outputs that are MKL-packed linear weights, and their resident bytes (prepack.py)
-        self.linear_packs = {i for i, n in enumerate(outs) if n.target is MKL_PACK}
+        #: outputs that are packed linear weights, and their resident bytes (prepack.py)
+        self.linear_packs = {i for i, n in enumerate(outs) if n.target in LINEAR_PACKS}
         self.pack_bytes = sum(outs[i].meta["resident_bytes"] for i in self.linear_packs)
         self.fn = fn
 
@@ -474,6 +475,7 @@ class FreezePlan:
     n_bn: int
     n_pack: int
     main_key: str | None = None
+    n_plain: int = 0                # linears on oneDNN with their plain weight (prepack.py)
 
 
 class FrozenRuntime:
@@ -683,14 +685,14 @@ def plan(gm: fx.GraphModule, example_inputs, options: dict) -> FreezePlan | str:
     consts = constant_nodes(work, consts)   # a bias the graph computes from constants too
     computed = {n for n in consts - folded if n.op != "placeholder" and
                 not _view_of_state(n) and any(u not in consts for u in n.users)}
-    n_pack = prepack_linears(work, example_inputs, consts, options,
-                             budget - sum(map(_bytes, folded | computed)))
+    n_pack, n_plain = prepack_linears(work, example_inputs, consts, options,
+                                      budget - sum(map(_bytes, folded | computed)))
     const = constant_nodes(work, consts)
     if mutated_constant(work, const):
         return "the graph writes into a module's parameter or buffer"
     const_gm, main_gm, live = split_constants(work, const)
     return FreezePlan(ConstGraph(const_gm), main_gm, [i for i, n in enumerate(phs) if n in const],
-                      live, budget, n_bn, n_pack)
+                      live, budget, n_bn, n_pack, n_plain=n_plain)
 
 
 def freeze(p: FreezePlan, example_inputs, options: dict, compile_main, replan, unfrozen,
@@ -715,6 +717,7 @@ def freeze(p: FreezePlan, example_inputs, options: dict, compile_main, replan, u
         return None
     counters.bump("frozen_graphs")
     counters.bump("prepacked_linears", p.n_pack)
+    counters.bump("onednn_plain_linears", p.n_plain)
     counters.bump("prepacked_convs", p.const.n_conv)
     perf_log.info("frozen: %d constant inputs, %d BatchNorms folded, %d linears and %d convs "
                   "prepacked, %d folded tensors (+%d KiB), %.0f ms", len(rt.held), p.n_bn,

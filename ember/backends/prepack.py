@@ -1,25 +1,35 @@
-"""Backend "ember", freezing: MKL-packed weights for the linears of frozen graphs.
+"""Backend "ember", freezing: packed weights for the linears of frozen graphs.
 
 In a frozen inference graph (freeze.py) a linear whose weight is a constant and whose row count
 M (the product of the input's leading sizes, static in the graph) is one where packing pays
-(`pays`) becomes
+becomes one of
 
     mkl._mkl_linear(x, packed, w, b, M)     packed = mkl._mkl_reorder_linear_weight(w, M)
+    mkldnn._linear_pointwise(x, packed, b, "none", [], "")
+                                            packed = mkldnn._reorder_linear_weight(w, M)
 
 with `packed` computed in the constant graph: once at freeze time, again at each refold (the
-packed tensor is a folded constant like any other). MKL's packed GEMM skips the per-call weight
-packing that `addmm` does: most of the work when M is small (decode, batch-1 inference), and
-still 5-15% of a transformer's GEMM at M = 16..1024 (a batch of sequences); measured by
-benchmarks/mkl_linear_threshold.py (docs/design/024, 041). Called with another row count,
-`_mkl_linear` itself falls back to a plain GEMM on the original weight.
+packed tensor is a folded constant like any other). Which library: the one gemmlib.py measured
+faster on this machine (`gemmlib.choice`). Rules, each from measurements (benchmarks/
+mkl_linear_threshold.py and gemm_libs.py, 1 thread, thread CPU time; docs/design/024, 041, 071):
 
-The op has a meta kernel, so aot traces it; lower runs it as a fallback extern. `packed` is an
-opaque oneDNN-layout tensor: it only ever flows from the constant graph into that extern.
+- MKL (`pays`): 1 <= M <= MAX_ROWS, weight >= MIN_WEIGHT elements, and M >= WIDE_ROWS or a
+  wide output; it skips the per-call weight packing that `addmm` does. Also the rule at M = 1
+  when the library is oneDNN: a GEMV is memory-bound, and MKL's packed one was the faster there.
+- oneDNN (`onednn_pays`): M >= 2 and a weight of at least MIN_WEIGHT elements or at least
+  MIN_WORK multiply-adds; no upper bound on M. Under that, its per-call overhead (~10 us) loses.
+  A linear whose pack does not fit the freezing budget runs oneDNN on its plain weight (no
+  copy) when M >= PLAIN_ROWS and the probe found that faster than addmm.
 
-Which linears: `F.linear(x, w, b)` (nn.Linear) with `w` a constant float32 [N, K] weight of at
-least MIN_WEIGHT elements, and GPT-2's Conv1D, `torch.addmm(b, x, w)` with a constant [K, N]
-weight (packed from its transposed view `w.t()`, no copy), `b` absent or a constant, every
-input on the CPU, only when `torch.backends.mkl.is_available()`.
+Called with another row count, `_mkl_linear` falls back to a plain GEMM on the original weight;
+oneDNN's pack serves any row count (its M only picks the blocking).
+
+Both ops have meta kernels, so aot traces them; lower runs them as fallback externs. `packed`
+is an opaque tensor: it only ever flows from the constant graph into that extern.
+
+Which linears: `F.linear(x, w, b)` (nn.Linear) with `w` a constant float32 [N, K] weight, and
+GPT-2's Conv1D, `torch.addmm(b, x, w)` with a constant [K, N] weight (packed from its transposed
+view `w.t()`, no copy), `b` absent or a constant, every input on the CPU.
 
 Consumes: the torch-level graph being frozen and its set of constant nodes (both changed in
 place). Produces: how many linears now use packed weights.
@@ -27,17 +37,22 @@ place). Produces: how many linears now use packed weights.
 from __future__ import annotations
 
 import math
+from collections import Counter
 
 import torch
 import torch.fx as fx
 import torch.nn.functional as F
 
 from ..logging import get_logger
+from . import gemmlib
 
 perf_log = get_logger("perf")
 
 MKL_LINEAR = torch.ops.mkl._mkl_linear.default
 MKL_PACK = torch.ops.mkl._mkl_reorder_linear_weight.default
+ONEDNN_LINEAR = torch.ops.mkldnn._linear_pointwise.default
+ONEDNN_PACK = torch.ops.mkldnn._reorder_linear_weight.default
+LINEAR_PACKS = (MKL_PACK, ONEDNN_PACK)
 #: When packing pays (benchmarks/mkl_linear_threshold.py, 1 thread, docs/design/024 and 041):
 #: for 4 <= M <= 8 the packed GEMM was at least as fast as addmm on every shape measured (0.77M
 #: to 38M weights, 1.0-1.5x); for M < 4 only when the output is wide (N >= 2K: 1.0-1.7x; with
@@ -49,11 +64,22 @@ WIDE = 2
 #: smaller weights (elements) are not packed: MKL's packed buffer has a fixed part of about
 #: 6 MB, which dwarfs a small weight, and a small GEMM is mostly call overhead either way
 MIN_WEIGHT = 1 << 18
+#: oneDNN (gemm_libs.py on a Zen 4 core, docs/design/071): with a weight under MIN_WEIGHT it lost
+#: to addmm up to 8M multiply-adds (0.45-0.95x: 16x128x128, 256x64x64, 1024x64x64, 32x384x384)
+#: and won from 29M (197x192x768 1.05x, 3136x96x384 1.12x, 1500x384x384 1.26x)
+MIN_WORK = 1 << 25
+#: oneDNN on the plain (unpacked) weight: 0.90x addmm at 8x768x768, 1.01-1.44x from 16 rows
+PLAIN_ROWS = 16
 
 
 def pays(m: int, n: int, k: int) -> bool:
-    """Whether an [M, K] x [K, N] GEMM is packed (see MAX_ROWS)."""
+    """Whether an [M, K] x [K, N] GEMM is packed by MKL (see MAX_ROWS)."""
     return n * k >= MIN_WEIGHT and 1 <= m <= MAX_ROWS and (m >= WIDE_ROWS or n >= WIDE * k)
+
+
+def onednn_pays(m: int, n: int, k: int) -> bool:
+    """Whether an [M, K] x [K, N] GEMM runs faster on oneDNN than on addmm (see MIN_WORK)."""
+    return m >= 2 and (n * k >= MIN_WEIGHT or m * n * k >= MIN_WORK)
 
 
 def _val(node):
@@ -94,24 +120,29 @@ PACK_OVERHEAD_FEW_ROWS = 1.6
 PACK_OVERHEAD = 1.15
 
 
-def packed_bytes(n: int, k: int, m: int) -> int:
+def packed_bytes(n: int, k: int, m: int, library: str = "mkl") -> int:
     """Resident bytes of an [n, k] float32 weight packed for m rows (the memory budget's
-    count)."""
+    count). oneDNN's pack is the weight's size (its blocked layout pads nothing at these
+    widths; resident-set growth over 10 packs 0.9-1.0x the weight)."""
+    if library == "onednn":
+        return 4 * n * k
     return int(4 * n * k * (PACK_OVERHEAD_FEW_ROWS if m < 8 else PACK_OVERHEAD))
 
 
 def prepack_linears(gm: fx.GraphModule, example_inputs, consts: set, options: dict,
-                    budget: float) -> int:
-    """Rewrite the linears with a constant weight where packing pays to MKL's packed GEMM (in
+                    budget: float) -> tuple[int, int]:
+    """Rewrite the linears with a constant weight where packing pays to a packed GEMM (in
     place; the pack nodes join `consts`), in graph order while their packed weights fit in
-    `budget` bytes (`options={"prepack": True}`: all of them). How many were rewritten."""
+    `budget` bytes (`options={"prepack": True}`: all of them); a linear left unpacked runs
+    oneDNN on its plain weight where that pays. How many were packed, and how many run oneDNN
+    on their plain weight."""
     choice = options.get("prepack", "auto")
     if choice not in ("auto", True, False):
         raise ValueError(f"options prepack must be 'auto', True or False, got {choice!r}")
-    if choice is False or not torch.backends.mkl.is_available() or \
+    if choice is False or \
             any(isinstance(x, torch.Tensor) and x.device.type != "cpu" for x in example_inputs):
-        return 0
-    g, done, skipped, packs = gm.graph, 0, 0, {}
+        return 0, 0
+    g, lib, done, plain, skipped, packs = gm.graph, None, Counter(), 0, 0, {}
     for node in list(g.nodes):
         found = _linear(node, consts)
         if found is None:
@@ -121,37 +152,59 @@ def prepack_linears(gm: fx.GraphModule, example_inputs, consts: set, options: di
         if xv.dim() < 1 or any(not isinstance(s, int) for s in xv.shape):
             continue
         m = math.prod(xv.shape[:-1])
-        if not pays(m, n, k):
-            continue
-        packed = packs.get((w, m, transposed))  # a weight used twice is packed once
-        if packed is None:
-            if choice is not True and packed_bytes(n, k, m) > budget:
+        lib = lib or gemmlib.choice(options)        # measured on the first candidate
+        library = _library(lib, m, n, k)
+        packed = packs.get((w, m, transposed, library))  # a weight used twice is packed once
+        if library is not None and packed is None:
+            size = packed_bytes(n, k, m, library)
+            if choice is True or size <= budget:
+                budget -= 0 if choice is True else size
+                with g.inserting_before(node):      # before its first user
+                    pw = _transposed(g, w, consts) if transposed else w   # a [K, N] weight
+                    packed = packs[w, m, transposed, library] = g.call_function(
+                        MKL_PACK if library == "mkl" else ONEDNN_PACK, (pw, m))
+                packed.meta["example_value"] = (    # opaque, never traced; oneDNN's meta
+                    torch.empty(0, device="meta") if library == "mkl" else _val(pw))  # reads N
+                packed.meta["resident_bytes"] = size          # freeze.new_bytes
+                consts.add(packed)
+            else:
                 skipped += 1
-                continue
-            budget -= packed_bytes(n, k, m)
-            with g.inserting_before(node):      # before its first user
-                if transposed:                  # a [K, N] weight: its [N, K] view
-                    w = _transposed(g, w, consts)
-                packed = packs[found[1], m, transposed] = g.call_function(MKL_PACK, (w, m))
-            packed.meta["example_value"] = torch.empty(0, device="meta")  # opaque, never traced
-            packed.meta["resident_bytes"] = packed_bytes(n, k, m)       # freeze.new_bytes
-            consts.add(packed)
-        elif transposed:
-            w = packed.args[0]
+        if packed is None and (not lib.plain or m < PLAIN_ROWS or not onednn_pays(m, n, k)):
+            continue
         with g.inserting_before(node):
-            new = g.call_function(MKL_LINEAR, (x, packed, w, b, m))
+            if packed is None:                      # oneDNN on the plain weight
+                wt = _transposed(g, w, consts) if transposed else w
+                new = g.call_function(ONEDNN_LINEAR, (x, wt, b, "none", [], ""))
+                plain += 1
+            elif library == "mkl":
+                wt = packed.args[0] if transposed else w
+                new = g.call_function(MKL_LINEAR, (x, packed, wt, b, m))
+            else:
+                new = g.call_function(ONEDNN_LINEAR, (x, packed, b, "none", [], ""))
+            if packed is not None:
+                done[library] += 1
         new.meta["example_value"] = _val(node)
         node.replace_all_uses_with(new)
         g.erase_node(node)
-        done += 1
-    if done:
+    if done or plain:
         g.lint()
         gm.recompile()
-        perf_log.info("prepack: %d linears use MKL-packed weights", done)
+        perf_log.info("prepack: %s packed weights, %d linears on oneDNN with the plain weight "
+                      "(library %s)", ", ".join(f"{v} linears on {k}" for k, v in
+                                                sorted(done.items())) or "no", plain, lib.library)
     if skipped:
         perf_log.info("prepack: %d linears not packed: over the memory budget (options "
                       "prepack=True packs them anyway)", skipped)
-    return done
+    return sum(done.values()), plain
+
+
+def _library(lib: gemmlib.Choice, m: int, n: int, k: int) -> str | None:
+    """Which packed GEMM an [M, K] x [K, N] linear uses, if any (module docstring)."""
+    if lib.library == "onednn" and onednn_pays(m, n, k):
+        return "onednn"
+    if lib.library is not None and torch.backends.mkl.is_available() and pays(m, n, k):
+        return "mkl"
+    return None
 
 
 def _transposed(g: fx.Graph, w: fx.Node, consts: set) -> fx.Node:

@@ -30,7 +30,7 @@ BUILTIN_OPTIONS: dict[str, tuple[str, ...]] = {
     "aot_eager": ("partitioner", "ddp_split"),
     "ember": ("fusion", "cpu_codegen", "mode", "triton.autotune", "triton.welford",
               "triton.max_persistent", "triton.rblock", "ddp_split", "speed_check",
-              "freeze", "layout", "prepack", "backend_cache", "attention", "profile"),
+              "freeze", "layout", "prepack", "gemm", "backend_cache", "attention", "profile"),
 }
 _USER: dict[str, Callable] = {}
 _RESOLVED: dict[str, Callable] = {}

@@ -1,5 +1,7 @@
 """MKL-packed linear weights in frozen inference graphs (ember/backends/prepack.py).
 
+The GEMM library is pinned to MKL here (what gemmlib's probe picks where MKL's packed GEMM is
+the faster, as on the Intel cores of 024/041); oneDNN's route: test_gemmlib.py.
 Values vs eager at atol=rtol=1e-4 (float32): MKL's packed GEMM sums in another order than
 addmm's, so results differ in rounding only."""
 import copy
@@ -10,7 +12,7 @@ import torch.nn as nn
 
 import ember
 from ember.backends import freeze as fz
-from ember.backends import prepack
+from ember.backends import gemmlib, prepack
 from ember.backends.ember import STATS
 
 TOL = dict(atol=1e-4, rtol=1e-4)
@@ -20,6 +22,7 @@ pytestmark = pytest.mark.skipif(not torch.backends.mkl.is_available(), reason="n
 @pytest.fixture(autouse=True)
 def small_weights_packed(monkeypatch):
     monkeypatch.setattr(prepack, "MIN_WEIGHT", 1 << 15)       # keep the test's weights small
+    monkeypatch.setattr(gemmlib, "measured", lambda: gemmlib.Choice("mkl", False, "test"))
 
 
 class Conv1D(nn.Module):
@@ -216,7 +219,7 @@ def test_budget_skips_only_what_does_not_fit(monkeypatch):
     """A linear whose pack does not fit is left unpacked; a smaller one after it is packed."""
     monkeypatch.setattr(fz, "MIN_BUDGET", 1 << 30)
     monkeypatch.setattr(prepack, "packed_bytes",
-                        lambda n, k, m: (700 if n == 1024 else 400) << 20)
+                        lambda n, k, m, lib: (700 if n == 1024 else 400) << 20)
     torch.manual_seed(0)
     m = nn.Sequential(nn.Linear(128, 384), nn.Linear(384, 1024), nn.Linear(1024, 2048)).eval()
     ref = copy.deepcopy(m)
