@@ -42,6 +42,8 @@ from .cpp_reduce import ARG, CASCADE_BLOCK, PARALLEL_BLOCK, SIMD_RED, UDR, Span,
     _update, lane_count, lane_loops, open_block, short_simdlen
 
 PARALLEL_MIN_WORK = 32768
+#: the fewest iterations of the loops _unswitched keeps around its copies (_shared_outer)
+SHARED_OUTER_MIN = 64
 UNROLL = 4      # a pointwise kernel's innermost dim at most this long is unrolled (pairs, k <= 4)
 
 
@@ -264,7 +266,7 @@ class KernelCodegen:
             self._tiled(sizes, lvars, d, parallel, body=store)
         else:
             self._unswitched(sizes, lvars, lvars[:-1], parallel, work, store,
-                             self._pointwise_nest(store))
+                             self._pointwise_nest(store), shared_outer=True)
         h.subs = {}
         h.ranges = self.outer_ranges
 
@@ -373,32 +375,55 @@ class KernelCodegen:
         self._loops([sizes[i] for i in outer] + [-(-hint(sz) // TILE) for _, sz in tiled],
                     [lvars[i] for i in outer] + blk, parallel, simd_last=False, body=tile)
 
-    def _unswitched(self, sizes, lvars, split, parallel, work, store, emit):
+    def _unswitched(self, sizes, lvars, split, parallel, work, store, emit, shared_outer=False):
         """A loop nest, emitted once per combination of the segments of its loops `split` (the
         outer ones) between which index compares change value (cpp_ranges.unswitch), each copy
         with those compares decided, so its simd loops load only the branch they use.
         `emit(sizes, vars, parallel)` writes one copy; `store()` runs the whole body. A segment of
         one iteration is no loop: its var is a constant there (each part of a stack keeps the
         whole simd loop, parallel). Symbolic sizes split where the bounds order the segments
-        for every size (a cat at `s0` along a loop of `s0 + 1`, docs/design/058)."""
+        for every size (a cat at `s0` along a loop of `s0 + 1`, docs/design/058).
+        shared_outer: the loops outside the outermost split one are one nest around all the
+        copies (_shared_outer), not repeated in each."""
         h = self.h
         dims = {v: n for v, n in zip(lvars, sizes) if v in split and h.ranges.get(v) == n}
         combos = unswitch(store, dims, h.ranges, h.subs) if dims else None
         subs = h.subs
-        for spans in combos or [{}]:
-            h.spans = dict(spans)
-            h.subs = {**subs, **{v: sympy.sympify(lo) for v, (lo, hi) in spans.items()
-                                 if hi - lo == 1}}
-            keep = [i for i, v in enumerate(lvars) if v not in h.subs]
-            csizes = [Span(_int(spans[lvars[i]][0]), _int(spans[lvars[i]][1]), sizes[i])
-                      if lvars[i] in spans else sizes[i] for i in keep]
-            par = parallel
-            if spans:       # this copy's share of the work (at the size hints)
-                share = hint(numel([hi - lo for lo, hi in spans.values()])) / hint(numel(
-                    [sizes[lvars.index(v)] for v in spans]))
-                par = parallel and hint(work) * share >= PARALLEL_MIN_WORK
-            emit(csizes, [lvars[i] for i in keep], par)
+        p = self._shared_outer(sizes, lvars, combos) if shared_outer else 0
+
+        def copies(parallel):
+            for spans in combos or [{}]:
+                h.spans = dict(spans)
+                h.subs = {**subs, **{v: sympy.sympify(lo) for v, (lo, hi) in spans.items()
+                                     if hi - lo == 1}}
+                keep = [i for i, v in enumerate(lvars) if i >= p and v not in h.subs]
+                csizes = [Span(_int(spans[lvars[i]][0]), _int(spans[lvars[i]][1]), sizes[i])
+                          if lvars[i] in spans else sizes[i] for i in keep]
+                par = parallel
+                if spans and par:   # this copy's share of the work (at the size hints)
+                    share = hint(numel([hi - lo for lo, hi in spans.values()])) / hint(numel(
+                        [sizes[lvars.index(v)] for v in spans]))
+                    par = hint(work) * share >= PARALLEL_MIN_WORK
+                emit(csizes, [lvars[i] for i in keep], par)
+        if p:
+            self._loops(sizes[:p], lvars[:p], parallel, simd_last=False, body=lambda: copies(False))
+        else:
+            copies(parallel)
         h.spans, h.subs = {}, subs
+
+    @staticmethod
+    def _shared_outer(sizes, lvars, combos) -> int:
+        """How many outer loops (before the outermost split one) stay one nest around the
+        copies of _unswitched: a reflection pad of [N*C, H, W] split along H walked the N*C
+        planes once per H segment (three sweeps over 14 MB, the top and bottom ones touching a
+        few lines a plane), where one sweep does each plane's segments in turn (0.45 -> 0.34 ms,
+        benchmarks/results/unswitch_nest_micro_2026-12-07_s23.txt). Only when those loops have
+        SHARED_OUTER_MIN iterations, so the parallel loop keeps enough work for the threads (a
+        cat along C of a batch of 8 stays one nest per part)."""
+        used = {v for c in combos or () for v in c}
+        p = next((i for i, v in enumerate(lvars) if v in used), 0)
+        outer = numel(sizes[:p])
+        return p if p and not is_symbolic(outer) and hint(outer) >= SHARED_OUTER_MIN else 0
 
     def _pointwise_nest(self, store):
         """emit() for _unswitched: the innermost loop split where compares change along it."""

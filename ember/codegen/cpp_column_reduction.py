@@ -25,6 +25,13 @@ COLUMN_BLOCK = 64
 #: weight gradient) per 256 bytes, and that kernel ran as long as the input gradient's,
 #: which reads twice the data
 COLUMN_BLOCK_MAX = 1024
+#: bytes of 64-bit accumulators a row of a block may update: 16 zmm registers. A double (or
+#: int64) accumulator block updated in memory every row is store-bound (8 lanes a store, two
+#: stores a row for BatchNorm's double S and Q): BatchNorm1d's statistics over [4096, 768]
+#: ran 1.6 ms in 768-column blocks, 0.8 ms in 64-column ones (registers), 1.5 ms in 128
+#: (spilled) on Zen 4. Float accumulators are unchanged: their blocks ran alike from 64 to
+#: 768 columns (benchmarks/results/column_block_micro_2026-12-07_s23.txt)
+WIDE_ACC_BYTES = 1024
 
 
 def plan_column_reduction(cg, xv) -> dict | None:
@@ -130,6 +137,22 @@ def _row_tiles(cg, xv) -> dict | None:
     return tiles if tiles and transposed else None
 
 
+def _wide_acc_block(k) -> int:
+    """The most columns a block may have so that the 64-bit accumulators one reduction stage
+    updates every row fit WIDE_ACC_BYTES (a multiple of 16, at least 16); COLUMN_BLOCK_MAX
+    when no stage has one."""
+    width = COLUMN_BLOCK_MAX
+    for st in k.stages:
+        if st.kind != "reduction":
+            continue
+        adts = [n.body.src_dtype for n in st.nodes]   # a cascaded sum's row block: float
+        if any(dt.itemsize == 8 for dt in adts):
+            per_column = sum(dt.itemsize for dt in adts) + sum(
+                8 for n in st.nodes if n.body.reduction_type in ARG)
+            width = min(width, max(16, WIDE_ACC_BYTES // per_column // 16 * 16))
+    return width
+
+
 def emit_column_reduction(cg, xv, parallel, row_tiles: dict):
     k, h = cg.kernel, cg.h
     code = h.code
@@ -137,7 +160,7 @@ def emit_column_reduction(cg, xv, parallel, row_tiles: dict):
     L = k.outer[-1]
     B = COLUMN_BLOCK
     if not is_symbolic(L) and hint(L) > B:
-        B = min(-(-hint(L) // 16) * 16, COLUMN_BLOCK_MAX)
+        B = min(-(-hint(L) // 16) * 16, COLUMN_BLOCK_MAX, _wide_acc_block(k))
     if row_tiles:
         # a block of ROW_TILE columns: its row loads are ROW_TILE streams, each staged
         # line used whole (as Inductor's 16 x 16 transposed tiles; wider blocks ran

@@ -1,6 +1,8 @@
 """Loops split where index compares change value (cpp_ranges): a cat, pad or chunk backward
 along the contiguous dim becomes one simd loop per segment with its masks decided, so each
 element computes only its own input's body (no `if`, no select between bodies)."""
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -299,3 +301,25 @@ def test_tiled_channel_cat_decides_its_compares(dirs):
     assert loops and not any("pick(" in b or "if (" in b for b in loops), loops
     assert "blk0_lo" in _kernels(dirs, "*_kernels.cpp")     # the transposed part is tiled
 
+
+
+@pytest.mark.parametrize("mode", ["reflect", "replicate", "constant"])
+def test_pad_of_many_planes_walks_each_plane_once(dirs, mode):
+    """A pad along H and W of [N, C, H, W] with N*C >= SHARED_OUTER_MIN planes: one parallel
+    loop over the planes around the H segments (each plane's top, middle and bottom rows in
+    turn), not one sweep over all planes per H segment. Fewer planes keep a nest per
+    segment (too little outer work for the threads): 5 planes here. Values exact against eager."""
+    for shape, nests in (((4, 32, 9, 11), 1), ((1, 5, 9, 11), 3)):
+        x = torch.randn(shape)
+
+        def f(t):
+            return F.pad(t, (3, 2, 2, 3), mode=mode) * 2
+        got = ember.compile(f, options={"speed_check": False})(x)
+        torch.testing.assert_close(got, f(x), rtol=0, atol=0)
+        k = _kernels(dirs)
+        planes = shape[0] * shape[1]
+        assert len(re.findall(rf"for \(int64_t (v\d) = 0; \1 < {planes}; ", k)) == nests, k
+        for p in (dirs / "debug").rglob("*"):
+            if p.is_file():
+                p.unlink()
+        ember.reset()
