@@ -19,12 +19,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import operator
+from types import FunctionType
 from typing import Any, Callable
 
 import sympy
 import torch
 import torch.fx as fx
-from torch.overrides import TorchFunctionMode
+from torch.overrides import TorchFunctionMode, redispatch_function
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode
 from torch.utils._pytree import tree_flatten, tree_map
 
@@ -701,12 +702,16 @@ class LiftTensorLiterals(TorchFunctionMode):
     dispatch excluded, so on meta inputs it would make a meta tensor whose value the tracer never
     sees. Build the literal on the graph's real device instead; ops lift it as a constant.
     Also chooses the form of CPU sdpa (attention.py, `cpu_sdpa`): composite ops decompose above
-    the dispatch mode, so this torch-function level is where to choose."""
+    the dispatch mode, so this torch-function level is where to choose.
+    A graph call of a function written in Python (`F.multi_head_attention_forward`, the form
+    nn.MultiheadAttention takes in training) runs its body with this mode on, so the torch calls
+    inside it (its sdpa, its literals) are seen too: the mode is popped while it handles a call."""
 
     def __init__(self, tracer: Tracer):
         super().__init__()
         self.tracer = tracer
         self.float_masks: dict = {}     # cpu_sdpa: boolean masks converted in this trace
+        self.bodies: list = []          # Python functions whose bodies run under this mode
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -724,6 +729,14 @@ class LiftTensorLiterals(TorchFunctionMode):
             # way; make it a real tensor first
             args = (args[0], _index_literals(args[1])) + tuple(args[2:])
         try:
+            if isinstance(func, FunctionType) and func not in self.bodies:
+                # (a Tensor method in Python reaches here again from its C part: called as is)
+                self.bodies.append(func)
+                try:
+                    with self:
+                        return redispatch_function(func, types, args, kwargs)
+                finally:
+                    self.bodies.pop()
             return func(*args, **kwargs)
         except RuntimeError as e:
             # a composite that reads tensor values ("cannot repeat_interleave a meta tensor
