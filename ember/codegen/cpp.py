@@ -137,9 +137,12 @@ class KernelCodegen:
                     stage = stages.pop(0)
                     if stage.kind == "pointwise" and stage.inner and stages \
                             and stages[0].kind == "reduction" \
-                            and tuple(stages[0].inner) == tuple(stage.inner):
+                            and tuple(stages[0].inner) == tuple(stage.inner) \
+                            and not self._splits(stage, xv):
                         # the reduction over what the pointwise stage just computed runs in
-                        # its loop (softmax's exp and sum: one pass over the row, not two)
+                        # its loop (softmax's exp and sum: one pass over the row, not two);
+                        # not a stage that splits its dims (v // k, v % k, design 048): alone
+                        # it runs as affine loops, the reduction then reads its row (074)
                         self._stage(stages.pop(0), xv, m, parallel_inner=False, pre=stage)
                     else:
                         self._stage(stage, xv, m, parallel_inner=False)
@@ -626,6 +629,14 @@ class KernelCodegen:
                 # block's sigmoid(mean) was recomputed for each of the row's elements)
                 h.invariant.add(acc)
 
+
+    def _splits(self, stage, xv) -> bool:
+        """Does a pointwise row stage split some inner dim (_split_stage)?"""
+        rv = [loop_var(len(xv) + i) for i in range(len(stage.inner))]
+        self.h.ranges = self.ranges_with(rv, stage.inner)
+        lv = self._split_stage(stage.inner, rv,
+                               lambda p: [n.store_pointwise(xv + p) for n in stage.nodes])[1]
+        return list(lv) != list(rv)
 
     def _split_stage(self, inner, rv, values):
         """A row stage's inner loops (sizes, vars, point) with every dim that its body reads

@@ -155,6 +155,13 @@ class GraphLowering:
         return self.realize(value).arg()
 
     def maybe_realize(self, node: torch.fx.Node, value) -> None:
+        users = 1 if _disjoint_slices(node) else len(node.users)
+        if users > 1 and isinstance(value, (Pending, Reindex)) and _gathers_innermost(value):
+            # stored in the users' shape (a view's rows, not its base's dims), so that one
+            # row kernel computes it into a row scratch and its passes read that
+            self.env[node] = dense_view(self.add_computed(
+                Pointwise(value.size, value.dtype, value.loader())))
+            return
         if isinstance(value, Reindex):
             # a reshape/permute of a pending value: its users inline the value through the view
             # (OPT's residual stream, reshaped to 2-D between blocks, was recomputed from the
@@ -168,7 +175,6 @@ class GraphLowering:
                  for d in range(len(value.size))]
         dims = [v for v, n in zip(index, value.size) if n != 1]
         counts = count_body(value.node.inner_fn, index, dims=dims)
-        users = 1 if _disjoint_slices(node) else len(node.users)
         compute = counts.ops - counts.constants >= REALIZE_OPS or (
             counts.loads >= REALIZE_READS and counts.transcendental)   # softmax's exp(x - max)
         if counts.ops > MAX_INLINE_OPS or users > 1 and (compute or (
@@ -441,6 +447,22 @@ def _disjoint_slices(node: torch.fx.Node) -> bool:
         spans.append((lo, hi))
     spans.sort()
     return len(dims) == 1 and all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
+
+
+def _gathers_innermost(value) -> bool:
+    """Does `value`, read as its users index it, load at a div/mod of its last dim's index (a
+    view merging dims of a broadcast value: MViTv2's rel_h[..., None] + rel_w[..., None, :]
+    viewed as one kh*kw row) or at an indirect index along it?"""
+    size = [s for s in value.size]
+    if not size or any(not isinstance(s, (int, sympy.Integer)) for s in size) or int(size[-1]) == 1:
+        return False
+    index = [sympy.Symbol(f"i{d}", integer=True, nonnegative=True) for d in range(len(size))]
+    counts = count_body(value.loader(), index)
+    if counts.gathers:
+        return True
+    last, ranges = index[-1], dict(zip(index, size))
+    return any(any(last in a.free_symbols for a in simplify_index(e, ranges).atoms(
+        FloorDiv, ModularIndexing)) for e in counts.indices if isinstance(e, sympy.Expr))
 
 
 def _gathers(counts, ranges: dict) -> bool:
