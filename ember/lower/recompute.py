@@ -19,7 +19,7 @@ extern, an output: one pointwise kernel). Nodes already lowered contribute the b
 values load. A user that needs P itself stored (an extern, a view, a broadcast), a symbolic
 shape or a region over REGION_MAX nodes gives no answer: P is stored, as before.
 
-Consumes: the GraphLowering's env and FX graph. Produces: `recompute_is_cheaper`.
+Consumes: the GraphLowering's env and FX graph. Produces: `recompute_is_cheaper`, `feeds_reduction`.
 """
 from __future__ import annotations
 
@@ -46,6 +46,11 @@ def recompute_is_cheaper(env: dict, node: torch.fx.Node, ins: set) -> bool:
         return False
     recompute = sum(len(ins - reads) for reads in kernels.values())
     return recompute <= len(ins) + 1 + len(kernels)   # a tie: one kernel pass fewer
+
+
+def feeds_reduction(env: dict, node: torch.fx.Node) -> bool:
+    """Whether a kernel that would inline `node` is a reduction's (over node's shape)."""
+    return any(key[0] == "reduce" for key in consumer_kernels(env, node) or ())
 
 
 def consumer_kernels(env: dict, node: torch.fx.Node) -> dict | None:

@@ -98,6 +98,10 @@ def _cases():
         "train_convbn": (_ConvBn, lambda: (_g(2, 3, 6, 6),), False, True, {}),
         "transposed_sum": (lambda a, x: (a * x.transpose(1, 2)).sum(-1),
                            lambda: (_g(2, 40, 35), _g(2, 35, 40, seed=1)), False, False, {}),
+        "relpos_softmax": (lambda a, rh, rw: (a.view(2, 3, 5, 7, 6) + rh[..., None]
+                                              + rw[..., None, :]).view(2, 15, 42).softmax(-1),
+                           lambda: (_g(2, 15, 42), _g(2, 3, 5, 7, seed=1), _g(2, 3, 5, 6, seed=2)),
+                           False, False, {}),
         "no_fusion": (lambda x: (x.exp() + 1).sum(1), lambda: (_g(8, 16),), False, False,
                       {"fusion": False}),
         "triton_pointwise": (lambda x, y: (x * 2 + y.sin()).relu(),
