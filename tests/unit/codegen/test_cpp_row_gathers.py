@@ -39,6 +39,10 @@ def test_relpos_softmax_values_one_kernel_no_divided_simd_index(shape):
     assert not _divided(src), src           # was rel_h[.. + (v2 / kw)], rel_w[.. + (v2 % kw)]
     kh, kw = shape[-2:]
     assert re.search(rf"alignas\(64\) float buf\d+_row\[{kh * kw}\];", src), src   # the scratch
+    # the max and exp/sum passes read the scratch over the whole row (or its lane chunks), not a
+    # reduction clause per kw elements (the merged split pass, 2x slower at 14 x 14)
+    for m in re.finditer(r"reduction\(\w+:acc\d+\)[^\n]*\n\s*for \(int64_t \w+ = \w+; \w+ < (\w+)", src):
+        assert m.group(1) == str(kh * kw), src
 
 
 def test_relpos_softmax_grads():
@@ -72,3 +76,17 @@ def test_single_use_value_stays_inlined():
     args = torch.randn(2, 3, 30), torch.randn(2, 3, 6), torch.randn(2, 3, 5)
     check(f, *args, atol=1e-5, rtol=1e-5, kernels=1)
     assert "_row[" not in _src(f, *args)
+
+
+def test_lane_keeping_split_stays_in_the_reduction_loop():
+    """A pointwise stage split by 64 into a lane sum (design 055's gated norm over merged heads)
+    still runs in the sum's loop: one pass, the row stored where its square is summed."""
+    def f(y, gate):
+        x = y.permute(0, 2, 1, 3).reshape(2, 16, 512) * gate
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5)
+    torch.manual_seed(0)
+    args = torch.randn(2, 8, 16, 64), torch.randn(2, 16, 512)
+    check(f, *args, atol=1e-5, rtol=1e-5, kernels=1)
+    src = _src(f, *args)
+    assert not _divided(src), src
+    assert re.search(r"_row\[\(v\d+ \+ \(64 \* v\d+\)\)\] = tmp\d+;\n(.*\n){1,3}.*acc\d+_l\[", src), src
