@@ -11,10 +11,6 @@
 
     EMBER_SPEED_CHECK=0 python benchmarks/relpos_micro.py [--only REGEX] [--rounds 7] [--torch]
 """
-import argparse
-import re
-import statistics
-
 import _timing
 
 _timing.prepare()
@@ -22,7 +18,7 @@ _timing.prepare()
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-import ember  # noqa: E402
+import tstride_micro  # noqa: E402  (its timing loop)
 
 
 def relpos_case(b, h, q, k):
@@ -51,31 +47,5 @@ def cases():
         yield f"gelumean_{c}", gelumean, (x,)
 
 
-def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--only", default=".")
-    p.add_argument("--rounds", type=int, default=7)
-    p.add_argument("--torch", action="store_true")
-    args = p.parse_args()
-    torch.set_num_threads(1)
-    print(f"{'case':14} {'eager ms':>9} {'ember ms':>9} {'x eager':>8} {'p25-p75':>11}"
-          + (f" {'torch ms':>9}" if args.torch else ""))
-    for name, fn, inp in cases():
-        if not re.search(args.only, name):
-            continue
-        fns = {"eager": fn, "ember": ember.compile(fn, dynamic=False)}
-        if args.torch:
-            fns["torch"] = torch.compile(fn, dynamic=False)
-        ref = fn(*inp)
-        for k in fns:
-            torch.testing.assert_close(fns[k](*inp), ref, rtol=1e-4, atol=1e-4)
-        s, _ = _timing.paired(fns, inp, rounds=args.rounds)
-        r = _timing.ratio_stats(s["eager"], s["ember"])
-        med = {k: statistics.median(v) * 1e3 for k, v in s.items()}
-        print(f"{name:14} {med['eager']:9.3f} {med['ember']:9.3f} {r['median']:8.2f} "
-              f"{r['p25']:5.2f}-{r['p75']:5.2f}"
-              + (f" {med['torch']:9.3f}" if args.torch else ""), flush=True)
-
-
 if __name__ == "__main__":
-    main()
+    tstride_micro.main(cases, width=14)
