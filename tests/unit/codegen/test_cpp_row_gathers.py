@@ -10,6 +10,9 @@ import pytest
 import torch
 
 import ember
+from ember.decomp import get_decompositions
+from ember.lower.lowering import GraphLowering
+from ember.aot import trace_aten
 from tests.unit.codegen.test_cpp_lanes import _src
 from tests.unit.lower.helpers import check
 
@@ -90,3 +93,16 @@ def test_lane_keeping_split_stays_in_the_reduction_loop():
     src = _src(f, *args)
     assert not _divided(src), src
     assert re.search(r"_row\[\(v\d+ \+ \(64 \* v\d+\)\)\] = tmp\d+;\n(.*\n){1,3}.*acc\d+_l\[", src), src
+
+
+def test_pointwise_users_keep_the_value_inlined():
+    """Only pointwise users: their kernel splits the dim itself (design 048); nothing stored."""
+    def f(attn, rh, rw):
+        a = (attn.view(2, 3, 6, 5) + rh[..., None] + rw[..., None, :]).view(2, 3, 30)
+        return a.exp(), a * 2
+    torch.manual_seed(0)
+    args = torch.randn(2, 3, 30), torch.randn(2, 3, 6), torch.randn(2, 3, 5)
+    check(f, *args, atol=1e-6, rtol=1e-6, kernels=1)
+    assert not _divided(_src(f, *args))
+    gm = trace_aten(f, args, decompositions=get_decompositions())
+    assert [b.name for b in GraphLowering(gm, list(args)).run().nodes] == ["buf0", "buf1"]
