@@ -106,3 +106,17 @@ def test_pointwise_users_keep_the_value_inlined():
     assert not _divided(_src(f, *args))
     gm = trace_aten(f, args, decompositions=get_decompositions())
     assert [b.name for b in GraphLowering(gm, list(args)).run().nodes] == ["buf0", "buf1"]
+
+
+def test_variance_consumer_keeps_the_value_inlined():
+    """A LayerNorm over a value read at v // 2 (each element repeated along the row): var_mean's
+    double form also reads the row's first element, so a stored value could not join the row
+    kernel and would go to memory; it stays inlined (its column form reads it vectorized)."""
+    def f(x):
+        y = x[..., None].expand(*x.shape, 2).reshape(*x.shape[:-1], x.shape[-1] * 2)
+        return torch.nn.functional.layer_norm(y, (y.shape[-1],))
+    torch.manual_seed(0)
+    x = torch.randn(4, 6, 150)
+    check(f, x, atol=1e-5, rtol=1e-5, kernels=1)
+    gm = trace_aten(f, (x,), decompositions=get_decompositions())
+    assert len(GraphLowering(gm, [x]).run().nodes) == 3     # the two sums and the output
