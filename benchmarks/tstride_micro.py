@@ -42,14 +42,15 @@ def cases():
         yield f"tcopy_{c}", tcopy, (x,)
 
 
-def main():
+def main(cases=cases, width=10):
+    """Time each (name, fn, inputs) of `cases()` eager vs ember (also used by relpos_micro.py)."""
     p = argparse.ArgumentParser()
     p.add_argument("--only", default=".")
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--torch", action="store_true")
     args = p.parse_args()
     torch.set_num_threads(1)
-    print(f"{'case':10} {'eager ms':>9} {'ember ms':>9} {'x eager':>8} {'p25-p75':>11}"
+    print(f"{'case':{width}} {'eager ms':>9} {'ember ms':>9} {'x eager':>8} {'p25-p75':>11}"
           + (f" {'torch ms':>9}" if args.torch else ""))
     for name, fn, inp in cases():
         if not re.search(args.only, name):
@@ -64,7 +65,7 @@ def main():
         s, _ = _timing.paired(fns, inp, rounds=args.rounds)
         r = _timing.ratio_stats(s["eager"], s["ember"])
         med = {k: statistics.median(v) * 1e3 for k, v in s.items()}
-        print(f"{name:10} {med['eager']:9.3f} {med['ember']:9.3f} {r['median']:8.2f} "
+        print(f"{name:{width}} {med['eager']:9.3f} {med['ember']:9.3f} {r['median']:8.2f} "
               f"{r['p25']:5.2f}-{r['p75']:5.2f}"
               + (f" {med['torch']:9.3f}" if args.torch else ""), flush=True)
 

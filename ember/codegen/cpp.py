@@ -139,7 +139,8 @@ class KernelCodegen:
                     stage = stages.pop(0)
                     if stage.kind == "pointwise" and stage.inner and stages \
                             and stages[0].kind == "reduction" \
-                            and tuple(stages[0].inner) == tuple(stage.inner):
+                            and tuple(stages[0].inner) == tuple(stage.inner) \
+                            and not self._pre_alone(stage, stages[0], xv):
                         # the reduction over what the pointwise stage just computed runs in
                         # its loop (softmax's exp and sum: one pass over the row, not two)
                         self._stage(stages.pop(0), xv, m, parallel_inner=False, pre=stage)
@@ -651,6 +652,34 @@ class KernelCodegen:
                 # block's sigmoid(mean) was recomputed for each of the row's elements)
                 h.invariant.add(acc)
 
+
+    def _pre_alone(self, pre, stage, xv) -> bool:
+        """Does pointwise row stage `pre` run alone before the reduction `stage` that reads it,
+        rather than in the reduction's loop? Yes when `pre` splits a dim read as v // k, v % k
+        (_split_stage) and the merged pass would not split into lane loops (design 074): it
+        keeps the gathers when the split would change a sum's lanes (a 784 row by 28), and a
+        split without lanes has a short simd loop with a reduction clause per k elements (MViTv2
+        softmax, 14 x 14 keys: 1.1x eager merged, 2.2x with `pre` alone). Alone, `pre` runs as
+        affine loops into its row and the reduction reads that row."""
+        rv = [loop_var(len(xv) + i) for i in range(len(stage.inner))]
+        ranges = self.h.ranges = self.ranges_with(rv, stage.inner)
+        lv = self._split_stage(stage.inner, rv,
+                               lambda p: [n.store_pointwise(xv + p) for n in pre.nodes])[1]
+        if list(lv) == list(rv):
+            return False
+        self.h.ranges = ranges
+        if any(_cascaded(n, numel(stage.inner)) for n in stage.nodes):
+            return True     # a cascaded sum is not split (_stage)
+
+        def values(p):
+            return ([n.store_pointwise(xv + p) for n in pre.nodes]
+                    + [n.reduction_value(xv, p) for n in stage.nodes])
+        accs = [(n.body.reduction_type, n.body.src_dtype, n.body.reduction_type in ("max", "min"))
+                for n in stage.nodes]
+        planned = plan_loops(stage.inner, rv, collect(lambda: values(rv), ranges).exprs)[0]
+        split = self._split_reduction(stage.inner, rv, values, planned, accs)
+        self.h.ranges = ranges
+        return split is None or not lane_count(accs, [hint(s) for s in split[0][0]])
 
     def _split_stage(self, inner, rv, values):
         """A row stage's inner loops (sizes, vars, point) with every dim that its body reads

@@ -27,7 +27,7 @@ from ..errors import InternalError
 from ..logging import get_logger
 from ..loopir.nodes import (Buffer, ComputedBuffer, ExternBuffer, InputBuffer, MultiOutput,
                            Pointwise, TensorArg)
-from .recompute import recompute_is_cheaper
+from .recompute import feeds_reduction, recompute_is_cheaper
 from .ir import (Pending, Reindex, TensorValue, View, dense_view, meta_strided, SHAPE_ENV, as_size,
                  as_sizes, view_chain)
 
@@ -59,6 +59,12 @@ SMALL_LANE_OPS = 1
 # relative position bias table[index] and shifted-window mask, inlined into each window's
 # softmax, ran at ~23 ns an element).
 IRREGULAR_AMPLIFY = 2
+# ROW_GATHERS: a value read by several users at a div/mod of its last dim's index, feeding a
+# reduction, is stored (docs/design/074). Inlined, every pass of the row kernel recomputes it
+# with the gathers (MViTv2's softmax over rel_h[v // kw] + rel_w[v % kw]: the max and the exp
+# pass, 0.3-0.7x eager), and a reduction pass cannot split the dim (design 055: a split by kw
+# changes the lanes of a sum). Stored, the row kernel computes it once into a row scratch in a
+# pointwise stage that splits (design 048), and its passes read that row (1.6-2.8x eager).
 
 
 def _varies_innermost(arg, out: torch.Tensor) -> bool:
@@ -155,6 +161,14 @@ class GraphLowering:
         return self.realize(value).arg()
 
     def maybe_realize(self, node: torch.fx.Node, value) -> None:
+        users = 1 if _disjoint_slices(node) else len(node.users)
+        if users > 1 and isinstance(value, (Pending, Reindex)) and _divides_last(value) \
+                and feeds_reduction(self.env, node):
+            # see ROW_GATHERS: stored in the users' shape (a view's rows, not its base's dims),
+            # which the row kernel keeps as a row scratch
+            self.env[node] = dense_view(self.add_computed(
+                Pointwise(value.size, value.dtype, value.loader())))
+            return
         if isinstance(value, Reindex):
             # a reshape/permute of a pending value: its users inline the value through the view
             # (OPT's residual stream, reshaped to 2-D between blocks, was recomputed from the
@@ -168,7 +182,6 @@ class GraphLowering:
                  for d in range(len(value.size))]
         dims = [v for v, n in zip(index, value.size) if n != 1]
         counts = count_body(value.node.inner_fn, index, dims=dims)
-        users = 1 if _disjoint_slices(node) else len(node.users)
         compute = counts.ops - counts.constants >= REALIZE_OPS or (
             counts.loads >= REALIZE_READS and counts.transcendental)   # softmax's exp(x - max)
         if counts.ops > MAX_INLINE_OPS or users > 1 and (compute or (
@@ -441,6 +454,20 @@ def _disjoint_slices(node: torch.fx.Node) -> bool:
         spans.append((lo, hi))
     spans.sort()
     return len(dims) == 1 and all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
+
+
+def _divides_last(value) -> bool:
+    """Does `value`, read as its users index it, load at a div/mod of its last dim's index (a
+    view merging dims of a broadcast value: MViTv2's rel_h[..., None] + rel_w[..., None, :]
+    viewed as one kh*kw row)?"""
+    size = list(value.size)
+    if not size or any(not isinstance(s, (int, sympy.Integer)) for s in size) or int(size[-1]) == 1:
+        return False
+    index = [sympy.Symbol(f"i{d}", integer=True, nonnegative=True) for d in range(len(size))]
+    counts = count_body(value.loader(), index)
+    last, ranges = index[-1], dict(zip(index, size))
+    return any(any(last in a.free_symbols for a in simplify_index(e, ranges).atoms(
+        FloorDiv, ModularIndexing)) for e in counts.indices if isinstance(e, sympy.Expr))
 
 
 def _gathers(counts, ranges: dict) -> bool:

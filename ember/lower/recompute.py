@@ -19,7 +19,7 @@ extern, an output: one pointwise kernel). Nodes already lowered contribute the b
 values load. A user that needs P itself stored (an extern, a view, a broadcast), a symbolic
 shape or a region over REGION_MAX nodes gives no answer: P is stored, as before.
 
-Consumes: the GraphLowering's env and FX graph. Produces: `recompute_is_cheaper`.
+Consumes: the GraphLowering's env and FX graph. Produces: `recompute_is_cheaper`, `feeds_reduction`.
 """
 from __future__ import annotations
 
@@ -36,6 +36,7 @@ REDUCTIONS = frozenset({
     aten.sum.dim_IntList, aten.sum.default, aten.prod.dim_int, aten.prod.default,
     aten.amax.default, aten.amin.default, aten.mean.dim, aten.mean.default,
     aten.var_mean.correction, aten.var.correction})
+VARIANCES = frozenset({aten.var_mean.correction, aten.var.correction})
 
 
 def recompute_is_cheaper(env: dict, node: torch.fx.Node, ins: set) -> bool:
@@ -48,9 +49,25 @@ def recompute_is_cheaper(env: dict, node: torch.fx.Node, ins: set) -> bool:
     return recompute <= len(ins) + 1 + len(kernels)   # a tie: one kernel pass fewer
 
 
+def feeds_reduction(env: dict, node: torch.fx.Node) -> bool:
+    """Whether a kernel that would inline `node` is a reduction's (over node's shape), none of
+    whose reductions is a variance: its double form (lower/rules.var_mean) reads the row's first
+    element besides each element, which keeps a stored producer out of the row kernel (it
+    would go to memory, where inlined the variance's column form read it for free)."""
+    regions = _regions(env, node)
+    return regions is not None and any(key[0] == "reduce" for key in regions[0]) and \
+        not any(n.target in VARIANCES for n in regions[1] if isinstance(n, torch.fx.Node))
+
+
 def consumer_kernels(env: dict, node: torch.fx.Node) -> dict | None:
     """{kernel key: buffers that kernel loads} for the kernels that would inline `node`, or
     None when a consumer needs `node` stored or the graph is too tangled to tell."""
+    regions = _regions(env, node)
+    return None if regions is None else regions[0]
+
+
+def _regions(env: dict, node: torch.fx.Node):
+    """(consumer_kernels, the FX nodes of their regions), or None."""
     shape = _shape(node)
     if shape is None:
         return None
@@ -68,7 +85,7 @@ def consumer_kernels(env: dict, node: torch.fx.Node) -> dict | None:
         seen |= members
         for k in keys:
             kernels.setdefault(k, set()).update(reads)
-    return kernels
+    return kernels, seen
 
 
 def _region(env: dict, start: torch.fx.Node, skip: torch.fx.Node, shape: tuple, tag: int):

@@ -102,6 +102,10 @@ def _cases():
                        lambda: (_g(2, 32, 6, 6),), False, False, {}),
         "double_columns": (lambda x: (x.sum(0), torch.var_mean(x, 0)),
                            lambda: (_g(16, 300).double(),), False, False, {}),
+        "relpos_softmax": (lambda a, rh, rw: (a.view(2, 3, 5, 7, 6) + rh[..., None]
+                                              + rw[..., None, :]).view(2, 15, 42).softmax(-1),
+                           lambda: (_g(2, 15, 42), _g(2, 3, 5, 7, seed=1), _g(2, 3, 5, 6, seed=2)),
+                           False, False, {}),
         "no_fusion": (lambda x: (x.exp() + 1).sum(1), lambda: (_g(8, 16),), False, False,
                       {"fusion": False}),
         "triton_pointwise": (lambda x, y: (x * 2 + y.sin()).relu(),
