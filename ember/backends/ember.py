@@ -15,6 +15,7 @@ Consumes: aten graph (docs/design/001). Produces: callable(*inputs) -> tuple of 
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import itertools
 import threading
@@ -42,6 +43,7 @@ from ..schedule import ROW_LOCAL_MAX, ROW_LOCAL_MAX_TRITON, schedule
 from . import backend_cache, freeze, layout, split
 from .attention import fuse_attention, unfold_fast_paths
 from .freeze import copy_module, fold_batchnorm_per_call
+from .gemmroute import onednn_gemm_rule
 from .speed import speed_checked    # never slower than eager
 
 code_log = get_logger("output_code")
@@ -273,7 +275,9 @@ def compile_aten_graph(gm, example_inputs, *, options=None):
             debug.dump("real_pairs", work.code, summary=f"complex values as real pairs "
                        f"(decomp/complex.py), {len(work.graph.nodes)} nodes", of=work)
         with stage("lower"):
-            g = GraphLowering(work, example_inputs, cpp=not use_triton).run()
+            g = GraphLowering(work, example_inputs, cpp=not use_triton,
+                              onednn_gemm=None if use_triton else onednn_gemm_rule(options)).run()
+        _report_gemms(g)
         if debug.active():
             debug.dump("lower", print_lowered(g.inputs, g.nodes, g.outputs), summary=None)
         with stage("schedule"):
@@ -311,6 +315,19 @@ def compile_aten_graph(gm, example_inputs, *, options=None):
         perf_log.info("graph %d: %s, fallbacks %s, lowered in %.3fs", stats["graph"],
                       plan_summary(plan), list(plan.fallbacks), time.perf_counter() - t0)
         return _Compiled(wsrc, wrapper.globals, future, sigs, stats, gm, key).entry()
+
+
+def _report_gemms(g) -> None:
+    """Count and log the GEMMs the lowering moved to oneDNN (gemmroute.py)."""
+    if not g.onednn_gemms:
+        return
+    counters.bump("onednn_gemms", len(g.onednn_gemms))
+    total = sum(n.target in (torch.ops.aten.mm.default, torch.ops.aten.addmm.default)
+                for n in g.gm.graph.nodes)
+    shapes_ = collections.Counter("x".join(map(str, mkn)) for mkn in g.onednn_gemms)
+    perf_log.info("gemm: %d of %d mm/addmm on oneDNN (MxKxN: %s); the others on aten (under the "
+                  "size rule, a transposed first operand, or not float32)", len(g.onednn_gemms),
+                  total, ", ".join(f"{k} x{v}" for k, v in shapes_.most_common()))
 
 
 def _mutation_outputs(gm) -> dict:

@@ -85,8 +85,12 @@ def meta_of(x):
 
 
 class GraphLowering:
-    def __init__(self, gm: torch.fx.GraphModule, example_inputs=None, *, cpp: bool = True):
+    def __init__(self, gm: torch.fx.GraphModule, example_inputs=None, *, cpp: bool = True,
+                 onednn_gemm=None):
         self.gm = gm
+        #: `(m, k, n) -> bool`: which float32 CPU mm/addmm run on oneDNN's linear instead of
+        #: aten (backends/gemmroute.py; None: all on aten); the (m, k, n) of those that did
+        self.onednn_gemm, self.onednn_gemms = onednn_gemm, []
         #: C++ kernels: float var_mean accumulates its two sums in double (rules.var_mean);
         #: Triton's have no Scan (its cumsum stays an extern)
         self.cpp = cpp

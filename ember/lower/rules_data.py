@@ -736,7 +736,8 @@ def max_pool2d_with_indices(ctx, node, x, kernel_size, stride=(), padding=0, dil
 
 @rule(aten.mm.default)
 def mm(ctx, node, a, b):
-    return ctx.extern(aten.mm.default, (a, b), {}, out_meta(node), out_variant=aten.mm.out)
+    return (_onednn_gemm(ctx, node, a, b) or
+            ctx.extern(aten.mm.default, (a, b), {}, out_meta(node), out_variant=aten.mm.out))
 
 
 @rule(aten.bmm.default)
@@ -746,8 +747,41 @@ def bmm(ctx, node, a, b):
 
 @rule(aten.addmm.default)
 def addmm(ctx, node, bias, a, b, *, beta=1, alpha=1):
-    return ctx.extern(aten.addmm.default, (bias, a, b), {"beta": beta, "alpha": alpha},
-                      out_meta(node), out_variant=aten.addmm.out)
+    return (beta == 1 and alpha == 1 and _onednn_gemm(ctx, node, a, b, bias) or
+            ctx.extern(aten.addmm.default, (bias, a, b), {"beta": beta, "alpha": alpha},
+                       out_meta(node), out_variant=aten.addmm.out))
+
+
+ONEDNN_LINEAR = torch.ops.mkldnn._linear_pointwise.default
+
+
+def _onednn_gemm(ctx, node, a, b, bias=None):
+    """`a @ b (+ bias)` as oneDNN's linear on the plain operands, `_linear_pointwise(a, b.t(),
+    bias)`, where ctx.onednn_gemm says oneDNN is the faster library for its size (backends/
+    gemmroute.py, docs/design/076); else None (aten). oneDNN reads the weight `b.t()` in
+    either orientation in place, but copies a first operand whose rows are not contiguous:
+    the weight gradient's `g.t() @ x` ran 0.89-1.08x aten that way (gemm_train_micro.py), so
+    it stays on aten, as does a bias other than one float per output column."""
+    val = out_meta(node)                # (ctx.onednn_gemm is None unless the graph is on the CPU)
+    if ctx.onednn_gemm is None or val.dtype != torch.float32:
+        return None
+    (m, k), n = a.size, b.size[1]
+    if not all(isinstance(s, int) for s in (m, k, n)):
+        return None
+    if bias is not None and (tuple(bias.size) != (n,) or bias.dtype != torch.float32):
+        return None
+    if not ctx.onednn_gemm(m, k, n):
+        return None
+    a, b = ctx.realize(a), ctx.realize(b)
+    if a.stride != (k, 1) or b.stride not in ((n, 1), (1, k)):     # dense, either way for b
+        return None
+    if bias is not None:
+        bias = ctx.realize(bias)
+        if bias.stride != (1,):
+            return None
+    ctx.onednn_gemms.append((m, k, n))
+    weight = View(b.buffer, (n, k), b.stride[::-1], b.offset)
+    return ctx.extern(ONEDNN_LINEAR, (a, weight, bias, "none", [], ""), {}, val)
 
 
 # Compute-bound / library ops the decomp contract (ember.decomp.prims, "extern" kind) leaves to
