@@ -49,7 +49,7 @@ _SEQ2SEQ = dict(d_model=256, encoder_layers=2, decoder_layers=2, encoder_attenti
                 vocab_size=_V, max_position_embeddings=512, use_cache=False, pad_token_id=0,
                 decoder_start_token_id=1, bos_token_id=1, eos_token_id=2)
 _AUDIO = dict(hidden_size=256, num_hidden_layers=2, num_attention_heads=4, intermediate_size=1024,
-              apply_spec_augment=False, mask_time_prob=0.0)
+              apply_spec_augment=False, mask_time_prob=0.0, layerdrop=0.0)
 
 
 def _ids(b=_B, s=_S, **extra):
@@ -179,6 +179,8 @@ def _no_dropout(model: torch.nn.Module) -> None:
     """Every dropout at p=0, so eager and ember compute the same function in training (modules,
     and the float probabilities attention layers keep as attributes)."""
     for m in model.modules():
+        if isinstance(m, torch.nn.modules.dropout._DropoutNd):
+            m.p = 0.0
         for k, v in vars(m).items():
             if "drop" in k and isinstance(v, float):
                 setattr(m, k, 0.0)

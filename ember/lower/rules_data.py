@@ -314,7 +314,9 @@ def cat(ctx, node, tensors, dim=0):
     out = out_meta(node)
     size = as_sizes(out.shape)
     dim = dim % len(size)
-    parts = [t for t in tensors if not (len(t.size) == 1 and t.size[0] == 0)]
+    # legacy empty 1-D parts take no part in a cat; when all are empty, the (empty) result
+    # reads the first
+    parts = [t for t in tensors if not (len(t.size) == 1 and t.size[0] == 0)] or list(tensors[:1])
     if len(parts) > POINTWISE_CAT_PARTS:
         return ctx.extern(aten.cat.default, (list(tensors), dim), {}, out,
                           out_variant=aten.cat.out)
