@@ -56,7 +56,13 @@ class ShapeEnv:
 
     # ---- deciding -------------------------------------------------------------------
     def hint(self, expr):
-        return expr.xreplace(self.hints) if expr.free_symbols else expr
+        if not expr.free_symbols:
+            return expr
+        # doit: a constant subterm left unevaluated (Max(0, 2) from a decomposition's clamp)
+        # would keep the substituted value undecided
+        value = sympy.sympify(expr.xreplace(self.hints))
+        return value if isinstance(value, (sympy.Number, sympy.logic.boolalg.BooleanAtom)) \
+            else value.doit()
 
     def static(self, expr):
         """True/False when the bounds decide `expr` for every allowed size, else None."""
@@ -365,6 +371,15 @@ def pyexpr(expr, name) -> str:
     raise NotImplementedError(f"cannot print size expression {e}")
 
 
+def _with_val(node, expr, env: ShapeEnv | None):
+    """`node` with meta["val"], its SymInt/SymFloat, when there is an env: every size node has
+    one, the partial products and sums of a chain too (the partitioner may save one for the
+    backward, and the tracer places new size nodes after all nodes that have one)."""
+    if env is not None and "val" not in node.meta:
+        node.meta["val"] = env.symint(expr, int if expr.is_integer else float)
+    return node
+
+
 def to_fx(graph, expr, symbol_node, cache: dict, env: ShapeEnv | None = None):
     """FX nodes (operator.* on int nodes) computing a size expression; `symbol_node(s)`.
     With `env`, each new node's meta["val"] is its SymInt/SymFloat."""
@@ -385,9 +400,10 @@ def to_fx(graph, expr, symbol_node, cache: dict, env: ShapeEnv | None = None):
         else:
             op = operator.add if isinstance(expr, sympy.Add) else operator.mul
             args = [to_fx(graph, a, symbol_node, cache, env) for a in expr.args]
-            out = args[0]
-            for a in args[1:]:
-                out = graph.call_function(op, (out, a))
+            out, part = args[0], expr.args[0]
+            for a, e in zip(args[1:], expr.args[1:]):
+                part = op(part, e)
+                out = _with_val(graph.call_function(op, (out, a)), part, env)
     elif isinstance(expr, sympy.floor):
         num, den = sympy.fraction(sympy.together(expr.args[0]))
         out = graph.call_function(operator.floordiv, (to_fx(graph, num, symbol_node, cache, env),
@@ -398,8 +414,8 @@ def to_fx(graph, expr, symbol_node, cache: dict, env: ShapeEnv | None = None):
     elif isinstance(expr, sympy.Pow) and expr.exp.is_Integer and expr.exp > 0:
         b = to_fx(graph, expr.base, symbol_node, cache, env)
         out = b
-        for _ in range(int(expr.exp) - 1):
-            out = graph.call_function(operator.mul, (out, b))
+        for k in range(2, int(expr.exp) + 1):
+            out = _with_val(graph.call_function(operator.mul, (out, b)), expr.base ** k, env)
     elif isinstance(expr, sympy.Pow):
         out = graph.call_function(operator.pow, (to_fx(graph, expr.base, symbol_node, cache, env),
                                                  float(expr.exp)))
@@ -408,8 +424,8 @@ def to_fx(graph, expr, symbol_node, cache: dict, env: ShapeEnv | None = None):
         out = graph.call_function(f, tuple(to_fx(graph, a, symbol_node, cache, env) for a in expr.args))
     else:
         raise NotImplementedError(f"cannot build size expression {expr} in a graph")
-    if env is not None and hasattr(out, "meta") and "val" not in out.meta:
-        out.meta["val"] = env.symint(expr, int if expr.is_integer else float)
+    if hasattr(out, "meta"):
+        _with_val(out, expr, env)
     cache[expr] = out
     return out
 

@@ -115,6 +115,23 @@ def as_sizes(xs) -> tuple:
     return tuple(as_size(x) for x in xs)
 
 
+def dense_permutation(t: torch.Tensor) -> bool:
+    """Whether t's strides are a dense (non-overlapping, gap-free) permutation of its dims.
+    Symbolic strides are ordered by their hints and must then equal the running products
+    exactly, else False (the callers' general path): no size guard is recorded, so this is safe
+    in a backward compiled after the graph's guards were fixed."""
+    def order(d):
+        return int(SHAPE_ENV.get().hint(d[0])) if is_symbolic(d[0]) else d[0]
+    dims = sorted(((as_size(st), as_size(s)) for s, st in zip(t.shape, t.stride())
+                   if as_size(s) != 1), key=order)
+    expect = 1
+    for st, s in dims:
+        if sympy.expand(st - expect) != 0:
+            return False
+        expect = expect * s
+    return True
+
+
 def view_chain(value: Reindex):
     """(base, view ops innermost first) when `value` is only reshapes/permutes of `base`."""
     fns = []

@@ -28,8 +28,8 @@ from ..logging import get_logger
 from ..loopir.nodes import (Buffer, ComputedBuffer, ExternBuffer, InputBuffer, MultiOutput,
                            Pointwise, TensorArg)
 from .recompute import feeds_reduction, recompute_is_cheaper
-from .ir import (Pending, Reindex, TensorValue, View, dense_view, meta_strided, SHAPE_ENV, as_size,
-                 as_sizes, view_chain)
+from .ir import (Pending, Reindex, TensorValue, View, dense_permutation, dense_view, meta_strided,
+                 SHAPE_ENV, as_size, as_sizes, view_chain)
 
 aten = torch.ops.aten
 perf_log = get_logger("perf")
@@ -491,7 +491,7 @@ def _touches_complex(node: torch.fx.Node) -> bool:
 
 def _output_stride(meta):
     """The layout an output is stored in: its meta stride when that is a dense permutation."""
-    if isinstance(meta, torch.Tensor) and _dense_permutation(meta):
+    if isinstance(meta, torch.Tensor) and dense_permutation(meta):
         return as_sizes(meta.stride())
     return None
 
@@ -517,17 +517,6 @@ def _gapped_stride(meta):
             return None
         reach = st * s
     return as_sizes(meta.stride())
-
-
-def _dense_permutation(t: torch.Tensor) -> bool:
-    """True when t's strides are a dense (non-overlapping, gap-free) permutation of its dims."""
-    dims = sorted((st, s) for s, st in zip(t.shape, t.stride()) if s != 1)
-    expect = 1
-    for st, s in dims:
-        if st != expect:
-            return False
-        expect *= s
-    return True
 
 
 def as_value(x) -> Any:

@@ -19,8 +19,8 @@ from ..loopir.index import contiguous_strides, is_symbolic, numel
 from ..loopir.ops import compute_dtype, ops
 from ..loopir.nodes import InputBuffer, Pointwise, scatter_body
 from .index_prop import constant_value, static_index, window_preimage
-from .ir import (Pending, Reindex, SHAPE_ENV, TensorValue, View, as_size, as_sizes, meta_strided,
-                 meta_view, view_chain, view_impl)
+from .ir import (Pending, Reindex, SHAPE_ENV, TensorValue, View, as_size, as_sizes, dense_permutation,
+                 meta_strided, meta_view, view_chain, view_impl)
 from .rules import RULES, broadcast_loader, out_meta, rule
 from ..errors import Unsupported
 
@@ -122,6 +122,13 @@ def known(rel):
         SHAPE_ENV.get().static(rel)
 
 
+def may_hold(rel) -> bool:
+    """Whether a comparison of sizes can be true: a bounds check it guards is needed unless the
+    sizes decide it false for every allowed value (a kept check is always correct; a size hint
+    never decides what the kernel computes)."""
+    return known(rel) is not False
+
+
 def _slice_start(start, s):
     """torch's clamp of a slice start into [0, s]; None when symbolic sizes leave it open."""
     neg = known(sympy.sympify(start) < 0)
@@ -191,7 +198,7 @@ def as_strided(ctx, node, x, size, stride, storage_offset=None):
         return View(x.buffer, as_sizes(size), as_sizes(stride), off)
     m = out_meta(node.args[0])
     want, want_off = as_sizes(m.stride()), as_size(m.storage_offset())
-    fresh = want_off == 0 and _dense(m)
+    fresh = want_off == 0 and dense_permutation(m)
     v = ctx.realize(x, stride=want if fresh else None)
     if not _same_layout(v, want, want_off):
         if not fresh:
@@ -241,7 +248,7 @@ def _within_footprint(ctx, node, x, size, stride, storage_offset):
         numel = int(m.numel())
     except (TypeError, RuntimeError):
         return None         # symbolic bounds (not proven inside), or a view that did not replay
-    if not _dense(m) or 0 in size or min(stride, default=0) < 0:
+    if not dense_permutation(m) or 0 in size or min(stride, default=0) < 0:
         return None
     last = off + sum((s - 1) * st for s, st in zip(size, stride))
     if off < want_off or last >= want_off + numel:
@@ -250,16 +257,6 @@ def _within_footprint(ctx, node, x, size, stride, storage_offset):
         return View(x.buffer, tuple(size), tuple(stride), off)
     v = ctx.realize(Pending(Pointwise(x.size, x.dtype, x.loader())), stride=tuple(want))
     return View(v.buffer, tuple(size), tuple(stride), off - want_off)
-
-
-def _dense(m) -> bool:
-    dims = sorted((as_size(st), as_size(s)) for s, st in zip(m.shape, m.stride()) if s != 1)
-    expect = 1
-    for st, s in dims:
-        if st != expect:
-            return False
-        expect = expect * s
-    return True
 
 
 def _same_layout(v, stride, offset) -> bool:
@@ -317,7 +314,9 @@ def cat(ctx, node, tensors, dim=0):
     out = out_meta(node)
     size = as_sizes(out.shape)
     dim = dim % len(size)
-    parts = [t for t in tensors if not (len(t.size) == 1 and t.size[0] == 0)]
+    # legacy empty 1-D parts take no part in a cat; when all are empty, the (empty) result
+    # reads the first
+    parts = [t for t in tensors if not (len(t.size) == 1 and t.size[0] == 0)] or list(tensors[:1])
     if len(parts) > POINTWISE_CAT_PARTS:
         return ctx.extern(aten.cat.default, (list(tensors), dim), {}, out,
                           out_variant=aten.cat.out)
@@ -363,17 +362,21 @@ def constant_pad_nd(ctx, node, x, pad, value=0):
     for k in range(len(pad) // 2):
         lows[n - 1 - k] = pad[2 * k]
     load = x.loader()
+    # which bounds checks each dim needs, decided here while the graph's shape env is current
+    low_check = [may_hold(sympy.sympify(lo) > 0) for lo in lows]
+    crop = [may_hold(sympy.sympify(lo) < 0) for lo in lows]
+    high_check = [may_hold(sympy.sympify(lo + xs) < s) or c for lo, xs, s, c in zip(lows, x.size, size, crop)]
 
     def inner(index):
         idx = [i - lo for i, lo in zip(index, lows)]
         conds = []
         for d in range(n):
-            if lows[d] > 0:
+            if low_check[d]:
                 conds.append(ops.ge(ops.index_expr(idx[d], torch.int64), ops.constant(0, torch.int64)))
-            if lows[d] + x.size[d] < size[d] or lows[d] < 0:
+            if high_check[d]:
                 conds.append(ops.lt(ops.index_expr(idx[d], torch.int64),
                                     ops.constant(x.size[d], torch.int64)))
-            if lows[d] < 0:
+            if crop[d]:
                 conds.append(ops.ge(ops.index_expr(idx[d], torch.int64), ops.constant(0, torch.int64)))
         if not conds:
             return load(idx)
@@ -570,6 +573,10 @@ def index_put(ctx, node, x, indices, values, accumulate=False):
     lx, lv = x.loader(), broadcast_loader(values, vshape)
     cd = compute_dtype(x.dtype)
     npos = len(wins)
+    # whether window offset t of position n may leave [0, Q), decided while the shape env is current
+    leaves = {(n, t): may_hold(sympy.sympify(c + t) < 0) or
+              may_hold(sympy.sympify(a * (x.size[p0 + n] - 1) + c + t) >= qsize[j])
+              for n, (j, a, c, k) in enumerate(wins) for t in range(k)}
 
     def inner(idx):
         acc = ops.to_dtype(lx(idx), cd)
@@ -578,7 +585,7 @@ def index_put(ctx, node, x, indices, values, accumulate=False):
             conds = []
             for n, ((j, a, c, _), t) in enumerate(zip(wins, ts)):
                 q[j] = a * idx[p0 + n] + c + t
-                if c + t < 0 or a * (x.size[p0 + n] - 1) + c + t >= qsize[j]:   # may leave [0, Q)
+                if leaves[n, t]:
                     e = ops.index_expr(q[j], torch.int64)
                     conds.append(ops.logical_and(ops.ge(e, ops.constant(0, torch.int64)),
                                                  ops.lt(e, ops.constant(qsize[j], torch.int64))))
