@@ -26,7 +26,10 @@ class Recording(ember_backend.WrapperCodegen):
 
 
 @pytest.fixture(autouse=True)
-def onednn_wins(monkeypatch):
+def onednn_wins(monkeypatch, tmp_path):
+    # a fresh cache: a graph-cache hit (an earlier run's entry) skips the lowering and the
+    # wrapper these tests count
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(prepack, "MIN_WORK", WORK)
     monkeypatch.setattr(gemmlib, "measured", lambda: gemmlib.Choice("onednn", True, "test"))
     monkeypatch.setattr(ember_backend, "WrapperCodegen", Recording)
