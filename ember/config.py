@@ -57,6 +57,17 @@ def cache_subdir(*parts: str) -> Path:
     return d
 
 
+def write_json(path: Path, data) -> None:
+    """Write `data` as JSON to `path` (a cache file) atomically: a reader sees the old file or
+    the whole new one, never a part."""
+    import json
+    import tempfile
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f)
+    os.replace(tmp, path)
+
+
 def backend_cache() -> bool:
     return _flag("EMBER_BACKEND_CACHE", default=True)
 

@@ -29,9 +29,7 @@ import dataclasses
 import hashlib
 import json
 import math
-import os
 import platform
-import tempfile
 
 import torch
 
@@ -85,10 +83,7 @@ def measured() -> Choice:
         got = Choice(data["library"], bool(data["plain"]), data["why"] + " (cached)")
     except (OSError, ValueError, KeyError):
         got = probe()
-        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            json.dump(dataclasses.asdict(got), f)
-        os.replace(tmp, path)
+        config.write_json(path, dataclasses.asdict(got))
     perf_log.info("gemm library for frozen linears: %s, oneDNN on plain weights: %s (%s)",
                   got.library, "yes" if got.plain else "no", got.why)
     _CHOICES[key] = got

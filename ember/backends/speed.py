@@ -338,9 +338,4 @@ def _load(key: str) -> dict | None:
 
 
 def _store(key: str, data: dict) -> None:
-    import tempfile
-    p = _path(key)
-    fd, tmp = tempfile.mkstemp(dir=p.parent, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f)
-    os.replace(tmp, p)
+    config.write_json(_path(key), data)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from pathlib import Path
 
 from .. import config, counters
@@ -58,9 +57,6 @@ def commit(key: str, built: Path, source: str) -> Path:
     so = d / f"{key}.so"
     os.replace(built, so)
     (d / f"{key}.cpp").write_text(source)
-    fd, tmp = tempfile.mkstemp(dir=d, suffix=".json.tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump({"sha256": _digest(so)}, f)
-    os.replace(tmp, d / f"{key}.json")
+    config.write_json(d / f"{key}.json", {"sha256": _digest(so)})
     USED.add(("kernels", key))
     return so

@@ -15,8 +15,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import os
-import tempfile
 from pathlib import Path
 
 import torch
@@ -90,10 +88,7 @@ def load(key: str):
 def store(key: str, entry: dict) -> None:
     path = _path(key)
     payload = json.dumps(entry)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump({"sha256": _payload_hash(payload), "payload": payload}, f)
-    os.replace(tmp, path)
+    config.write_json(path, {"sha256": _payload_hash(payload), "payload": payload})
     cache.USED.add(("graphs", key))
 
 
