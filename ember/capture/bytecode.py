@@ -57,26 +57,26 @@ class ExceptionEntry:
     lasti: bool
 
 
-def _parse_exception_table(code: CodeType) -> list[tuple[int, int, int, int, bool]]:
-    """(start_off, end_off, target_off, depth, lasti) in bytes, from co_exceptiontable's varints."""
-    table = getattr(code, "co_exceptiontable", b"")
+def exception_table_entries(table: bytes) -> list[list[int]]:
+    """co_exceptiontable's entries as [start, length, target, depth_lasti] in code units."""
     out, it = [], iter(table)
 
-    def varint(first=None):
-        b = next(it) if first is None else first
+    def varint(b):
         val = b & 63
         while b & 64:
             b = next(it)
             val = (val << 6) | (b & 63)
         return val
-
     for b in it:
-        start = varint(b) * 2
-        length = varint() * 2
-        target = varint() * 2
-        dl = varint()
-        out.append((start, start + length - 2, target, dl >> 1, bool(dl & 1)))
+        out.append([varint(b), varint(next(it)), varint(next(it)), varint(next(it))])
     return out
+
+
+def _parse_exception_table(code: CodeType) -> list[tuple[int, int, int, int, bool]]:
+    """(start_off, end_off, target_off, depth, lasti) in bytes."""
+    return [(2 * start, 2 * (start + length) - 2, 2 * target, dl >> 1, bool(dl & 1))
+            for start, length, target, dl in
+            exception_table_entries(getattr(code, "co_exceptiontable", b""))]
 
 
 _DECODE_CACHE: dict[CodeType, tuple[list[Instr], list[ExceptionEntry]]] = {}

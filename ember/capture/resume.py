@@ -23,6 +23,7 @@ import types
 import bytecode as bc
 
 from ..errors import Unsupported
+from .bytecode import exception_table_entries
 
 _OP = dis.opmap
 _DEREF_OPS = {_OP[n] for n in ("LOAD_DEREF", "STORE_DEREF", "DELETE_DEREF", "LOAD_CLOSURE",
@@ -62,21 +63,6 @@ def _enter_context(const_index: int) -> bytes:
     return out + _emit(_OP["CALL"], 0) + _emit(_OP["BEFORE_WITH"]) + _emit(_OP["POP_TOP"])
 
 
-def _parse_table(table: bytes) -> list[list[int]]:
-    """Exception-table entries as [start, length, target, depth_lasti] in code units."""
-    out, it = [], iter(table)
-
-    def varint(b):
-        val = b & 63
-        while b & 64:
-            b = next(it)
-            val = (val << 6) | (b & 63)
-        return val
-    for b in it:
-        out.append([varint(b), varint(next(it)), varint(next(it)), varint(next(it))])
-    return out
-
-
 def _varint(val: int, first: bool) -> bytes:
     chunks = [val & 63]
     val >>= 6
@@ -92,7 +78,7 @@ def _varint(val: int, first: bool) -> bytes:
 
 def _shift_table(table: bytes, units: int) -> bytes:
     out = b""
-    for start, length, target, dl in _parse_table(table):
+    for start, length, target, dl in exception_table_entries(table):
         out += _varint(start + units, True) + _varint(length, False) + \
             _varint(target + units, False) + _varint(dl, False)
     return out
