@@ -44,6 +44,14 @@ for k in rs:
 if "--no-prof" in sys.argv:
     sys.exit()
 import collections
+#: self-time categories of the shares line (first match wins; the profiler's times are wall
+#: times, inflated alike under load, so read the shares, not the milliseconds); ember's kernels
+#: first, as their names carry the aten ops they fuse
+CATEGORIES = [("ember kernels", ("ember kernel",)),
+              ("gemm", ("_linear_pointwise", "aten::addmm", "aten::mm", "aten::bmm", "_mkl_linear",
+                        "aten::baddbmm")),
+              ("attention", ("flash_attention", "ember::flex_attention")),
+              ("conv", ("convolution",)), ("rnn", ("rnn",))]
 steps = arg("--steps", 5)
 per = {k: collections.defaultdict(list) for k in rs}
 tot = {k: [] for k in rs}
@@ -63,5 +71,12 @@ for k in rs:
         sel = [v for key, v in rows if cls in key]
         if sel:
             print("  %-22s %3d events: sum of medians %7.1f ms, sum of mins %7.1f ms" % (cls, len(sel), sum(st.median(v) for v in sel), sum(min(v) for v in sel)))
+    share = collections.Counter()       # where the step's self time goes, by library / ember
+    for key, v in rows:
+        share[next((c for c, names in CATEGORIES if any(n in key for n in names)), "other")] += \
+            st.median(v)
+    total = sum(share.values()) or 1.0
+    print("  shares: " + ", ".join("%s %.0f%%" % (c, 100 * share[c] / total)
+                                   for c, _ in CATEGORIES + [("other", ())] if share[c]))
     for key, v in rows[:top]:
         print("%9.2f ms [min %7.2f] %s" % (st.median(v), min(v), key))
