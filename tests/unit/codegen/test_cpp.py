@@ -494,35 +494,39 @@ def test_column_sums_walk_whole_rows(tmp_path, monkeypatch, cols):
         torch.set_num_threads(threads)
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("squares", [False, True])
-def test_double_column_sums_keep_blocks_in_registers(tmp_path, monkeypatch, squares):
-    """A column sum accumulated in double (float64 data, BatchNorm's double statistics) takes
-    blocks whose accumulators fit WIDE_ACC_BYTES: 128 columns for one sum, 64 for a sum and a
-    sum of squares, not the row's 2000 (a store-bound update of memory every row, 2x slower on
-    Zen 4). Values within double rounding of a float64 reference at 1 and 2 threads."""
+def test_column_sums_keep_blocks_in_registers(tmp_path, monkeypatch, squares, dtype):
+    """A column sum takes blocks whose accumulators fit ACC_BYTES (16 zmm), not the row's 2000
+    columns (a store-bound update of memory every row, 1.5-2.5x slower on Zen 4): in double
+    (float64 data, BatchNorm's double statistics) 128 columns for one sum, 64 for a sum and a
+    sum of squares; in float 256 and 128 (design 082). Values vs a float64 reference at 1 and
+    2 threads (double: within its rounding; float: 300 rows of [0.5, 1.5))."""
     monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))
     rows, cols = 300, 2000
-    x = InputBuffer("arg0", torch.float64, (rows, cols), (cols, 1), position=0)
+    x = InputBuffer("arg0", dtype, (rows, cols), (cols, 1), position=0)
     xl = x.loader()
-    nodes = [ComputedBuffer("buf0", torch.float64, (cols,), (1,), body=Reduction(
-        (cols,), (rows,), "sum", torch.float64, torch.float64, lambda i, r: xl([r[0], i[0]])))]
+    nodes = [ComputedBuffer("buf0", dtype, (cols,), (1,), body=Reduction(
+        (cols,), (rows,), "sum", dtype, dtype, lambda i, r: xl([r[0], i[0]])))]
     if squares:
-        nodes.append(ComputedBuffer("buf1", torch.float64, (cols,), (1,), body=Reduction(
-            (cols,), (rows,), "sum", torch.float64, torch.float64,
+        nodes.append(ComputedBuffer("buf1", dtype, (cols,), (1,), body=Reduction(
+            (cols,), (rows,), "sum", dtype, dtype,
             lambda i, r: ops.mul(xl([r[0], i[0]]), xl([r[0], i[0]])))))
     steps, src, fns, sigs = _compile(nodes, [x])
-    width = 64 if squares else 128
-    assert f"double acc0[{width}];" in src and "[2000]" not in src, src
+    width = (64 if squares else 128) * (8 // dtype.itemsize)
+    assert f"{'double' if dtype == torch.float64 else 'float'} acc0[{width}];" in src \
+        and "[2000]" not in src, src
     t = torch.rand(rows, cols, dtype=torch.float64) + 0.5
     refs = [t.sum(0), (t * t).sum(0)][:len(nodes)]
     threads = torch.get_num_threads()
     try:
         for n in (1, 2):
             torch.set_num_threads(n)
-            bufs = {"arg0": t, **{nd.name: torch.empty(cols, dtype=torch.float64) for nd in nodes}}
+            bufs = {"arg0": t.to(dtype), **{nd.name: torch.empty(cols, dtype=dtype) for nd in nodes}}
             for st in steps:
                 fns[st.name](*[bufs[a].data_ptr() for a in sigs[st.name]])
             for nd, ref in zip(nodes, refs):
-                torch.testing.assert_close(bufs[nd.name], ref, rtol=1e-13, atol=0)
+                torch.testing.assert_close(bufs[nd.name].double(), ref, atol=0,
+                                           rtol=1e-13 if dtype == torch.float64 else 2e-5)
     finally:
         torch.set_num_threads(threads)
