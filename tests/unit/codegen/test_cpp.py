@@ -469,10 +469,11 @@ def test_gather_index_checks_raise_index_error_and_keep_loops_vectorizable(tmp_p
 @pytest.mark.parametrize("cols", [300, 2000])
 def test_column_sums_walk_whole_rows(tmp_path, monkeypatch, cols):
     """A sum down the columns of a row-major [rows, cols] matrix (a LayerNorm weight or a
-    linear bias gradient) takes blocks as wide as the row, up to COLUMN_BLOCK_MAX, split
-    between the threads at run time: each row is one contiguous run, not 256-byte pieces a row
-    stride apart. 300 columns: one block at one thread (not 5); 2000: 1024-wide blocks and a
-    976-wide remainder. Values within float rounding of float64 at 1 and 2 threads."""
+    linear bias gradient) takes blocks as wide as its accumulators fit 16 zmm (256 float
+    columns, design 082; at most the row), split between the threads at run time: each row
+    is a 1 KB contiguous run, not 256-byte pieces a row stride apart. 300 columns: a 256-wide
+    block and a 44-wide remainder; 2000: 256-wide blocks. Values within float rounding of
+    float64 at 1 and 2 threads."""
     monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))
     rows = 5000
     x = InputBuffer("arg0", torch.float32, (rows, cols), (cols, 1), position=0)
@@ -480,7 +481,7 @@ def test_column_sums_walk_whole_rows(tmp_path, monkeypatch, cols):
     s = ComputedBuffer("buf0", torch.float32, (cols,), (1,), body=Reduction(
         (cols,), (rows,), "sum", torch.float32, torch.float32, lambda i, r: xl([r[0], i[0]])))
     steps, src, fns, sigs = _compile([s], [x])
-    assert "omp_get_max_threads()" in src and f"[{min(304 if cols == 300 else 2000, 1024)}]" in src, src
+    assert "omp_get_max_threads()" in src and "acc0_b[256]" in src and "[1024]" not in src, src
     t = torch.rand(rows, cols) + 0.5
     ref = t.double().sum(0)
     threads = torch.get_num_threads()
