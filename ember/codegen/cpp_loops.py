@@ -134,8 +134,10 @@ def fission_groups(nodes, point, ranges, local=()) -> list[list] | None:
                        + ([(n.name, i) for i in c.stores] if n.name not in local else []))
 
     def near(a, b):
+        if a[0] != b[0]:
+            return False
         d = sympy.expand(a[1] - b[1])
-        return a[0] == b[0] and d.is_number and abs(d) < STREAM_NEAR
+        return d.is_number and abs(d) < STREAM_NEAR
 
     def count(ss):
         distinct = []
