@@ -32,7 +32,7 @@ from .cpp_column_reduction import emit_column_reduction, plan_column_reduction
 from .cpp_columns import ColumnPartials
 from .cpp_handler import CHECKED, CppHandler, CppVal, Staging, _int, cexpr, ctype, prune_dead
 from .cpp_loops import TILE, _coeff, _drop_simd_over_masked_ifs, _transposed_dim, chunk_stores, \
-    collect, loop_var, opaque_vars, plan_loops, split_divided, stage_chunks
+    collect, fission_groups, loop_var, opaque_vars, plan_loops, split_divided, stage_chunks
 from .cpp_prelude import PRELUDE, STAGED, TRANSPOSE
 from .cpp_ranges import segment, split_points, unswitch
 from .cpp_scan import emit_scan
@@ -44,6 +44,8 @@ from .cpp_reduce import ARG, CASCADE_BLOCK, PARALLEL_BLOCK, SIMD_RED, UDR, Span,
 PARALLEL_MIN_WORK = 32768
 #: the fewest iterations of the loops _unswitched keeps around its copies (_shared_outer)
 SHARED_OUTER_MIN = 64
+#: the shortest innermost loop split per group of outputs (cpp_loops.fission_groups)
+FISSION_MIN_INNER = 64
 UNROLL = 4      # a pointwise kernel's innermost dim at most this long is unrolled (pairs, k <= 4)
 
 
@@ -266,8 +268,10 @@ class KernelCodegen:
         elif d is not None:
             self._tiled(sizes, lvars, d, parallel, body=store)
         else:
+            groups = fission_groups(nodes, point, h.ranges, k.local)
+            parts = [lambda g=g: [n.store_pointwise(point) for n in g] for g in groups or ()]
             self._unswitched(sizes, lvars, lvars[:-1], parallel, work, store,
-                             self._pointwise_nest(store), shared_outer=True)
+                             self._pointwise_nest(store, parts), shared_outer=True)
         h.subs = {}
         h.ranges = self.outer_ranges
 
@@ -426,12 +430,22 @@ class KernelCodegen:
         outer = numel(sizes[:p])
         return p if p and not is_symbolic(outer) and hint(outer) >= SHARED_OUTER_MIN else 0
 
-    def _pointwise_nest(self, store):
-        """emit() for _unswitched: the innermost loop split where compares change along it."""
+    def _pointwise_nest(self, store, parts=()):
+        """emit() for _unswitched: the innermost loop split where compares change along it, or
+        one innermost loop per part of the body (`parts`: fission_groups' stores) when it is at
+        least FISSION_MIN_INNER long."""
         def emit(sizes, lvars, parallel):
             segments = self._segments(sizes, lvars, store)
             if segments is not None:
                 self._split(sizes, lvars, segments, parallel, store)
+            elif parts and lvars and _count(sizes[-1]) >= FISSION_MIN_INNER:
+                def inner(par=False):
+                    for part in parts:
+                        self._loops(sizes[-1:], lvars[-1:], par, simd_last=True, body=part)
+                if len(sizes) == 1:
+                    inner(parallel)
+                else:
+                    self._loops(sizes[:-1], lvars[:-1], parallel, simd_last=False, body=inner)
             else:
                 self._loops(sizes, lvars, parallel, simd_last=True, body=store)
         return emit

@@ -25,13 +25,14 @@ COLUMN_BLOCK = 64
 #: weight gradient) per 256 bytes, and that kernel ran as long as the input gradient's,
 #: which reads twice the data
 COLUMN_BLOCK_MAX = 1024
-#: bytes of 64-bit accumulators a row of a block may update: 16 zmm registers. A double (or
-#: int64) accumulator block updated in memory every row is store-bound (8 lanes a store, two
-#: stores a row for BatchNorm's double S and Q): BatchNorm1d's statistics over [4096, 768]
+#: bytes of accumulators a row of a block may update: 16 zmm registers. An accumulator block
+#: updated in memory every row is store-bound: BatchNorm1d's double statistics over [4096, 768]
 #: ran 1.6 ms in 768-column blocks, 0.8 ms in 64-column ones (registers), 1.5 ms in 128
-#: (spilled) on Zen 4. Float accumulators are unchanged: their blocks ran alike from 64 to
-#: 768 columns (benchmarks/results/column_block_micro_2026-12-07_s23.txt)
-WIDE_ACC_BYTES = 1024
+#: (spilled) on Zen 4 (benchmarks/results/column_block_micro_2026-12-07_s23.txt); float sums
+#: alike (design 082): one sum over [8, 512, 768] dim 1 0.25 -> 0.17 ms at 256 columns, one
+#: over [4096, 768] 0.6 -> 0.24 ms, two sums 1.4-1.5 -> 0.9 ms at 128 (2.0 at 256: spilled)
+#: (benchmarks/results/column_block_micro_2026-12-07_s24.txt)
+ACC_BYTES = 1024
 
 
 def plan_column_reduction(cg, xv) -> dict | None:
@@ -137,19 +138,17 @@ def _row_tiles(cg, xv) -> dict | None:
     return tiles if tiles and transposed else None
 
 
-def _wide_acc_block(k) -> int:
-    """The most columns a block may have so that the 64-bit accumulators one reduction stage
-    updates every row fit WIDE_ACC_BYTES (a multiple of 16, at least 16); COLUMN_BLOCK_MAX
-    when no stage has one."""
+def _acc_block(k) -> int:
+    """The most columns a block may have so that the accumulators one reduction stage updates
+    every row (float at least: fp16/bf16 accumulate in float; a cascaded sum's row block is
+    its float source) fit ACC_BYTES: a multiple of 16, at least 16."""
     width = COLUMN_BLOCK_MAX
     for st in k.stages:
         if st.kind != "reduction":
             continue
-        adts = [n.body.src_dtype for n in st.nodes]   # a cascaded sum's row block: float
-        if any(dt.itemsize == 8 for dt in adts):
-            per_column = sum(dt.itemsize for dt in adts) + sum(
-                8 for n in st.nodes if n.body.reduction_type in ARG)
-            width = min(width, max(16, WIDE_ACC_BYTES // per_column // 16 * 16))
+        per_column = sum(max(n.body.src_dtype.itemsize, 4) for n in st.nodes) + sum(
+            8 for n in st.nodes if n.body.reduction_type in ARG)
+        width = min(width, max(16, ACC_BYTES // per_column // 16 * 16))
     return width
 
 
@@ -160,7 +159,7 @@ def emit_column_reduction(cg, xv, parallel, row_tiles: dict):
     L = k.outer[-1]
     B = COLUMN_BLOCK
     if not is_symbolic(L) and hint(L) > B:
-        B = min(-(-hint(L) // 16) * 16, COLUMN_BLOCK_MAX, _wide_acc_block(k))
+        B = min(-(-hint(L) // 16) * 16, COLUMN_BLOCK_MAX, _acc_block(k))
     if row_tiles:
         # a block of ROW_TILE columns: its row loads are ROW_TILE streams, each staged
         # line used whole (as Inductor's 16 x 16 transposed tiles; wider blocks ran

@@ -102,6 +102,8 @@ def _cases():
                        lambda: (_g(2, 32, 6, 6),), False, False, {}),
         "double_columns": (lambda x: (x.sum(0), torch.var_mean(x, 0)),
                            lambda: (_g(16, 300).double(),), False, False, {}),
+        "many_streams": (lambda x: [c.relu() * 2 for c in x.chunk(8, 1)],
+                         lambda: (_g(2, 64, 80),), False, False, {}),
         "relpos_softmax": (lambda a, rh, rw: (a.view(2, 3, 5, 7, 6) + rh[..., None]
                                               + rw[..., None, :]).view(2, 15, 42).softmax(-1),
                            lambda: (_g(2, 15, 42), _g(2, 3, 5, 7, seed=1), _g(2, 3, 5, 6, seed=2)),

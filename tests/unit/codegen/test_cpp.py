@@ -469,10 +469,11 @@ def test_gather_index_checks_raise_index_error_and_keep_loops_vectorizable(tmp_p
 @pytest.mark.parametrize("cols", [300, 2000])
 def test_column_sums_walk_whole_rows(tmp_path, monkeypatch, cols):
     """A sum down the columns of a row-major [rows, cols] matrix (a LayerNorm weight or a
-    linear bias gradient) takes blocks as wide as the row, up to COLUMN_BLOCK_MAX, split
-    between the threads at run time: each row is one contiguous run, not 256-byte pieces a row
-    stride apart. 300 columns: one block at one thread (not 5); 2000: 1024-wide blocks and a
-    976-wide remainder. Values within float rounding of float64 at 1 and 2 threads."""
+    linear bias gradient) takes blocks as wide as its accumulators fit 16 zmm (256 float
+    columns, design 082; at most the row), split between the threads at run time: each row
+    is a 1 KB contiguous run, not 256-byte pieces a row stride apart. 300 columns: a 256-wide
+    block and a 44-wide remainder; 2000: 256-wide blocks. Values within float rounding of
+    float64 at 1 and 2 threads."""
     monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))
     rows = 5000
     x = InputBuffer("arg0", torch.float32, (rows, cols), (cols, 1), position=0)
@@ -480,7 +481,7 @@ def test_column_sums_walk_whole_rows(tmp_path, monkeypatch, cols):
     s = ComputedBuffer("buf0", torch.float32, (cols,), (1,), body=Reduction(
         (cols,), (rows,), "sum", torch.float32, torch.float32, lambda i, r: xl([r[0], i[0]])))
     steps, src, fns, sigs = _compile([s], [x])
-    assert "omp_get_max_threads()" in src and f"[{min(304 if cols == 300 else 2000, 1024)}]" in src, src
+    assert "omp_get_max_threads()" in src and "acc0_b[256]" in src and "[1024]" not in src, src
     t = torch.rand(rows, cols) + 0.5
     ref = t.double().sum(0)
     threads = torch.get_num_threads()
@@ -494,35 +495,39 @@ def test_column_sums_walk_whole_rows(tmp_path, monkeypatch, cols):
         torch.set_num_threads(threads)
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("squares", [False, True])
-def test_double_column_sums_keep_blocks_in_registers(tmp_path, monkeypatch, squares):
-    """A column sum accumulated in double (float64 data, BatchNorm's double statistics) takes
-    blocks whose accumulators fit WIDE_ACC_BYTES: 128 columns for one sum, 64 for a sum and a
-    sum of squares, not the row's 2000 (a store-bound update of memory every row, 2x slower on
-    Zen 4). Values within double rounding of a float64 reference at 1 and 2 threads."""
+def test_column_sums_keep_blocks_in_registers(tmp_path, monkeypatch, squares, dtype):
+    """A column sum takes blocks whose accumulators fit ACC_BYTES (16 zmm), not the row's 2000
+    columns (a store-bound update of memory every row, 1.5-2.5x slower on Zen 4): in double
+    (float64 data, BatchNorm's double statistics) 128 columns for one sum, 64 for a sum and a
+    sum of squares; in float 256 and 128 (design 082). Values vs a float64 reference at 1 and
+    2 threads (double: within its rounding; float: 300 rows of [0.5, 1.5))."""
     monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))
     rows, cols = 300, 2000
-    x = InputBuffer("arg0", torch.float64, (rows, cols), (cols, 1), position=0)
+    x = InputBuffer("arg0", dtype, (rows, cols), (cols, 1), position=0)
     xl = x.loader()
-    nodes = [ComputedBuffer("buf0", torch.float64, (cols,), (1,), body=Reduction(
-        (cols,), (rows,), "sum", torch.float64, torch.float64, lambda i, r: xl([r[0], i[0]])))]
+    nodes = [ComputedBuffer("buf0", dtype, (cols,), (1,), body=Reduction(
+        (cols,), (rows,), "sum", dtype, dtype, lambda i, r: xl([r[0], i[0]])))]
     if squares:
-        nodes.append(ComputedBuffer("buf1", torch.float64, (cols,), (1,), body=Reduction(
-            (cols,), (rows,), "sum", torch.float64, torch.float64,
+        nodes.append(ComputedBuffer("buf1", dtype, (cols,), (1,), body=Reduction(
+            (cols,), (rows,), "sum", dtype, dtype,
             lambda i, r: ops.mul(xl([r[0], i[0]]), xl([r[0], i[0]])))))
     steps, src, fns, sigs = _compile(nodes, [x])
-    width = 64 if squares else 128
-    assert f"double acc0[{width}];" in src and "[2000]" not in src, src
+    width = (64 if squares else 128) * (8 // dtype.itemsize)
+    assert f"{'double' if dtype == torch.float64 else 'float'} acc0[{width}];" in src \
+        and "[2000]" not in src, src
     t = torch.rand(rows, cols, dtype=torch.float64) + 0.5
     refs = [t.sum(0), (t * t).sum(0)][:len(nodes)]
     threads = torch.get_num_threads()
     try:
         for n in (1, 2):
             torch.set_num_threads(n)
-            bufs = {"arg0": t, **{nd.name: torch.empty(cols, dtype=torch.float64) for nd in nodes}}
+            bufs = {"arg0": t.to(dtype), **{nd.name: torch.empty(cols, dtype=dtype) for nd in nodes}}
             for st in steps:
                 fns[st.name](*[bufs[a].data_ptr() for a in sigs[st.name]])
             for nd, ref in zip(nodes, refs):
-                torch.testing.assert_close(bufs[nd.name], ref, rtol=1e-13, atol=0)
+                torch.testing.assert_close(bufs[nd.name].double(), ref, atol=0,
+                                           rtol=1e-13 if dtype == torch.float64 else 2e-5)
     finally:
         torch.set_num_threads(threads)

@@ -323,3 +323,27 @@ def test_pad_of_many_planes_walks_each_plane_once(dirs, mode):
             if p.is_file():
                 p.unlink()
         ember.reset()
+
+
+@pytest.mark.parametrize("parts, loops", [(16, 4), (8, 2), (4, 1)])
+def test_many_stream_pointwise_loop_splits_between_outputs(dirs, parts, loops):
+    """A cat's backward writes one gradient slice per part from relu's saved output and the
+    incoming gradient: 3 streams a part. Over FISSION_STREAMS (12) streams the one simd loop is
+    split between the parts into loops of about 12 streams each (16 parts: 4 loops, 8: 2); 4
+    parts stay one loop. Gradients exact against eager; the in-place forward relu too."""
+    xs = [torch.randn(2, 4, 9, 10) for _ in range(parts)]
+
+    def f(*ts):
+        return torch.cat(ts, 1).relu()
+    leaves = [x.clone().requires_grad_(True) for x in xs]
+    ref = f(*leaves)
+    g = torch.randn_like(ref)
+    want = torch.autograd.grad(ref, leaves, g)
+    mine = [x.clone().requires_grad_(True) for x in xs]
+    out = ember.compile(f, options={"speed_check": False})(*mine)
+    torch.testing.assert_close(out, ref.detach(), rtol=0, atol=0)
+    for w, got in zip(want, torch.autograd.grad(out, mine, g)):
+        torch.testing.assert_close(got, w, rtol=0, atol=0)
+    bwd = _kernels(dirs, "*backward_kernels.cpp")
+    assert bwd.count("#pragma omp simd") == loops, bwd
+    assert len(re.findall(r"\bbuf\d+\[.*\] = tmp\d+;", bwd)) == parts, bwd    # each slice once
