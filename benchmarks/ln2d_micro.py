@@ -46,11 +46,11 @@ def main():
         g = torch.randn(n, c, h, w)
         fns = {"eager": m, "ember": LN2d(c)}
         fns["ember"].load_state_dict(m.state_dict())
-        ember.compile(fns["ember"])
+        ember.compile(fns["ember"], dynamic=False)   # one static graph per shape
         if a.torch:
             t = LN2d(c)
             t.load_state_dict(m.state_dict())
-            fns["torch"] = torch.compile(t)
+            fns["torch"] = torch.compile(t, dynamic=False)
 
         def step(f):
             if a.train:
