@@ -16,7 +16,7 @@ import sympy
 import torch
 
 from ..loopir.index import FloorDiv, ModularIndexing, is_symbolic, numel
-from .cpp_column_reduction import ROW_TILE
+from .cpp_column_reduction import ROW_TILE, stage_indices
 from .cpp_handler import ctype, cexpr
 from .cpp_loops import _coeff, collect, gathers, loop_var
 
@@ -38,14 +38,9 @@ def plan_row_staging(cg, xv) -> tuple | None:
         return None
     writes = {n.name for n in k.nodes} | set(k.local)
     staged: dict = {}
-    for st in k.stages:
-        rv = [loop_var(m + i) for i in range(len(st.inner))]
+    for st, rv, c in stage_indices(cg, xv):
         if not rv:
             continue
-        c = collect(lambda: [n.reduction_value(xv, rv) for n in st.nodes]
-                    if st.kind == "reduction" else
-                    [n.store_pointwise(xv + rv) for n in st.nodes],
-                    cg.ranges_with(rv, st.inner))
         for name, e, masked in c.loads:
             cr = _coeff(e, rv[-1])
             if _coeff(e, xv[-1]) != 1 or not isinstance(cr, sympy.Integer) or cr < ROW_TILE:

@@ -12,15 +12,7 @@ import torch
 import ember
 
 
-def _kernels(tmp_path, pattern="*kernels.cpp"):
-    return "\n".join(p.read_text() for p in sorted((tmp_path / "debug").rglob(pattern)))
-
-
-@pytest.fixture
-def dirs(tmp_path, monkeypatch):
-    monkeypatch.setenv("EMBER_DEBUG_DIR", str(tmp_path / "debug"))
-    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path / "cache"))
-    return tmp_path
+from .test_cpp_row_tiles import _kernels, dirs  # noqa: F401 (dirs: a fixture)
 
 
 class LN2d(torch.nn.Module):
