@@ -35,6 +35,8 @@ from .cpp_loops import TILE, _coeff, _drop_simd_over_masked_ifs, _transposed_dim
     collect, fission_groups, loop_var, opaque_vars, plan_loops, split_divided, stage_chunks
 from .cpp_prelude import PRELUDE, STAGED, TRANSPOSE
 from .cpp_ranges import segment, split_points, unswitch
+from .cpp_row_staging import emit_row_staging, plan_row_staging, stage_tile_loads, \
+    staged_tile_loads
 from .cpp_scan import emit_scan
 from .cpp_scatter import emit_scatter
 from .cpp_reduce import ARG, CASCADE_BLOCK, PARALLEL_BLOCK, SIMD_RED, UDR, Span, _acc_value, \
@@ -161,11 +163,15 @@ class KernelCodegen:
                         cols.bodies(st, xv, rv)
             if cols:
                 cols.open()
+            staging = plan_row_staging(self, xv) if m and not cols else None
+
+            def nest(sizes, lvars, par):
+                if staging and list(sizes) == outer:    # not one segment of an unswitched nest
+                    emit_row_staging(self, xv, staging, par, body)
+                else:
+                    self._loops(sizes, lvars, par or team, simd_last=False, body=body, team=team)
             if m:
-                self._unswitched(outer, xv, xv, parallel, work, rows,
-                                 lambda sizes, lvars, par: self._loops(
-                                     sizes, lvars, par or team, simd_last=False, body=body,
-                                     team=team))
+                self._unswitched(outer, xv, xv, parallel, work, rows, nest)
             else:
                 body()
             if cols:
@@ -369,6 +375,7 @@ class KernelCodegen:
         outer = [i for i in range(len(sizes) - 1) if i != d]
         blk = [self.h.fresh("blk"), self.h.fresh("blk")]
         tiled = [(blk[0], sizes[d]), (blk[1], sizes[-1])]
+        staged = staged_tile_loads(self, body, lvars, d)
 
         def tile():
             spans = []
@@ -376,7 +383,9 @@ class KernelCodegen:
                 code.writeline(f"int64_t {b}_lo = {b} * {TILE}, "
                                f"{b}_hi = std::min<int64_t>({b}_lo + {TILE}, {_int(size)});")
                 spans.append(Span(f"{b}_lo", f"{b}_hi", size))
+            stage_tile_loads(self, staged, lvars, d, spans, TILE)
             self._loops(spans, [lvars[d], lvars[-1]], False, simd_last=True, body=body)
+            self.h.tiles = {}
         self._loops([sizes[i] for i in outer] + [-(-hint(sz) // TILE) for _, sz in tiled],
                     [lvars[i] for i in outer] + blk, parallel, simd_last=False, body=tile)
 

@@ -105,17 +105,12 @@ def _row_tiles(cg, xv) -> dict | None:
     kernel does not write, striding by >= ROW_TILE along the last outer dim, with the
     reduced dim at least ROW_TILE long."""
     k = cg.kernel
-    last, m = xv[-1], len(xv)
+    last = xv[-1]
     writes = {n.name for n in k.nodes} | set(k.local)
     tiles, transposed = {}, False
-    for si, st in enumerate(k.stages):
-        rv = [loop_var(m + i) for i in range(len(st.inner))]
+    for si, (st, rv, c) in enumerate(stage_indices(cg, xv)):
         if not rv:
             continue
-        c = collect(lambda: [n.reduction_value(xv, rv) for n in st.nodes]
-                    if st.kind == "reduction" else
-                    [n.store_pointwise(xv + rv) for n in st.nodes],
-                    cg.ranges_with(rv, st.inner))
 
         def row(e):
             return _coeff(e, rv[-1]) == 1 and (e.has(last) or gathers(e))
@@ -136,6 +131,21 @@ def _row_tiles(cg, xv) -> dict | None:
         if loads:
             tiles[si] = list(dict.fromkeys(loads))
     return tiles if tiles and transposed else None
+
+
+def stage_indices(cg, xv) -> list:
+    """[(stage, its inner loop vars, IndexCollector of its bodies)] of a kernel, each stage's
+    indices collected over the outer vars `xv` and its inner vars (none for a stage without
+    inner dims)."""
+    out = []
+    for st in cg.kernel.stages:
+        rv = [loop_var(len(xv) + i) for i in range(len(st.inner))]
+        c = collect(lambda: [n.reduction_value(xv, rv) for n in st.nodes]
+                    if st.kind == "reduction" else
+                    [n.store_pointwise(xv + rv) for n in st.nodes],
+                    cg.ranges_with(rv, st.inner)) if rv else None
+        out.append((st, rv, c))
+    return out
 
 
 def _acc_block(k) -> int:

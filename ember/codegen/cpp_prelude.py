@@ -523,14 +523,19 @@ static inline void transpose_tile(const T* src, int64_t ss, T* dst, int64_t ds, 
         for (int64_t i = 0; i < ni; ++i) dst[i * ds + j] = src[j * ss + i];
 }
 #if defined(__AVX512F__)
+// a ragged tile (nj or ni < 16: the edge of a row or of a block of positions) is transposed
+// the same way with masked loads and stores (they do not touch the masked-out memory)
 static inline void transpose_tile(const float* src, int64_t ss, float* dst, int64_t ds,
                                   int64_t nj, int64_t ni) {
-    if (nj != 16 || ni != 16) {
+    if (nj > 16 || ni > 16 || nj <= 0 || ni <= 0) {
         transpose_tile<float>(src, ss, dst, ds, nj, ni);
         return;
     }
+    const __mmask16 mi = static_cast<__mmask16>((1u << ni) - 1u);
+    const __mmask16 mj = static_cast<__mmask16>((1u << nj) - 1u);
     __m512 r[16], t[16];
-    for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(src + i * ss);
+    for (int i = 0; i < 16; ++i)
+        r[i] = i < nj ? _mm512_maskz_loadu_ps(mi, src + i * ss) : _mm512_setzero_ps();
     for (int i = 0; i < 8; ++i) {
         t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
         t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
@@ -553,7 +558,10 @@ static inline void transpose_tile(const float* src, int64_t ss, float* dst, int6
         r[4 + i] = _mm512_shuffle_f32x4(t[4 + i], t[12 + i], 0x88);
         r[12 + i] = _mm512_shuffle_f32x4(t[4 + i], t[12 + i], 0xDD);
     }
-    for (int i = 0; i < 16; ++i) _mm512_storeu_ps(dst + i * ds, r[i]);
+    if (nj == 16)
+        for (int i = 0; i < ni; ++i) _mm512_storeu_ps(dst + i * ds, r[i]);
+    else
+        for (int i = 0; i < ni; ++i) _mm512_mask_storeu_ps(dst + i * ds, mj, r[i]);
 }
 #endif
 }

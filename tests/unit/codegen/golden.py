@@ -55,6 +55,18 @@ class _ConvBn(torch.nn.Module):
         return torch.relu(self.bn(self.conv(x))).mean((2, 3))
 
 
+class _LayerNorm2d(torch.nn.Module):
+    """LayerNorm over the channels of NCHW (ConvNeXt's LayerNorm2d): strided rows (design 077)."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(40)
+        self.scale = torch.nn.Parameter(torch.ones(40, 1, 1))   # the norm's input gradient
+
+    def forward(self, x):
+        return self.norm((x * self.scale).permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+
+
 def _g(*shape, seed=0, dtype=torch.float32):
     gen = torch.Generator().manual_seed(seed)
     return torch.randn(*shape, generator=gen, dtype=dtype)
@@ -98,6 +110,9 @@ def _cases():
         "train_convbn": (_ConvBn, lambda: (_g(2, 3, 6, 6),), False, True, {}),
         "transposed_sum": (lambda a, x: (a * x.transpose(1, 2)).sum(-1),
                            lambda: (_g(2, 40, 35), _g(2, 35, 40, seed=1)), False, False, {}),
+        "ln2d_train": (_LayerNorm2d, lambda: (_g(2, 40, 5, 7),), False, True, {}),
+        "transposed_copy": (lambda x: x.permute(0, 2, 3, 1).contiguous() * 2,
+                            lambda: (_g(2, 40, 6, 7),), False, False, {}),
         "pad_planes": (lambda x: (F.pad(x, (2, 2, 2, 2), mode="reflect"), F.pad(x, (1, 1, 1, 1)) + 1),
                        lambda: (_g(2, 32, 6, 6),), False, False, {}),
         "double_columns": (lambda x: (x.sum(0), torch.var_mean(x, 0)),
