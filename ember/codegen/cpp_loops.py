@@ -142,6 +142,8 @@ def plan_loops(ranges, vars_, exprs, order=None):
 #: 64 cache lines, each reused from L1 while the tile is walked (benchmarks/kernel_ab.py: 32
 #: beat 16 and 64 on NCHW <-> NHWC of 8x128x28x28, 8x256x28x28 and 8x144x56x56)
 TILE = 32
+#: edge of the register transpose (ember::transpose_tile) that stages a tile's transposed loads
+STAGE_TILE = 16
 
 
 def _transposed_dim(sizes, lvars, exprs) -> int | None:
