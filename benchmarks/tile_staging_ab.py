@@ -14,7 +14,6 @@ import argparse
 import copy
 import os
 import statistics as st
-import time
 import types
 
 import _timing
@@ -42,6 +41,15 @@ def micro_cases(torch):
     yield "tcont_6x197x768", tcont, (torch.randn(6, 197, 768),)
     yield "tadd_4x768x512", lambda x, y: x.transpose(1, 2) + y, (torch.randn(4, 768, 512),
                                                                  torch.randn(4, 512, 768))
+
+
+def report(name, s) -> str:
+    """Medians (ms) of eager / base / new and the per-round ratios' median [min, max]."""
+    line = " ".join(f"{k} {st.median(v) * 1e3:.3f}" for k, v in s.items())
+    for x, y in [("eager", "base"), ("eager", "new"), ("base", "new")]:
+        r = _timing.ratio_stats(s[x], s[y])
+        line += f"  {x}/{y} {r['median']:.2f} [{r['min']:.2f}, {r['max']:.2f}]"
+    return f"{name:18} {line}"
 
 
 def main():
@@ -83,12 +91,7 @@ def main():
                 fns[k] = compiled(k, lambda: ember.compile(own, dynamic=False),
                                   lambda f: torch.testing.assert_close(f(*inp), fn(*inp)))
             s, _ = _timing.paired(fns, inp, rounds=a.rounds)
-            med = {k: st.median(v) * 1e3 for k, v in s.items()}
-            line = " ".join(f"{k} {v:.3f}" for k, v in med.items())
-            for x, y in [("eager", "base"), ("eager", "new"), ("base", "new")]:
-                r = _timing.ratio_stats(s[x], s[y])
-                line += f"  {x}/{y} {r['median']:.2f} [{r['min']:.2f}, {r['max']:.2f}]"
-            print(f"{name:18} {line}", flush=True)
+            print(report(name, s), flush=True)
         return
 
     from ember.bench import suites  # noqa: F401 - registers the models
@@ -106,19 +109,9 @@ def main():
             name, lambda: Runner(mod if name == "eager" else ember.compile(mod), mod, "train",
                                  args, kw),
             lambda r: [r.step() for _ in range(2)])     # compiles forward and backward
-    cpu = {k: [] for k in runners}
-    order = list(runners)
-    for i in range(a.rounds):
-        for k in (order if i % 2 == 0 else order[::-1]):
-            t = time.thread_time()
-            runners[k].step()
-            cpu[k].append(time.thread_time() - t)
-    print(f"{a.model} train, load {os.getloadavg()[0]:.1f}, {a.rounds} rounds; thread CPU ms "
-          "per step (median):", {k: round(st.median(v) * 1e3, 1) for k, v in cpu.items()})
-    for x, y in [("eager", "base"), ("eager", "new"), ("base", "new")]:
-        r = sorted(p / q for p, q in zip(cpu[x], cpu[y]))
-        print(f"  {x}/{y} median {st.median(r):.3f} [min {r[0]:.3f}, max {r[-1]:.3f}]")
-
+    s, _ = _timing.paired({k: r.step for k, r in runners.items()}, rounds=a.rounds, reps=1)
+    print(f"{a.model} train, load {os.getloadavg()[0]:.1f}, {a.rounds} rounds; ms per step")
+    print(report(a.model, s))
 
 if __name__ == "__main__":
     main()

@@ -7,17 +7,7 @@ import pytest
 import torch
 
 import ember
-
-
-def _kernels(tmp_path):
-    return "\n".join(p.read_text() for p in sorted((tmp_path / "debug").rglob("*kernels.cpp")))
-
-
-@pytest.fixture
-def dirs(tmp_path, monkeypatch):
-    monkeypatch.setenv("EMBER_DEBUG_DIR", str(tmp_path / "debug"))
-    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path / "cache"))
-    return tmp_path
+from tests.unit.codegen.test_cpp_row_tiles import _kernels, dirs  # noqa: F401 - fixture
 
 
 def _compiled(fn):
