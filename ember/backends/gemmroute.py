@@ -7,11 +7,10 @@ which aten runs on MKL's sgemm. On a core where oneDNN's kernels are the faster 
 probe: oneDNN on the plain weight beat addmm by its margin) the lowering calls oneDNN's linear
 on the plain operands instead, `mkldnn._linear_pointwise(a, b.t(), bias)` (lower/rules_data.py
 decides which operand layouts it takes without a copy), for a GEMM where oneDNN's ~10 us fixed
-cost is paid back: at least prepack.PLAIN_ROWS rows and prepack.MIN_WORK multiply-adds. Frozen
-linears also take a large weight with less work (prepack.onednn_pays); without a pack that
-clause did not pay: 16-64 x 768 x 768 ran 0.95-1.03x aten in the forward form (benchmarks/
-gemm_train_micro.py, docs/design/076), while from 2^25 multiply-adds both the forward and the
-input-gradient forms ran 1.03-1.7x.
+cost is paid back: the rule of frozen linears left without a pack, prepack.plain_pays (at least
+PLAIN_ROWS rows, and PLAIN_MIN_WEIGHT weight elements or MIN_WORK multiply-adds; docs/design/
+076, 081). A first operand stored column-major (the weight gradient) costs oneDNN a copy: it
+goes only with a wide output (TRANSPOSED_MIN_N) and MIN_WORK multiply-adds.
 
 `options={"gemm": "mkl"}` (or torch.backends.mkldnn.enabled = False) keeps aten; the probe runs
 at the first GEMM that passes the size rule, not for graphs without one.
@@ -47,8 +46,8 @@ def onednn_gemm_rule(options: dict) -> Callable[..., bool]:
     verdict: list[bool] = []        # the probe's, asked once, when first needed
 
     def rule(m: int, k: int, n: int, transposed: bool = False) -> bool:
-        if m < prepack.PLAIN_ROWS or m * k * n < prepack.MIN_WORK or \
-                transposed and n < TRANSPOSED_MIN_N:
+        if not prepack.plain_pays(m, n, k) or \
+                transposed and (n < TRANSPOSED_MIN_N or m * k * n < prepack.MIN_WORK):
             return False
         if not verdict:
             verdict.append(gemmlib.choice(options).plain)

@@ -148,12 +148,20 @@ def test_addmm_forms_oneDNN_does_not_take_stay_aten():
     assert count() == 1 and externs("torch.addmm(") == 2
 
 
-@pytest.mark.parametrize("rows, work, routed", [
-    (prepack.PLAIN_ROWS, prepack.PLAIN_ROWS * 53 * 37, True), (prepack.PLAIN_ROWS - 1, 1, False),
-    (prepack.PLAIN_ROWS, prepack.PLAIN_ROWS * 53 * 37 + 1, False)])
-def test_size_rule(monkeypatch, rows, work, routed):
-    """At least PLAIN_ROWS rows and MIN_WORK multiply-adds (oneDNN's fixed cost), else aten."""
+BIG = 1 << 60
+
+
+@pytest.mark.parametrize("rows, work, weight, routed", [
+    (prepack.PLAIN_ROWS, prepack.PLAIN_ROWS * 53 * 37, BIG, True),
+    (prepack.PLAIN_ROWS - 1, 1, 1, False),
+    (prepack.PLAIN_ROWS, prepack.PLAIN_ROWS * 53 * 37 + 1, BIG, False),
+    (prepack.PLAIN_ROWS, BIG, 53 * 37, True), (prepack.PLAIN_ROWS, BIG, 53 * 37 + 1, False)])
+def test_size_rule(monkeypatch, rows, work, weight, routed):
+    """Frozen linears' rule for the plain weight (prepack.plain_pays): at least PLAIN_ROWS rows,
+    and MIN_WORK multiply-adds or PLAIN_MIN_WEIGHT weight elements (oneDNN's fixed cost), else
+    aten."""
     monkeypatch.setattr(prepack, "MIN_WORK", work)
+    monkeypatch.setattr(prepack, "PLAIN_MIN_WEIGHT", weight)
     torch.manual_seed(0)
     x, w = torch.randn(rows, 53), torch.randn(53, 37)
     torch.testing.assert_close(ember.compile(torch.mm)(x, w), x @ w, **TOL)
