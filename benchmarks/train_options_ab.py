@@ -8,8 +8,8 @@ unfrozen GEMM on aten):
         --base '{"gemm": "mkl"}' --rounds 7 [--torch]
 
 For a change a module constant turns off, `--base-patch MODULE:NAME=VALUE` sets it (a Python
-literal) while the base compiles (its two warm-up steps), e.g. the weight-gradient rule of
-docs/design/081: --base-patch 'ember.backends.gemmroute:TRANSPOSED_MIN_N=1<<60'.
+literal) while the base compiles (its two warm-up steps), e.g. without the plain-weight clause
+of docs/design/081: --base-patch 'ember.backends.prepack:PLAIN_MIN_WEIGHT=1<<60'.
 """
 import argparse
 import contextlib
