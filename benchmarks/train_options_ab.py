@@ -38,6 +38,11 @@ def main():
     ap.add_argument("--torch", action="store_true", help="also torch.compile")
     ap.add_argument("--base-patch", default=None, help="MODULE:NAME=VALUE while the base compiles")
     a = ap.parse_args()
+    if a.base_patch:    # the caches' keys do not see a patched constant: with equal options
+        # the new ember would reuse the base's captured frames (in process) or load its graphs
+        # (backend cache); options that differ, and the backend cache off
+        os.environ["EMBER_BACKEND_CACHE"] = "0"
+        a.base = json.dumps({**json.loads(a.base), "backend_cache": False})
     torch.set_num_threads(1)
     spec = REGISTRY[a.model]
     torch.manual_seed(0)

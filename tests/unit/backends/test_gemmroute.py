@@ -87,6 +87,36 @@ def test_training_gemms_on_onednn_match_eager(shape, bias):
     assert externs("torch.mm(") == 2                # the weight gradients
 
 
+class Conv1D(nn.Module):
+    """GPT-2's linear: addmm(b, x, w) with a [K, N] weight; its weight gradient is x.t() @ g."""
+    def __init__(self, k, n):
+        super().__init__()
+        self.weight, self.bias = nn.Parameter(torch.randn(k, n) * 0.1), nn.Parameter(torch.randn(n))
+
+    def forward(self, x):
+        return torch.addmm(self.bias, x.reshape(-1, x.shape[-1]), self.weight).reshape(
+            *x.shape[:-1], -1)
+
+
+@pytest.mark.parametrize("shape", [(19, 53), (2, 9, 53)])
+def test_weight_gradients_with_wide_outputs_on_onednn(monkeypatch, shape):
+    """A weight gradient (first operand column-major) with at least TRANSPOSED_MIN_N output
+    columns runs on oneDNN (fc1's: 37 x 53, and the Conv1D's x.t() @ g: 53 x 61); one under
+    it (fc2's: 29 x 37) stays aten. Values and gradients vs eager."""
+    from ember.backends import gemmroute
+    monkeypatch.setattr(gemmroute, "TRANSPOSED_MIN_N", 53)
+    torch.manual_seed(0)
+    assert_step_matches(MLP(), torch.randn(*shape))
+    assert count() == 5
+    assert externs("mkldnn__linear_pointwise") == 5 and externs("torch.mm(") == 1
+    ember.reset()
+    WRAPPERS.clear()
+    torch.manual_seed(0)
+    assert_step_matches(nn.Sequential(Conv1D(53, 61), nn.Tanh()), torch.randn(*shape))
+    # forward, input gradient g @ w.t(), weight gradient x.t() @ g (61 wide)
+    assert count() == 3 and externs("torch.mm(") == 0
+
+
 def test_onednn_gemm_reads_transposed_weights_without_a_copy():
     """x @ w.t() and x @ w (w [N, K] / [K, N] graph inputs): no kernel copies an operand; a
     transposed first operand stays an aten mm."""
