@@ -7,6 +7,8 @@ GEMMs of a linear's step, as ember's lowering calls them (lower/rules_data.py, d
     gw    g[M,N].T @ x[M,K]        mm(g.t(), x)         vs lp(g.t(), x.t())   (strided both)
     gw_copy                                              vs lp(g.t().contiguous(), x.t())
     gw_pre  gt[N,M] @ x[M,K], gt stored   mm(gt, x)     vs lp(gt, x.t())
+    gw_swap                                              vs lp(x.t(), g.t()).t()   (copies x)
+    gw_swap_c                                            vs the same, made row-major
 
 Paired alternating rounds (benchmarks/_timing.paired), thread CPU time, 1 thread, fp32;
 each line: aten GFLOP/s, oneDNN GFLOP/s, and the median [min, max] of the per-round time
@@ -36,6 +38,11 @@ def forms(m, k, n, torch):
                     lambda: lp(g.t().contiguous(), x.t(), None, "none", [], "")),
         # and with it stored transposed beforehand (a kernel of ours writing it that way)
         "gw_pre": (lambda: torch.mm(gt, x), lambda: lp(gt, x.t(), None, "none", [], "")),
+        # the transposed product (x.t() @ g).t(): oneDNN copies x instead of g, and the [K, N]
+        # result is transposed back (a strided view; _t copies it to row-major)
+        "gw_swap": (lambda: torch.mm(g.t(), x), lambda: lp(x.t(), g.t(), None, "none", [], "").t()),
+        "gw_swap_c": (lambda: torch.mm(g.t(), x),
+                      lambda: lp(x.t(), g.t(), None, "none", [], "").t().contiguous()),
     }
 
 

@@ -6,9 +6,15 @@ unfrozen GEMM on aten):
 
     EMBER_SPEED_CHECK=0 PYTHONPATH=. python benchmarks/train_options_ab.py b_hf_bert \
         --base '{"gemm": "mkl"}' --rounds 7 [--torch]
+
+For a change a module constant turns off, `--base-patch MODULE:NAME=VALUE` sets it (a Python
+literal) while the base compiles (its two warm-up steps), e.g. without the plain-weight clause
+of docs/design/081: --base-patch 'ember.backends.prepack:PLAIN_MIN_WEIGHT=1<<60'.
 """
 import argparse
+import contextlib
 import copy
+import importlib
 import json
 import os
 import statistics as st
@@ -30,7 +36,13 @@ def main():
     ap.add_argument("--new", default="{}", help="options of the new ember (JSON)")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--torch", action="store_true", help="also torch.compile")
+    ap.add_argument("--base-patch", default=None, help="MODULE:NAME=VALUE while the base compiles")
     a = ap.parse_args()
+    if a.base_patch:    # the caches' keys do not see a patched constant: with equal options
+        # the new ember would reuse the base's captured frames (in process) or load its graphs
+        # (backend cache); options that differ, and the backend cache off
+        os.environ["EMBER_BACKEND_CACHE"] = "0"
+        a.base = json.dumps({**json.loads(a.base), "backend_cache": False})
     torch.set_num_threads(1)
     spec = REGISTRY[a.model]
     torch.manual_seed(0)
@@ -45,9 +57,10 @@ def main():
         if name == "torch" and not a.torch:
             continue
         mod = copy.deepcopy(m)
-        runners[name] = Runner(make(mod), mod, "train", args, kw)
-        for _ in range(2):
-            runners[name].step()
+        with patched(a.base_patch if name == "base" else None):
+            runners[name] = Runner(make(mod), mod, "train", args, kw)
+            for _ in range(2):
+                runners[name].step()
     cpu = {k: [] for k in runners}
     order = list(runners)
     for i in range(a.rounds):
@@ -61,6 +74,22 @@ def main():
     for x, y in [("eager", k) for k in runners if k != "eager"] + [("base", "new")]:
         r = sorted(p / q for p, q in zip(cpu[x], cpu[y]))
         print(f"  {x}/{y} median {st.median(r):.3f} [min {r[0]:.3f}, max {r[-1]:.3f}]")
+
+
+@contextlib.contextmanager
+def patched(spec):
+    if spec is None:
+        yield
+        return
+    where, value = spec.split("=", 1)
+    module, name = where.split(":")
+    mod = importlib.import_module(module)
+    old = getattr(mod, name)
+    setattr(mod, name, eval(value))     # noqa: S307 - a benchmark's own command line
+    try:
+        yield
+    finally:
+        setattr(mod, name, old)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,9 @@ Key (`key_of`): the captured graph's code; every node's target (qualified name),
 shape/stride/dtype and the node meta that aot reads (checkpoint annotations); the graph's meta;
 each input's type, shape, stride, storage offset, dtype, device and requires_grad (Python scalars
 by value); grad mode, default dtype, autocast and the backend flags tracing reads; the options;
-torch's and Python's versions and a hash of every ember source file.
+the GEMM library choice (gemmlib.choice: which GEMMs the lowering and freezing's packs move to
+oneDNN; its probe runs once per machine, cached on disk); torch's and Python's versions and a
+hash of every ember source file.
 
 Never cached (`why_uncached`), because something that changes the product is not in the key:
   - the captured graph of a frozen inference call (freeze.py folds the weights' *values* into
@@ -56,7 +58,7 @@ from torch.fx.node import _get_qualified_name
 from .. import config, counters, debug, shapes
 from ..logging import get_logger, warn_once
 from ..runtime import graph_cache
-from . import freeze, speed, split
+from . import freeze, gemmlib, speed, split
 
 perf_log = get_logger("perf")
 _PLAIN = (int, float, bool, str, type(None))
@@ -174,6 +176,11 @@ def _node_record(n):
             [(k, repr(n.meta[k])) for k in _META_READ if k in n.meta])
 
 
+def _gemm_choice(options: dict) -> tuple:
+    choice = gemmlib.choice(options)
+    return choice.library, choice.plain
+
+
 class _Uncached(Exception):
     pass
 
@@ -195,7 +202,8 @@ def key_of(gm, example_inputs, options: dict, frozen: bool = False) -> str | Non
             parts = [f"frozen={frozen}", gm.code, repr([_node_record(n) for n in gm.graph.nodes]),
                      repr(sorted((k, repr(v)) for k, v in gm.meta.items())),
                      repr([_spec(x) for x in example_inputs]), repr(sorted(options.items())),
-                     repr(_global_state()), torch.__version__, sys.version, sources_hash()]
+                     repr(_global_state()), repr(_gemm_choice(options)), torch.__version__,
+                     sys.version, sources_hash()]
             return hashlib.sha256("\0".join(parts).encode()).hexdigest()
     except _Uncached as exc:
         why = str(exc)

@@ -40,15 +40,17 @@ from ..runtime.build import build_async, load
 from ..runtime.cudagraphs import cudagraphify
 from ..runtime.pycode import compile_cached
 from ..schedule import ROW_LOCAL_MAX, ROW_LOCAL_MAX_TRITON, schedule
-from . import backend_cache, freeze, layout, split
+from . import backend_cache, freeze, gemmroute, layout, split
 from .attention import fuse_attention, unfold_fast_paths
 from .freeze import copy_module, fold_batchnorm_per_call
-from .gemmroute import onednn_gemm_rule
 from .speed import speed_checked    # never slower than eager
 
 code_log = get_logger("output_code")
 perf_log = get_logger("perf")
 _ids = itertools.count()
+#: counters of one aten graph's lowering, kept in its graph-cache entry's stats and bumped
+#: again on a hit (which skips the lowering)
+GRAPH_COUNTERS = ("onednn_gemms",)
 _lock = threading.Lock()
 #: one dict per compiled graph (kernels, externs, fallbacks); tests read and clear it
 STATS: list = []
@@ -175,11 +177,12 @@ def _backend_cache_store(key, plan, counts_before):
     held = {}
 
     def store(backward, runtime=None):
-        if "runtime" not in held:   # the compile's own counts (what a hit replays)
-            now = counters.snapshot()["counts"]
+        if "runtime" not in held:   # the compile's own counts (what a hit replays; the
+            now = counters.snapshot()["counts"]     # graph entries it loads restore their own)
             held.update(runtime=runtime, counts={
                 k: v - counts_before.get(k, 0) for k, v in now.items()
-                if v != counts_before.get(k, 0) and "cache" not in k and k != "fallbacks"})
+                if v != counts_before.get(k, 0) and "cache" not in k and k != "fallbacks"
+                and k not in GRAPH_COUNTERS})
         entry = backend_cache.entry_of(held["runtime"], plan, held["counts"], backward)
         if entry is not None:
             backend_cache.store(key, entry)
@@ -264,8 +267,9 @@ def compile_aten_graph(gm, example_inputs, *, options=None):
         with stage("decomp"):
             work = _complex_as_real_pairs(gm, example_inputs)
         mutations = _mutation_outputs(work)
-        key = None if use_triton else graph_cache.graph_key(
-            work, {**options, "mutations": sorted(mutations.items())} if mutations else options)
+        gemm_rule = None if use_triton else gemmroute.onednn_gemm_rule(options)
+        key = None if use_triton else graph_cache.graph_key(work, _key_options(
+            options, mutations, gemmroute.decisions(work, gemm_rule)))
         entry = graph_cache.load(key) if key else None
         if entry is not None:
             return _from_graph_cache(entry, gm, key)
@@ -276,7 +280,7 @@ def compile_aten_graph(gm, example_inputs, *, options=None):
                        f"(decomp/complex.py), {len(work.graph.nodes)} nodes", of=work)
         with stage("lower"):
             g = GraphLowering(work, example_inputs, cpp=not use_triton,
-                              onednn_gemm=None if use_triton else onednn_gemm_rule(options)).run()
+                              onednn_gemm=gemm_rule).run()
         _report_gemms(g)
         if debug.active():
             debug.dump("lower", print_lowered(g.inputs, g.nodes, g.outputs), summary=None)
@@ -287,7 +291,8 @@ def compile_aten_graph(gm, example_inputs, *, options=None):
         if debug.active():
             debug.dump("schedule", print_plan(plan), summary=None)
         stats = {"kernels": len(plan.kernels), "externs": len(plan.externs),
-                 "fallbacks": list(plan.fallbacks), "nodes": len(plan.nodes)}
+                 "fallbacks": list(plan.fallbacks), "nodes": len(plan.nodes),
+                 "counters": {GRAPH_COUNTERS[0]: len(g.onednn_gemms)} if g.onednn_gemms else {}}
         if use_triton:
             with stage("codegen"):
                 run = triton_launch.compile_plan(
@@ -317,11 +322,21 @@ def compile_aten_graph(gm, example_inputs, *, options=None):
         return _Compiled(wsrc, wrapper.globals, future, sigs, stats, gm, key).entry()
 
 
+def _key_options(options: dict, mutations: dict, gemms: tuple) -> dict:
+    """The options as the graph cache's key holds them, with the decisions outside `options`
+    that change the compiled code: which outputs are copied back into inputs, and which GEMMs
+    run on oneDNN (gemmroute.decisions: the probe's verdict, the mkldnn switch)."""
+    extra = {"mutations": sorted(mutations.items())} if mutations else {}
+    if gemms:
+        extra["onednn_gemms"] = gemms
+    return {**options, **extra} if extra else options
+
+
 def _report_gemms(g) -> None:
     """Count and log the GEMMs the lowering moved to oneDNN (gemmroute.py)."""
     if not g.onednn_gemms:
         return
-    counters.bump("onednn_gemms", len(g.onednn_gemms))
+    counters.bump(GRAPH_COUNTERS[0], len(g.onednn_gemms))
     total = sum(n.target in (torch.ops.aten.mm.default, torch.ops.aten.addmm.default)
                 for n in g.gm.graph.nodes)
     shapes_ = collections.Counter("x".join(map(str, mkn)) for mkn in g.onednn_gemms)
@@ -374,6 +389,8 @@ def _from_graph_cache(entry, gm, key, now=False):
     stats = dict(entry["stats"], graph=next(_ids), cached=True)
     with _lock:
         STATS.append(stats)
+    for name, n in stats.get("counters", {}).items():  # what the skipped lowering counted
+        counters.bump(name, n)
     globs = wrapper_globals()
     globs.update({k: graph_cache.resolve_op(v) for k, v in entry["ops"].items()})
     future = build_async(entry["source"]) if entry["source"] else None

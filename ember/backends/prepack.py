@@ -18,8 +18,10 @@ mkl_linear_threshold.py and gemm_libs.py, 1 thread, thread CPU time; docs/design
   when the library is oneDNN: a GEMV is memory-bound, and MKL's packed one was the faster there.
 - oneDNN (`onednn_pays`): M >= 2 and a weight of at least MIN_WEIGHT elements or at least
   MIN_WORK multiply-adds; no upper bound on M. Under that, its per-call overhead (~10 us) loses.
-  A linear whose pack does not fit the freezing budget runs oneDNN on its plain weight (no
-  copy) when M >= PLAIN_ROWS and the probe found that faster than addmm.
+- oneDNN on the plain weight (`plain_pays`, also the rule for unfrozen GEMMs, gemmroute.py):
+  M >= PLAIN_ROWS and a weight of at least PLAIN_MIN_WEIGHT elements or at least MIN_WORK
+  multiply-adds. A linear whose pack does not fit the freezing budget runs that way (no copy)
+  when it pays and the probe found oneDNN on the plain weight faster than addmm.
 
 Called with another row count, `_mkl_linear` falls back to a plain GEMM on the original weight;
 oneDNN's pack serves any row count (its M only picks the blocking).
@@ -70,6 +72,10 @@ MIN_WEIGHT = 1 << 18
 MIN_WORK = 1 << 25
 #: oneDNN on the plain (unpacked) weight: 0.90x addmm at 8x768x768, 1.01-1.44x from 16 rows
 PLAIN_ROWS = 16
+#: ... with less than MIN_WORK multiply-adds (16-48 rows, benchmarks/gemm_train_micro.py form fwd,
+#: docs/design/081): 1.04-1.19x addmm on 2^20-element weights (1024x1024, 512x2048, 2048x512),
+#: 0.98-1.04x on 768x768; a pack wins on smaller weights too (MIN_WEIGHT), the plain one does not
+PLAIN_MIN_WEIGHT = 1 << 20
 
 
 def pays(m: int, n: int, k: int) -> bool:
@@ -80,6 +86,12 @@ def pays(m: int, n: int, k: int) -> bool:
 def onednn_pays(m: int, n: int, k: int) -> bool:
     """Whether an [M, K] x [K, N] GEMM runs faster on oneDNN than on addmm (see MIN_WORK)."""
     return m >= 2 and (n * k >= MIN_WEIGHT or m * n * k >= MIN_WORK)
+
+
+def plain_pays(m: int, n: int, k: int) -> bool:
+    """Whether an [M, K] x [K, N] GEMM runs faster on oneDNN with the plain (unpacked) weight
+    than on addmm (see PLAIN_MIN_WEIGHT)."""
+    return m >= PLAIN_ROWS and (n * k >= PLAIN_MIN_WEIGHT or m * n * k >= MIN_WORK)
 
 
 def _val(node):
@@ -169,7 +181,7 @@ def prepack_linears(gm: fx.GraphModule, example_inputs, consts: set, options: di
                 consts.add(packed)
             else:
                 skipped += 1
-        if packed is None and (not lib.plain or m < PLAIN_ROWS or not onednn_pays(m, n, k)):
+        if packed is None and (not lib.plain or not plain_pays(m, n, k)):
             continue
         with g.inserting_before(node):
             if packed is None:                      # oneDNN on the plain weight

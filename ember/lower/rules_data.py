@@ -765,10 +765,10 @@ ONEDNN_LINEAR = torch.ops.mkldnn._linear_pointwise.default
 def _onednn_gemm(ctx, node, a, b, bias=None):
     """`a @ b (+ bias)` as oneDNN's linear on the plain operands, `_linear_pointwise(a, b.t(),
     bias)`, where ctx.onednn_gemm says oneDNN is the faster library for its size (backends/
-    gemmroute.py, docs/design/076); else None (aten). oneDNN reads the weight `b.t()` in
-    either orientation in place, but copies a first operand whose rows are not contiguous:
-    the weight gradient's `g.t() @ x` ran 0.89-1.08x aten that way (gemm_train_micro.py), so
-    it stays on aten, as does a bias other than one float per output column."""
+    gemmroute.py, docs/design/076, 081); else None (aten). oneDNN reads the weight `b.t()` in
+    either orientation in place, but copies a first operand stored column-major (the weight
+    gradient's `g.t() @ x`): that one goes only where the rule says the copy pays (`transposed`,
+    a wide output). A bias other than one float per output column stays on aten."""
     val = out_meta(node)                # (ctx.onednn_gemm is None unless the graph is on the CPU)
     if ctx.onednn_gemm is None or val.dtype != torch.float32:
         return None
@@ -780,7 +780,9 @@ def _onednn_gemm(ctx, node, a, b, bias=None):
     if not ctx.onednn_gemm(m, k, n):
         return None
     a, b = ctx.realize(a), ctx.realize(b)
-    if a.stride != (k, 1) or b.stride not in ((n, 1), (1, k)):     # dense, either way for b
+    if b.stride not in ((n, 1), (1, k)):                            # dense, either way for b
+        return None
+    if a.stride != (k, 1) and (a.stride != (1, m) or not ctx.onednn_gemm(m, k, n, True)):
         return None
     if bias is not None:
         bias = ctx.realize(bias)

@@ -25,6 +25,7 @@ ONEDNN = gemmlib.Choice("onednn", True, "test")
 @pytest.fixture(autouse=True)
 def small_weights(monkeypatch):
     monkeypatch.setattr(prepack, "MIN_WEIGHT", 1 << 15)       # keep the test's weights small
+    monkeypatch.setattr(prepack, "PLAIN_MIN_WEIGHT", 1 << 15)
     monkeypatch.setattr(gemmlib, "measured", lambda: ONEDNN)
 
 

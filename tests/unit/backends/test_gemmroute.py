@@ -87,6 +87,36 @@ def test_training_gemms_on_onednn_match_eager(shape, bias):
     assert externs("torch.mm(") == 2                # the weight gradients
 
 
+class Conv1D(nn.Module):
+    """GPT-2's linear: addmm(b, x, w) with a [K, N] weight; its weight gradient is x.t() @ g."""
+    def __init__(self, k, n):
+        super().__init__()
+        self.weight, self.bias = nn.Parameter(torch.randn(k, n) * 0.1), nn.Parameter(torch.randn(n))
+
+    def forward(self, x):
+        return torch.addmm(self.bias, x.reshape(-1, x.shape[-1]), self.weight).reshape(
+            *x.shape[:-1], -1)
+
+
+@pytest.mark.parametrize("shape", [(19, 53), (2, 9, 53)])
+def test_weight_gradients_with_wide_outputs_on_onednn(monkeypatch, shape):
+    """A weight gradient (first operand column-major) with at least TRANSPOSED_MIN_N output
+    columns runs on oneDNN (fc1's: 37 x 53, and the Conv1D's x.t() @ g: 53 x 61); one under
+    it (fc2's: 29 x 37) stays aten. Values and gradients vs eager."""
+    from ember.backends import gemmroute
+    monkeypatch.setattr(gemmroute, "TRANSPOSED_MIN_N", 53)
+    torch.manual_seed(0)
+    assert_step_matches(MLP(), torch.randn(*shape))
+    assert count() == 5
+    assert externs("mkldnn__linear_pointwise") == 5 and externs("torch.mm(") == 1
+    ember.reset()
+    WRAPPERS.clear()
+    torch.manual_seed(0)
+    assert_step_matches(nn.Sequential(Conv1D(53, 61), nn.Tanh()), torch.randn(*shape))
+    # forward, input gradient g @ w.t(), weight gradient x.t() @ g (61 wide)
+    assert count() == 3 and externs("torch.mm(") == 0
+
+
 def test_onednn_gemm_reads_transposed_weights_without_a_copy():
     """x @ w.t() and x @ w (w [N, K] / [K, N] graph inputs): no kernel copies an operand; a
     transposed first operand stays an aten mm."""
@@ -118,12 +148,20 @@ def test_addmm_forms_oneDNN_does_not_take_stay_aten():
     assert count() == 1 and externs("torch.addmm(") == 2
 
 
-@pytest.mark.parametrize("rows, work, routed", [
-    (prepack.PLAIN_ROWS, prepack.PLAIN_ROWS * 53 * 37, True), (prepack.PLAIN_ROWS - 1, 1, False),
-    (prepack.PLAIN_ROWS, prepack.PLAIN_ROWS * 53 * 37 + 1, False)])
-def test_size_rule(monkeypatch, rows, work, routed):
-    """At least PLAIN_ROWS rows and MIN_WORK multiply-adds (oneDNN's fixed cost), else aten."""
+BIG = 1 << 60
+
+
+@pytest.mark.parametrize("rows, work, weight, routed", [
+    (prepack.PLAIN_ROWS, prepack.PLAIN_ROWS * 53 * 37, BIG, True),
+    (prepack.PLAIN_ROWS - 1, 1, 1, False),
+    (prepack.PLAIN_ROWS, prepack.PLAIN_ROWS * 53 * 37 + 1, BIG, False),
+    (prepack.PLAIN_ROWS, BIG, 53 * 37, True), (prepack.PLAIN_ROWS, BIG, 53 * 37 + 1, False)])
+def test_size_rule(monkeypatch, rows, work, weight, routed):
+    """Frozen linears' rule for the plain weight (prepack.plain_pays): at least PLAIN_ROWS rows,
+    and MIN_WORK multiply-adds or PLAIN_MIN_WEIGHT weight elements (oneDNN's fixed cost), else
+    aten."""
     monkeypatch.setattr(prepack, "MIN_WORK", work)
+    monkeypatch.setattr(prepack, "PLAIN_MIN_WEIGHT", weight)
     torch.manual_seed(0)
     x, w = torch.randn(rows, 53), torch.randn(53, 37)
     torch.testing.assert_close(ember.compile(torch.mm)(x, w), x @ w, **TOL)
@@ -161,3 +199,44 @@ def test_inference_graph_not_frozen_and_perf_log(caplog):
     assert text == {"gemm: 2 of 2 mm/addmm on oneDNN (MxKxN: 18x53x37 x1, 18x37x29 x1); the "
                     "others on aten (under the size rule, a transposed first operand, or not "
                     "float32)"}
+
+
+def seeded_mlp():
+    """The same MLP each call (a module ember compiled once is not compiled again)."""
+    torch.manual_seed(0)
+    return MLP()
+
+
+def test_graph_cache_holds_the_verdict_and_restores_the_count(monkeypatch):
+    """A training step compiled under the verdict "oneDNN wins" is served from the graph cache
+    (no new wrapper) with its onednn_gemms count restored; under the verdict "it does not" the
+    cached graphs are not reused: compiled again, every GEMM on aten."""
+    x = torch.randn(2, 9, 53)
+    assert_step_matches(seeded_mlp(), x)
+    assert count() == 4 and len(WRAPPERS) == 2                  # forward and backward
+    ember.reset()
+    assert_step_matches(seeded_mlp(), x)
+    assert count() == 4 and len(WRAPPERS) == 2
+    assert ember.stats()["counts"]["graph_cache_hits"] == 2
+    ember.reset()
+    monkeypatch.setattr(gemmlib, "measured", lambda: gemmlib.Choice("onednn", False, "test"))
+    assert_step_matches(seeded_mlp(), x)
+    assert count() == 0 and len(WRAPPERS) == 4
+    assert ember.stats()["counts"].get("graph_cache_hits", 0) == 0
+    assert sum(src.count("mkldnn__linear_pointwise") for src in WRAPPERS[2:]) == 0
+
+
+def test_backend_cache_holds_the_gemm_choice(monkeypatch):
+    """A warm start (backend cache) compiled under one probe verdict is not used under another:
+    it would load graph-cache entries whose GEMMs the other verdict places elsewhere."""
+    monkeypatch.setenv("EMBER_BACKEND_CACHE", "1")
+    x = torch.randn(2, 9, 53)
+    assert_step_matches(seeded_mlp(), x)
+    ember.reset()
+    assert_step_matches(seeded_mlp(), x)
+    assert ember.stats()["counts"]["backend_cache_hits"] == 1 and count() == 4
+    ember.reset()
+    monkeypatch.setattr(gemmlib, "measured", lambda: gemmlib.Choice("onednn", False, "test"))
+    assert_step_matches(seeded_mlp(), x)
+    counts = ember.stats()["counts"]
+    assert counts.get("backend_cache_hits", 0) == 0 and count() == 0
