@@ -220,16 +220,17 @@ INFER_MIN_ACTIVATIONS_PER_WEIGHT = 0.75
 INFER_MAX_BOUNDARY_PER_ACTIVATION = 0.75
 
 
-#: inference: a conv whose channels-last input rows alias in the L1 cache runs NCHW instead
-#: (oneDNN's blocked nChw16c kernel, the one eager NCHW gets). With NHWC input, oneDNN's
-#: brgconv kernel reads the output row's pixels at a stride of C_in x 4 bytes; at a multiple of
-#: 4 KiB they all fall in one L1 set, and past some row width the kernel misses in L1. Measured
-#: (benchmarks/conv_alias.py, 1 thread, Zen 4, b1, 3x3 unless stated; channels-last prepacked /
-#: NCHW speed, docs/design/079): C_in 1024 -> 512 at width 16/18/20/24/28: 1.20/1.15/1.12/
-#: 0.99/0.87; C_in 1024 -> 256 at 56: 0.70; C_in 2048 -> 512 at 28: 0.87, at 14: 1.04; C_in
-#: 3072 at 28: 0.86; not aliased, C_in 960/1536 at 28: 1.10/1.08, 512/768 at 56: 0.98/0.97;
-#: C_out 64/128 (C_in 1024, 28): 1.14/1.11; 5x5: 0.85; stride 2 (56 -> 28): 0.92; dilation 2:
-#: 0.94, dilation 12: 1.20; a 1x1 conv (a GEMM over contiguous pixels): 1.12.
+#: inference: a conv whose channels-last input pixels alias in the L1 cache runs NCHW instead
+#: (oneDNN's blocked nChw16c kernel, the one eager NCHW gets). With an NHWC input, oneDNN's
+#: brgconv kernel reads the pixels of an output row at a step of stride x C_in x 4 bytes; at a
+#: multiple of 4 KiB they all fall in one L1 set, and past some row width the kernel misses in
+#: L1. Measured (benchmarks/conv_alias.py, 1 thread, Zen 4, b1, 3x3 unless stated; channels-last
+#: prepacked / NCHW speed, docs/design/079), stride 1: C_in 1024 -> 512 at output width
+#: 16/18/20/24/28: 1.20/1.15/1.12/0.99/0.87; C_in 1024 -> 256 at 56: 0.70; C_in 2048 -> 512 at
+#: 28: 0.87, at 14: 1.04; C_in 3072 at 28: 0.86; not aliased, C_in 960/1536 at 28: 1.10/1.08,
+#: 512/768 at 56: 0.98/0.97; C_out 64/128 (C_in 1024, 28): 1.14/1.11; 5x5: 0.85; dilation 2:
+#: 0.94, dilation 12: 1.20; a 1x1 conv (a GEMM over contiguous pixels): 1.12. Stride 2 (output
+#: width 28): C_in 512 (a 4 KiB step) 0.88-0.89, C_in 1024 0.92, C_in 384 and 256: 1.10/1.14.
 ALIAS_BYTES = 4096
 ALIAS_MIN_OUT_WIDTH = 28
 ALIAS_MIN_OUT_CHANNELS = 256
@@ -238,14 +239,14 @@ ALIAS_MAX_DILATION = 2
 
 def l1_aliased(x: torch.Tensor, w: torch.Tensor, padding, stride, dilation, groups) -> bool:
     """Whether oneDNN's channels-last kernel loses to its blocked NCHW one on this inference
-    conv: a spatial kernel over channels-last pixels a multiple of ALIAS_BYTES apart, on output
-    rows at least ALIAS_MIN_OUT_WIDTH wide (the measured class, see ALIAS_BYTES)."""
+    conv: a spatial kernel reading channels-last pixels a multiple of ALIAS_BYTES apart for
+    neighbouring outputs, on output rows at least ALIAS_MIN_OUT_WIDTH wide (see ALIAS_BYTES)."""
     c_in, kh, kw = w.shape[1:]
     out_w = (shapes.hint_int(x.shape[3]) + 2 * padding[1] - dilation[1] * (kw - 1) - 1) \
         // stride[1] + 1
     return groups == 1 and kh * kw > 1 and max(dilation) <= ALIAS_MAX_DILATION and \
-        c_in * x.element_size() % ALIAS_BYTES == 0 and w.shape[0] >= ALIAS_MIN_OUT_CHANNELS and \
-        out_w >= ALIAS_MIN_OUT_WIDTH
+        stride[1] * c_in * x.element_size() % ALIAS_BYTES == 0 and \
+        w.shape[0] >= ALIAS_MIN_OUT_CHANNELS and out_w >= ALIAS_MIN_OUT_WIDTH
 
 
 def training_graph(example_inputs) -> bool:

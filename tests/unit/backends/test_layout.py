@@ -800,6 +800,9 @@ def test_plan_feeds_the_l1_aliased_conv_nchw():
     ((1, 1024, 28, 28), dict(kernel_size=3, padding=1), True),
     ((1, 2048, 8, 56), dict(kernel_size=3, padding=2, dilation=2), True),
     ((1, 1024, 4, 56), dict(kernel_size=3, padding=1, stride=2), True),
+    ((1, 512, 4, 56), dict(kernel_size=3, padding=1, stride=2), True),     # 2 x 2 KiB
+    ((1, 512, 4, 28), dict(kernel_size=3, padding=1), False),              # 2 KiB apart
+    ((1, 384, 4, 56), dict(kernel_size=3, padding=1, stride=2), False),    # 2 x 1.5 KiB
     ((1, 1024, 28, 24), dict(kernel_size=3, padding=1), False),      # rows under 28 wide
     ((1, 1024, 28, 28), dict(kernel_size=1), False),                 # a 1x1 conv
     ((1, 1536, 28, 28), dict(kernel_size=3, padding=1), False),      # 6 KiB apart
