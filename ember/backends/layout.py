@@ -225,12 +225,13 @@ INFER_MAX_BOUNDARY_PER_ACTIVATION = 0.75
 #: brgconv kernel reads the pixels of an output row at a step of stride x C_in x 4 bytes; at a
 #: multiple of 4 KiB they all fall in one L1 set, and past some row width the kernel misses in
 #: L1. Measured (benchmarks/conv_alias.py, 1 thread, Zen 4, b1, 3x3 unless stated; channels-last
-#: prepacked / NCHW speed, docs/design/079), stride 1: C_in 1024 -> 512 at output width
-#: 16/18/20/24/28: 1.20/1.15/1.12/0.99/0.87; C_in 1024 -> 256 at 56: 0.70; C_in 2048 -> 512 at
-#: 28: 0.87, at 14: 1.04; C_in 3072 at 28: 0.86; not aliased, C_in 960/1536 at 28: 1.10/1.08,
-#: 512/768 at 56: 0.98/0.97; C_out 64/128 (C_in 1024, 28): 1.14/1.11; 5x5: 0.85; dilation 2:
-#: 0.94, dilation 12: 1.20; a 1x1 conv (a GEMM over contiguous pixels): 1.12. Stride 2 (output
-#: width 28): C_in 512 (a 4 KiB step) 0.88-0.89, C_in 1024 0.92, C_in 384 and 256: 1.10/1.14.
+#: prepacked / NCHW speed; benchmarks/results/conv_alias_2026-12-07_s24_zen4.txt), stride 1:
+#: C_in 1024 -> 512 at output width 16/18/20/24/28: 1.19/1.14/1.12/1.00/0.88; C_in 1024 -> 256
+#: at 56: 0.66; C_in 2048 -> 512 at 28/14/7: 0.88/1.03/2.08; C_in 3072 at 28: 0.88; not
+#: aliased, C_in 960/1536 at 28: 1.07/1.08, 512/768 at 56: 0.98/0.91; C_out 64/128 (C_in 1024,
+#: 28): 1.13/1.09; 5x5: 0.86; dilation 2/12: 0.94/1.18; a 1x1 conv (a GEMM over contiguous
+#: pixels): 1.12. Stride 2, output width 28: C_in 512 (a 4 KiB step) 0.88-0.90, C_in 1024
+#: 0.85, C_in 384 and 256: 1.15/1.14; output width 14, C_in 512: 0.95.
 ALIAS_BYTES = 4096
 ALIAS_MIN_OUT_WIDTH = 28
 ALIAS_MIN_OUT_CHANNELS = 256
