@@ -421,8 +421,9 @@ def plan(gm: fx.GraphModule, example_inputs, options: dict, consts=None) -> bool
             xcl.meta["example_value"] = _val(x)       # example values stay the captured ones
             if nchw:
                 # the plain weight: oneDNN reorders it for its blocked kernel on each call
-                # (a pack from REORDER is made for the channels-last kernel)
-                if _computed(w):
+                # (a pack from REORDER is made for the channels-last kernel); a channels-last
+                # weight would make oneDNN take the channels-last kernel
+                if _computed(w) or not _val(w).is_contiguous():
                     w = g.call_method("contiguous", (w,))
                     w.meta["example_value"] = _val(w.args[0]).contiguous()
                     if consts is not None and w.args[0] in consts:

@@ -745,15 +745,17 @@ class WideHead(nn.Module):
         return self.cls(F.relu(self.bn(self.conv(x)))), F.relu(self.other(y))
 
 
+@pytest.mark.parametrize("fmt", FORMATS, ids=["nchw", "channels_last"])
 @pytest.mark.parametrize("freeze", [True, False], ids=["frozen", "unfrozen"])
-def test_l1_aliased_conv_runs_nchw(freeze):
+def test_l1_aliased_conv_runs_nchw(freeze, fmt):
     """The 3x3 conv whose channels-last input pixels are 4 KiB apart runs on oneDNN's NCHW
     (blocked) kernel, its BatchNorm folded and ReLU fused; the 1x1 conv after it and the
-    960-channel conv stay channels-last (docs/design/079)."""
+    960-channel conv stay channels-last (docs/design/079). A channels-last model and input
+    too: outputs come back in their eager layouts."""
     torch.manual_seed(0)
-    ref = bn_stats(WideHead())
+    ref = bn_stats(WideHead()).to(memory_format=fmt)
     m = ember.compile(copy.deepcopy(ref), options={"freeze": freeze, **CL})
-    x, y = torch.randn(1, 1024, 2, 28), torch.randn(1, 960, 2, 28)
+    x, y = (torch.randn(1, c, 2, 28).contiguous(memory_format=fmt) for c in (1024, 960))
     with torch.no_grad():
         for _ in range(2):
             outs, want = m(x, y), ref(x, y)
@@ -764,9 +766,12 @@ def test_l1_aliased_conv_runs_nchw(freeze):
     assert count("graphs") == 1 and count("fallbacks") == 0
 
 
-def test_plan_feeds_the_l1_aliased_conv_nchw():
+@pytest.mark.parametrize("wfmt", FORMATS, ids=["nchw", "channels_last"])
+def test_plan_feeds_the_l1_aliased_conv_nchw(wfmt):
     """The layout pass on a captured-form graph: the aliased conv reads `x.contiguous()` and
-    its plain weight, the other conv `y.contiguous(channels_last)` and its packed weight."""
+    its plain NCHW weight (a channels-last one made contiguous: oneDNN would take its
+    channels-last kernel for it), the other conv `y.contiguous(channels_last)` and its packed
+    weight."""
     from ember.backends import layout as L
 
     def f(x, y, w1, w2):
@@ -774,7 +779,8 @@ def test_plan_feeds_the_l1_aliased_conv_nchw():
 
     gm = torch.fx.symbolic_trace(f)
     vals = [torch.randn(1, 1024, 2, 28), torch.randn(1, 960, 2, 28),
-            torch.randn(256, 1024, 3, 3) * 0.01, torch.randn(256, 960, 3, 3) * 0.01]
+            (torch.randn(256, 1024, 3, 3) * 0.01).contiguous(memory_format=wfmt),
+            torch.randn(256, 960, 3, 3) * 0.01]
     env = dict(zip([n for n in gm.graph.nodes if n.op == "placeholder"], vals))
     for n in gm.graph.nodes:
         if n.op == "call_function":
@@ -784,10 +790,14 @@ def test_plan_feeds_the_l1_aliased_conv_nchw():
             n.meta["example_value"] = env[n]
     ph = [n for n in gm.graph.nodes if n.op == "placeholder"]
     assert L.plan(gm, vals, {"layout": "channels_last"}, consts={ph[2], ph[3]})
-    convs = {n.args[1].args[0] if n.args[1].op == "call_function" else n.args[1]: n
+    convs = {n.args[1] if n.args[1].op == "placeholder" else n.args[1].args[0]: n
              for n in gm.graph.nodes if n.target is L.CONV_POINTWISE}
     aliased, other = convs[ph[2]], convs[ph[3]]
-    assert aliased.args[1] is ph[2] and aliased.args[7] == "relu"       # plain weight
+    w = aliased.args[1]
+    if wfmt == torch.channels_last:
+        assert w.target == "contiguous" and w.kwargs == {}
+        w = w.args[0]
+    assert w is ph[2] and aliased.args[7] == "relu"
     assert aliased.args[0].target == "contiguous" and aliased.args[0].kwargs == {}
     assert other.args[1].target is L.REORDER
     assert other.args[0].kwargs == {"memory_format": torch.channels_last}
