@@ -19,7 +19,9 @@ channels_last in → channels_last out). With frozen weights (freeze.py) the wei
 reordered once, in the constant graph, into oneDNN's blocked layout
 (`mkldnn._reorder_convolution_weight`; `options={"prepack": False}`: channels-last instead); a
 weight the graph computes (a BatchNorm folded on each call) is written channels-last where it
-is computed (oneDNN would copy it into that layout on every call).
+is computed (oneDNN would copy it into that layout on every call). An inference conv whose
+channels-last input pixels alias in the L1 cache (`l1_aliased`, docs/design/079) is the
+exception: it runs the same fused op on NCHW, oneDNN's blocked kernel.
 
 A training graph keeps each conv2d (the fused op has no derivative) and only converts its input:
 `conv2d(relayout(x, channels_last, x's layout), w, b, ...)`; aot then traces the convs,
