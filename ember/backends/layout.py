@@ -245,10 +245,11 @@ def l1_aliased(x: torch.Tensor, w: torch.Tensor, padding, stride, dilation, grou
     conv: a spatial kernel reading channels-last pixels a multiple of ALIAS_BYTES apart for
     neighbouring outputs, on output rows at least ALIAS_MIN_OUT_WIDTH wide (see ALIAS_BYTES)."""
     c_in, kh, kw = w.shape[1:]
-    out_w = (shapes.hint_int(x.shape[3]) + 2 * padding[1] - dilation[1] * (kw - 1) - 1) \
-        // stride[1] + 1
+    # [-1]: the width's entry (a one-element list, `dilation=[2]`, holds both)
+    out_w = (shapes.hint_int(x.shape[3]) + 2 * padding[-1] - dilation[-1] * (kw - 1) - 1) \
+        // stride[-1] + 1
     return groups == 1 and kh * kw > 1 and max(dilation) <= ALIAS_MAX_DILATION and \
-        stride[1] * c_in * x.element_size() % ALIAS_BYTES == 0 and \
+        stride[-1] * c_in * x.element_size() % ALIAS_BYTES == 0 and \
         w.shape[0] >= ALIAS_MIN_OUT_CHANNELS and out_w >= ALIAS_MIN_OUT_WIDTH
 
 

@@ -825,6 +825,10 @@ def test_l1_aliased_rule(shape, conv, aliased):
     x = torch.empty(shape, device="meta")
     assert l1_aliased(x, c.weight, list(c.padding), list(c.stride), list(c.dilation),
                       c.groups) == aliased
+    if all(len(set(getattr(c, k))) == 1 for k in ("padding", "stride", "dilation")):
+        # one-element lists (`dilation=[2]`: PyTorch's test_convolution5) hold both dims
+        assert l1_aliased(x, c.weight, [c.padding[0]], [c.stride[0]], [c.dilation[0]],
+                          c.groups) == aliased
     c = nn.Conv2d(shape[1], 128, **conv)                              # few output channels
     assert not l1_aliased(x, c.weight, list(c.padding), list(c.stride), list(c.dilation),
                           c.groups)
