@@ -19,7 +19,9 @@ channels_last in → channels_last out). With frozen weights (freeze.py) the wei
 reordered once, in the constant graph, into oneDNN's blocked layout
 (`mkldnn._reorder_convolution_weight`; `options={"prepack": False}`: channels-last instead); a
 weight the graph computes (a BatchNorm folded on each call) is written channels-last where it
-is computed (oneDNN would copy it into that layout on every call).
+is computed (oneDNN would copy it into that layout on every call). An inference conv whose
+channels-last input pixels alias in the L1 cache (`l1_aliased`, docs/design/079) is the
+exception: it runs the same fused op on NCHW, oneDNN's blocked kernel.
 
 A training graph keeps each conv2d (the fused op has no derivative) and only converts its input:
 `conv2d(relayout(x, channels_last, x's layout), w, b, ...)`; aot then traces the convs,
@@ -220,6 +222,37 @@ INFER_MIN_ACTIVATIONS_PER_WEIGHT = 0.75
 INFER_MAX_BOUNDARY_PER_ACTIVATION = 0.75
 
 
+#: inference: a conv whose channels-last input pixels alias in the L1 cache runs NCHW instead
+#: (oneDNN's blocked nChw16c kernel, the one eager NCHW gets). With an NHWC input, oneDNN's
+#: brgconv kernel reads the pixels of an output row at a step of stride x C_in x 4 bytes; at a
+#: multiple of 4 KiB they all fall in one L1 set, and past some row width the kernel misses in
+#: L1. Measured (benchmarks/conv_alias.py, 1 thread, Zen 4, b1, 3x3 unless stated; channels-last
+#: prepacked / NCHW speed; benchmarks/results/conv_alias_2026-12-07_s24_zen4.txt), stride 1:
+#: C_in 1024 -> 512 at output width 16/18/20/24/28: 1.19/1.14/1.12/1.00/0.88; C_in 1024 -> 256
+#: at 56: 0.66; C_in 2048 -> 512 at 28/14/7: 0.88/1.03/2.08; C_in 3072 at 28: 0.88; not
+#: aliased, C_in 960/1536 at 28: 1.07/1.08, 512/768 at 56: 0.98/0.91; C_out 64/128 (C_in 1024,
+#: 28): 1.13/1.09; 5x5: 0.86; dilation 2/12: 0.94/1.18; a 1x1 conv (a GEMM over contiguous
+#: pixels): 1.12. Stride 2, output width 28: C_in 512 (a 4 KiB step) 0.88-0.90, C_in 1024
+#: 0.85, C_in 384 and 256: 1.15/1.14; output width 14, C_in 512: 0.95.
+ALIAS_BYTES = 4096
+ALIAS_MIN_OUT_WIDTH = 28
+ALIAS_MIN_OUT_CHANNELS = 256
+ALIAS_MAX_DILATION = 2
+
+
+def l1_aliased(x: torch.Tensor, w: torch.Tensor, padding, stride, dilation, groups) -> bool:
+    """Whether oneDNN's channels-last kernel loses to its blocked NCHW one on this inference
+    conv: a spatial kernel reading channels-last pixels a multiple of ALIAS_BYTES apart for
+    neighbouring outputs, on output rows at least ALIAS_MIN_OUT_WIDTH wide (see ALIAS_BYTES)."""
+    c_in, kh, kw = w.shape[1:]
+    # [-1]: the width's entry (a one-element list, `dilation=[2]`, holds both)
+    out_w = (shapes.hint_int(x.shape[3]) + 2 * padding[-1] - dilation[-1] * (kw - 1) - 1) \
+        // stride[-1] + 1
+    return groups == 1 and kh * kw > 1 and max(dilation) <= ALIAS_MAX_DILATION and \
+        stride[-1] * c_in * x.element_size() % ALIAS_BYTES == 0 and \
+        w.shape[0] >= ALIAS_MIN_OUT_CHANNELS and out_w >= ALIAS_MIN_OUT_WIDTH
+
+
 def training_graph(example_inputs) -> bool:
     return torch.is_grad_enabled() and any(
         isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs)
@@ -370,7 +403,7 @@ def plan(gm: fx.GraphModule, example_inputs, options: dict, consts=None) -> bool
     g = gm.graph
     order = {n: i for i, n in enumerate(g.nodes)}
     training = training_graph(example_inputs)
-    n_conv = 0
+    n_conv = n_nchw = 0
     for conv in list(g.nodes):
         args = _conv_args(conv)
         if args is None:
@@ -385,10 +418,21 @@ def plan(gm: fx.GraphModule, example_inputs, options: dict, consts=None) -> bool
             continue
         fused = _fused_activation(conv, order)
         act, attr, scalars = fused if fused else (None, "none", [])
+        nchw = l1_aliased(_val(x), _val(w), padding, stride, dilation, groups)
         with g.inserting_before(conv):
-            xcl = g.call_method("contiguous", (x,), {"memory_format": CL})
+            xcl = g.call_method("contiguous", (x,), {} if nchw else {"memory_format": CL})
             xcl.meta["example_value"] = _val(x)       # example values stay the captured ones
-            if consts is not None and w in consts and PACK_CONV_WEIGHTS and \
+            if nchw:
+                # the plain weight: oneDNN reorders it for its blocked kernel on each call
+                # (a pack from REORDER is made for the channels-last kernel); a channels-last
+                # weight would make oneDNN take the channels-last kernel
+                if _computed(w) or not _val(w).is_contiguous():
+                    w = g.call_method("contiguous", (w,))
+                    w.meta["example_value"] = _val(w.args[0]).contiguous()
+                    if consts is not None and w.args[0] in consts:
+                        consts.add(w)
+                n_nchw += 1
+            elif consts is not None and w in consts and PACK_CONV_WEIGHTS and \
                     options.get("prepack", "auto") is not False:
                 # made for the traced input size; oneDNN takes it for any other (the conv's
                 # result does not depend on it: checked at other batch and spatial sizes)
@@ -425,8 +469,9 @@ def plan(gm: fx.GraphModule, example_inputs, options: dict, consts=None) -> bool
     gm.recompile()
     counters.bump("channels_last_graphs")
     counters.bump("residual_adds_fused", n_add)
-    perf_log.info("layout: %d conv2d run channels-last on oneDNN, %d with the residual add",
-                  n_conv, n_add)
+    counters.bump("convs_nchw_l1_aliased", n_nchw)
+    perf_log.info("layout: %d conv2d run channels-last on oneDNN, %d with the residual add, "
+                  "%d NCHW (channels-last rows alias in L1)", n_conv - n_nchw, n_add, n_nchw)
     return True
 
 
@@ -491,6 +536,7 @@ def _fuse_residual_adds(g: fx.Graph, eager: dict) -> int:
     fused = 0
     for y in list(g.nodes):
         if y.target is not CONV_POINTWISE or y.args[7] != "none" or y.args[6] != 1 or \
+                getattr(y.args[0], "kwargs", {}).get("memory_format") is not CL or \
                 not isinstance(_val(y.args[1]), torch.Tensor) or \
                 _val(y.args[1]).shape[1:].numel() > FUSE_ADD_MAX_REDUCTION:
             continue

@@ -727,3 +727,108 @@ def test_graph_that_makes_tensors_is_planned(train):
     compare(ember.compile(copy.deepcopy(ref)), ref, torch.randn(2, 3, 16, 16), train)
     assert count("channels_last_graphs") == 1
     assert count("graphs") == 1 and count("fallbacks") == 0
+
+
+class WideHead(nn.Module):
+    """A segmentation head: a 3x3 conv from 1024 channels on 28-wide rows (channels-last
+    pixels 4 KiB apart), BatchNorm, ReLU, then a 1x1 classifier; beside it a 3x3 conv from 960
+    channels (not aliased)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(1024, 256, 3, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(256)
+        self.cls = nn.Conv2d(256, 8, 1)
+        self.other = nn.Conv2d(960, 256, 3, padding=1)
+
+    def forward(self, x, y):
+        return self.cls(F.relu(self.bn(self.conv(x)))), F.relu(self.other(y))
+
+
+@pytest.mark.parametrize("fmt", FORMATS, ids=["nchw", "channels_last"])
+@pytest.mark.parametrize("freeze", [True, False], ids=["frozen", "unfrozen"])
+def test_l1_aliased_conv_runs_nchw(freeze, fmt):
+    """The 3x3 conv whose channels-last input pixels are 4 KiB apart runs on oneDNN's NCHW
+    (blocked) kernel, its BatchNorm folded and ReLU fused; the 1x1 conv after it and the
+    960-channel conv stay channels-last (docs/design/079). A channels-last model and input
+    too: outputs come back in their eager layouts."""
+    torch.manual_seed(0)
+    ref = bn_stats(WideHead()).to(memory_format=fmt)
+    m = ember.compile(copy.deepcopy(ref), options={"freeze": freeze, **CL})
+    x, y = (torch.randn(1, c, 2, 28).contiguous(memory_format=fmt) for c in (1024, 960))
+    with torch.no_grad():
+        for _ in range(2):
+            outs, want = m(x, y), ref(x, y)
+            for o, w in zip(outs, want):
+                torch.testing.assert_close(o, w, **TOL)
+                assert layout(o) == layout(w)
+    assert count("convs_nchw_l1_aliased") == 1 and count("channels_last_graphs") == 1
+    assert count("graphs") == 1 and count("fallbacks") == 0
+
+
+@pytest.mark.parametrize("wfmt", FORMATS, ids=["nchw", "channels_last"])
+def test_plan_feeds_the_l1_aliased_conv_nchw(wfmt):
+    """The layout pass on a captured-form graph: the aliased conv reads `x.contiguous()` and
+    its plain NCHW weight (a channels-last one made contiguous: oneDNN would take its
+    channels-last kernel for it), the other conv `y.contiguous(channels_last)` and its packed
+    weight."""
+    from ember.backends import layout as L
+
+    def f(x, y, w1, w2):
+        return F.relu(F.conv2d(x, w1, None, 1, 1)), F.conv2d(y, w2, None, 1, 1)
+
+    gm = torch.fx.symbolic_trace(f)
+    vals = [torch.randn(1, 1024, 2, 28), torch.randn(1, 960, 2, 28),
+            (torch.randn(256, 1024, 3, 3) * 0.01).contiguous(memory_format=wfmt),
+            torch.randn(256, 960, 3, 3) * 0.01]
+    env = dict(zip([n for n in gm.graph.nodes if n.op == "placeholder"], vals))
+    for n in gm.graph.nodes:
+        if n.op == "call_function":
+            args = torch.fx.node.map_arg(n.args, env.get)
+            env[n] = n.target(*args, **n.kwargs)
+        if n in env:
+            n.meta["example_value"] = env[n]
+    ph = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    assert L.plan(gm, vals, {"layout": "channels_last"}, consts={ph[2], ph[3]})
+    convs = {n.args[1] if n.args[1].op == "placeholder" else n.args[1].args[0]: n
+             for n in gm.graph.nodes if n.target is L.CONV_POINTWISE}
+    aliased, other = convs[ph[2]], convs[ph[3]]
+    w = aliased.args[1]
+    if wfmt == torch.channels_last:
+        assert w.target == "contiguous" and w.kwargs == {}
+        w = w.args[0]
+    assert w is ph[2] and aliased.args[7] == "relu"
+    assert aliased.args[0].target == "contiguous" and aliased.args[0].kwargs == {}
+    assert other.args[1].target is L.REORDER
+    assert other.args[0].kwargs == {"memory_format": torch.channels_last}
+    outs = gm(*vals)
+    torch.testing.assert_close(outs[0], f(*vals)[0], **TOL)
+    torch.testing.assert_close(outs[1], f(*vals)[1], **TOL)
+
+
+@pytest.mark.parametrize("shape, conv, aliased", [
+    ((1, 1024, 28, 28), dict(kernel_size=3, padding=1), True),
+    ((1, 2048, 8, 56), dict(kernel_size=3, padding=2, dilation=2), True),
+    ((1, 1024, 4, 56), dict(kernel_size=3, padding=1, stride=2), True),
+    ((1, 512, 4, 56), dict(kernel_size=3, padding=1, stride=2), True),     # 2 x 2 KiB
+    ((1, 512, 4, 28), dict(kernel_size=3, padding=1), False),              # 2 KiB apart
+    ((1, 384, 4, 56), dict(kernel_size=3, padding=1, stride=2), False),    # 2 x 1.5 KiB
+    ((1, 1024, 28, 24), dict(kernel_size=3, padding=1), False),      # rows under 28 wide
+    ((1, 1024, 28, 28), dict(kernel_size=1), False),                 # a 1x1 conv
+    ((1, 1536, 28, 28), dict(kernel_size=3, padding=1), False),      # 6 KiB apart
+    ((1, 1024, 28, 28), dict(kernel_size=3, padding=12, dilation=12), False),
+    ((1, 1024, 28, 28), dict(kernel_size=3, padding=1, groups=2), False),
+])
+def test_l1_aliased_rule(shape, conv, aliased):
+    from ember.backends.layout import l1_aliased
+    c = nn.Conv2d(shape[1], 256, **conv)
+    x = torch.empty(shape, device="meta")
+    assert l1_aliased(x, c.weight, list(c.padding), list(c.stride), list(c.dilation),
+                      c.groups) == aliased
+    if all(len(set(getattr(c, k))) == 1 for k in ("padding", "stride", "dilation")):
+        # one-element lists (`dilation=[2]`: PyTorch's test_convolution5) hold both dims
+        assert l1_aliased(x, c.weight, [c.padding[0]], [c.stride[0]], [c.dilation[0]],
+                          c.groups) == aliased
+    c = nn.Conv2d(shape[1], 128, **conv)                              # few output channels
+    assert not l1_aliased(x, c.weight, list(c.padding), list(c.stride), list(c.dilation),
+                          c.groups)
