@@ -34,8 +34,8 @@ def plan_row_staging(cg, xv) -> tuple | None:
     later, evicted by then at large strides); staged, every line is used whole."""
     k = cg.kernel
     m = len(xv)
-    if not m or any(is_symbolic(n) for n in k.outer):
-        return None
+    if not m or any(is_symbolic(n) for n in k.outer) or any(st.keep for st in k.stages):
+        return None     # a stage keeping inner dims as outer ones walks other row vars
     writes = {n.name for n in k.nodes} | set(k.local)
     staged: dict = {}
     for st, rv, c in stage_indices(cg, xv):
@@ -45,7 +45,7 @@ def plan_row_staging(cg, xv) -> tuple | None:
             cr = _coeff(e, rv[-1])
             if _coeff(e, xv[-1]) != 1 or not isinstance(cr, sympy.Integer) or cr < ROW_TILE:
                 continue
-            if len(rv) != 1 or st.keep or is_symbolic(st.inner[0]) or masked or gathers(e) \
+            if len(rv) != 1 or is_symbolic(st.inner[0]) or masked or gathers(e) \
                     or name in writes or any(f.free_symbols & set(rv) for f in
                                              e.atoms(FloorDiv, ModularIndexing)) \
                     or cg.buffers[name].dtype not in (torch.float32, torch.float64):
