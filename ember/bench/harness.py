@@ -349,6 +349,12 @@ def measure(spec, mode: str, compiler_names: list[str], reps: int, warmup: int, 
             if found is not None:
                 allowed, base["kinks"] = found[0], {**found[1], "max_allowed": max(found[0])}
 
+    # eager channels-last's error, before any compiler starts threads (a compile's pool makes
+    # _in_child run it in place, where fastvit_t8's eager channels-last backward corrupted the
+    # heap and took the worker's rows with it)
+    cl_per = channels_last_errors(fresh, mode, args, kwargs, ref) \
+        if ref is not None and base["reference"] == "fp64 eager" else None
+
     runners: dict[str, Runner] = {}
     records: dict[str, dict] = {}
     for c in names:
@@ -391,11 +397,9 @@ def measure(spec, mode: str, compiler_names: list[str], reps: int, warmup: int, 
 
     eager_err = records["eager"].get("rel_err") or 0.0
     eager_per = records["eager"].get("_per") or []
-    if eager_per and ref is not None and base["reference"] == "fp64 eager":
-        cl_per = channels_last_errors(fresh, mode, args, kwargs, ref)
-        if cl_per is not None and len(cl_per) == len(eager_per):
-            records["eager"]["eager_cl_rel_err"] = max(cl_per, default=0.0)
-            eager_per = [max(a, b) for a, b in zip(eager_per, cl_per)]
+    if eager_per and cl_per is not None and len(cl_per) == len(eager_per):
+        records["eager"]["eager_cl_rel_err"] = max(cl_per, default=0.0)
+        eager_per = [max(a, b) for a, b in zip(eager_per, cl_per)]
     floor = 1e-4 if mode == "train" else 1e-5
     for c, rec in records.items():
         per = rec.pop("_per", None)

@@ -113,3 +113,30 @@ def test_a_row_compiled_on_a_lesser_path_is_degraded_not_pass(monkeypatch):
     assert em["status"] == "degraded", em
     assert em["path"] == "ember.compile(backend='aot_eager')"
     assert "RuntimeError: codegen crashed" in em["error"]
+
+
+def test_channels_last_check_runs_before_any_compile(monkeypatch):
+    """The eager channels-last error check (which forks a child only while the worker has one
+    thread) runs before any compiler is made: after a compile's thread pool exists it ran in
+    place, and fastvit_t8's eager channels-last backward corrupted the heap of the worker."""
+    from ember.bench import compilers
+    events = []
+    real_make, real_cl = compilers.make, harness.channels_last_errors
+
+    def make(front, backend, model):
+        events.append("make")
+        return real_make(front, backend, model)
+
+    def cl(*a):
+        events.append("channels_last")
+        return real_cl(*a)
+    monkeypatch.setattr(compilers, "make", make)
+    monkeypatch.setattr(harness, "channels_last_errors", cl)
+    records = []
+    harness.measure(broad.tiny_spec("b_unet_groupnorm_silu"), "train", ["eager", "ember"],
+                    reps=1, warmup=0, backend="ember", front="auto", memory=False,
+                    emit=records.append)
+    assert "make" in events and events[0] == "channels_last", events
+    by = {r["compiler"]: r for r in records}
+    assert by["ember"]["status"] == "pass", by["ember"].get("error")
+    assert by["eager"]["eager_cl_rel_err"] is not None
