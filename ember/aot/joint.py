@@ -136,7 +136,7 @@ def trace_program(fn: Callable, specs: list, *, decompositions: dict | None, dev
                 for k, g in zip(want, grads):
                     if g is not None:
                         grad_inputs.append(k)
-                        grad_nodes.append(tr.node_of(g))
+                        grad_nodes.append(tr.node_of(_in_layout_of(g, inputs[k])))
     tr.graph.output(tuple(slot_nodes + mut_nodes + grad_nodes))
     n_in = len(inputs)
     order = tr.placeholders[:n_in] + [n for n, _ in tr.constants] + tr.placeholders[n_in:]
@@ -149,6 +149,34 @@ def trace_program(fn: Callable, specs: list, *, decompositions: dict | None, dev
                   n_slots=len(slot_nodes), slot_requires_grad=slot_rg, mutated=mutated, joint=joint,
                   tangent_outs=tangent_outs, tangent_specs=tangent_specs, grad_inputs=grad_inputs,
                   treespec=treespec, symbols=_symbol_sources(specs))
+
+
+#: the memory formats an input gradient is stored in when its input has one (4-D, 5-D)
+_FORMATS = {4: torch.channels_last, 5: torch.channels_last_3d}
+
+
+def _in_layout_of(g: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """`g`, the traced gradient of input `x`, stored in x's memory format (contiguous, or
+    channels-last) when it comes out of the backward in another layout.
+
+    Autograd's gradient layout contract: AccumulateGrad keeps a gradient as its leaf's .grad
+    only when its strides are the leaf's (else it copies it: `clone_obey_contract`), and an
+    ember graph upstream coerces its tangent to its output's layout, which is x's. So the
+    kernel that writes the gradient stores it in that layout (a clone the lowering fuses into
+    it) instead of an ATen copy after the graph: LayerNorm over NCHW channels via permutes
+    computes dx in NHWC. Layouts with no memory format (a transposed 2-D parameter, symbolic
+    strides) are left as traced."""
+    if shapes.is_symbolic(x) or shapes.is_symbolic(g) or _same_layout(g, x):
+        return g
+    for fmt in (torch.contiguous_format, _FORMATS.get(x.dim())):
+        if fmt is not None and x.is_contiguous(memory_format=fmt):
+            return g.contiguous(memory_format=fmt)
+    return g
+
+
+def _same_layout(g: torch.Tensor, x: torch.Tensor) -> bool:
+    """Strides equal except along size-1 dims (autograd's `obeys_layout_contract`)."""
+    return all(s == 1 or a == b for s, a, b in zip(x.shape, g.stride(), x.stride()))
 
 
 def _symbol_sources(specs) -> dict:

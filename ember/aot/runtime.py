@@ -19,9 +19,11 @@ import torch
 import torch.fx as fx
 from torch.utils._pytree import tree_structure, tree_unflatten
 
-from .. import debug, shapes
+from .. import counters, debug, shapes
+from ..logging import get_logger
 from ..runtime.pycode import compile_cached
-from .joint import Traced
+from .joint import Traced, trace_program
+from .tracer import TensorSpec
 from .partition import Partition
 
 
@@ -185,12 +187,29 @@ def _coerce_tangent(g: torch.Tensor, spec, sizes: dict | None) -> torch.Tensor:
         stride = tuple(int(shapes.expr_of(s).xreplace(sizes)) for s in spec.stride)
         if tuple(g.stride()) == stride or g.numel() <= 1:
             return g
+        counters.bump("tangent_copies")
         return torch.empty_strided(g.shape, stride, dtype=g.dtype, device=g.device).copy_(g)
     if tuple(g.stride()) == spec.stride or g.numel() <= 1:
         return g
+    counters.bump("tangent_copies")
     out = torch.empty_strided(spec.shape, spec.stride, dtype=g.dtype, device=g.device)
     out.copy_(g)
     return out
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """Whether t's strides are a dense (non-overlapping, gap-free) permutation of its dims."""
+    expect = 1
+    for st, n in sorted((st, n) for n, st in zip(t.shape, t.stride()) if n != 1):
+        if st != expect:
+            return False
+        expect *= n
+    return True
+
+
+#: backward graphs compiled for tangent layouts other than the traced ones, per runtime; a
+#: graph whose tangents keep changing layout pays the copies past this many
+MAX_TANGENT_LAYOUTS = 4
 
 
 class TrainingRuntime:
@@ -202,6 +221,7 @@ class TrainingRuntime:
         self.traced, self.part, self.fw, self.treespec = traced, part, fw, treespec
         self.outputs = output_builder(traced, treespec)
         self._bw_compiler, self._bw_module, self._bw = bw_compiler, bw_module, backward
+        self._variants: dict = {}       # tangent strides -> backward for them (or None)
         self._debug_scope = debug.current_scope()    # the backward's dumps join the forward's
         self.function = self._make_function()
 
@@ -215,6 +235,63 @@ class TrainingRuntime:
             with debug.resume(self._debug_scope, "backward_"):
                 self._bw = self._bw_compiler(self._bw_module, example)
         return self._bw
+
+    def backward_for(self, tangents: list, sizes: dict | None) -> tuple[Callable, list]:
+        """(the backward, its tangents) for the tangents that arrived. A tangent in another
+        dense layout than the traced one (the caller's NCHW gradient of an output ember stores
+        NHWC, seen through the permute that makes it NCHW) is taken as it is by a backward
+        compiled for that layout, once per layout (`_layout_variant`): its kernels read it in
+        place instead of an ATen copy to the traced layout first. The compiled wrapper checks
+        its inputs' strides on every call. Any other tangent is copied to the traced layout
+        (`_coerce_tangent`): an expanded one, dynamic sizes, a warm-started runtime (no
+        backward graph to retrace), a graph the retrace refuses."""
+        specs = self.traced.tangent_specs
+        if sizes is None and self._bw_module is not None:
+            layout = tuple(tuple(g.stride()) if g.numel() > 1 and _dense(g) else s.stride
+                           for g, s in zip(tangents, specs))
+            if any(got != s.stride for got, s in zip(layout, specs)):
+                bw = self._layout_variant(layout)
+                if bw is not None:
+                    return bw, [g if tuple(g.stride()) == want else _coerce_tangent(g, s, None)
+                                for g, s, want in zip(tangents, specs, layout)]
+        return self.backward_fn(), [_coerce_tangent(g, s, sizes) for g, s in zip(tangents, specs)]
+
+    def _layout_variant(self, layout: tuple) -> Callable | None:
+        """The backward compiled for tangents with strides `layout`, or None (refused)."""
+        if layout in self._variants:
+            return self._variants[layout]
+        if len(self._variants) >= MAX_TANGENT_LAYOUTS:
+            return None
+        log = get_logger("perf")
+        phs = [n for n in self._bw_module.graph.nodes if n.op == "placeholder"]
+        vals = [n.meta.get("val") for n in phs]
+        n_saved = len(phs) - len(layout)
+        variant = None
+        if all(isinstance(v, torch.Tensor) and not shapes.is_symbolic(v) for v in vals):
+            specs = [TensorSpec(tuple(v.shape), tuple(v.stride()) if i < n_saved else
+                                layout[i - n_saved], v.dtype, self.traced.device, False)
+                     for i, v in enumerate(vals)]
+            try:
+                # the backward graph re-traced on the new tangent layouts: every op's layout
+                # follows from its inputs' again; a view the new strides cannot take raises
+                traced = trace_program(self._bw_module, specs, decompositions=None,
+                                       device=self.traced.device, joint=False, plan_aliases=False)
+                if traced.mutated or traced.constants:
+                    raise ValueError("the re-traced backward mutates or lifts constants")
+                gm = fx.GraphModule(torch.nn.Module(), traced.graph, class_name="EmberBackward")
+                gm.meta["device"] = self.traced.device
+                gm.meta["tangent_layouts"] = layout     # not the warm start's backward
+                example = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
+                with debug.resume(self._debug_scope, "backward_layout_"):
+                    variant = self._bw_compiler(gm, example)
+                counters.bump("tangent_layout_backwards")
+                log.info("backward compiled for tangent strides %s (traced: %s)", layout,
+                         tuple(s.stride for s in self.traced.tangent_specs))
+            except Exception as exc:  # noqa: BLE001 - the copy to the traced layout is right too
+                log.info("backward for tangent strides %s refused (%s: %s): tangents copied to "
+                         "the traced layout", layout, type(exc).__name__, exc)
+        self._variants[layout] = variant
+        return variant
 
     def _make_function(self):
         rt = self
@@ -251,9 +328,9 @@ class TrainingRuntime:
                 ctx.maybe_clear_saved_tensors()
                 for i, x in ctx.ember_ints:
                     saved.insert(i, x)
-                saved += [_coerce_tangent(grad_outs[j], spec, ctx.ember_sizes)
-                          for j, spec in zip(t.tangent_outs, t.tangent_specs)]
-                bw = rt.backward_fn()
+                bw, tangents = rt.backward_for([grad_outs[j] for j in t.tangent_outs],
+                                               ctx.ember_sizes)
+                saved += tangents
                 boxed = getattr(bw, "boxed", None)
                 grads = boxed(saved) if boxed is not None else bw(*saved)
                 result: list = [None] * t.n_inputs

@@ -232,8 +232,8 @@ def _compile(gm, example_inputs, options, on_backward=None):
         except Exception as exc:  # noqa: BLE001 - the fallback policy
             fall_back("ember", exc, "this graph's backward")
             return g
-        if on_backward is not None:
-            on_backward(compiled)
+        if on_backward is not None and "tangent_layouts" not in g.meta:
+            on_backward(compiled)       # the warm start's backward takes the traced layouts
         return compiled
     gm = fuse_attention(gm, example_inputs, options)     # explicit attention → the fused kernel (attention.py)
     with counters.timed("aot"), stage("aot"):
