@@ -207,6 +207,29 @@ def _dense(t: torch.Tensor) -> bool:
     return True
 
 
+def _order(t: torch.Tensor) -> tuple:
+    """t's dims from the largest stride to the smallest, size-1 dims left out."""
+    return tuple(sorted((d for d, n in enumerate(t.shape) if n != 1),
+                        key=lambda d: -t.stride(d)))
+
+
+def mixed_layouts(graph: fx.Graph) -> int:
+    """How many ops in `graph` read a dense tensor of their output's shape in another dim order
+    than the output's: each is a kernel converting between layouts (a transposing loop, or a
+    strided read or write)."""
+    count = 0
+    for n in graph.nodes:
+        out = n.meta.get("val")
+        if n.op != "call_function" or not isinstance(out, torch.Tensor) or \
+                isinstance(n.target, torch._ops.OpOverload) and n.target.is_view or \
+                sum(s != 1 for s in out.shape) < 2 or not _dense(out):
+            continue
+        ins = [a.meta.get("val") for a in n.all_input_nodes]
+        count += any(isinstance(v, torch.Tensor) and v.shape == out.shape and _dense(v) and
+                     _order(v) != _order(out) for v in ins)
+    return count
+
+
 #: backward graphs compiled for tangent layouts other than the traced ones, per runtime; a
 #: graph whose tangents keep changing layout pays the copies past this many
 MAX_TANGENT_LAYOUTS = 4
@@ -278,6 +301,14 @@ class TrainingRuntime:
                                        device=self.traced.device, joint=False, plan_aliases=False)
                 if traced.mutated or traced.constants:
                     raise ValueError("the re-traced backward mutates or lifts constants")
+                copies = sum(got != s.stride for got, s in zip(layout, self.traced.tangent_specs))
+                mixed, before = mixed_layouts(traced.graph), mixed_layouts(self._bw_module.graph)
+                if mixed >= before + copies:
+                    # the arriving layout disagrees with the saved activations (a contiguous
+                    # gradient of a channels-last BatchNorm): every kernel would convert;
+                    # one copy first keeps them all in one layout
+                    raise ValueError(f"{mixed} ops would mix layouts, against {before} and "
+                                     f"{copies} tangent copies in the traced layout")
                 gm = fx.GraphModule(torch.nn.Module(), traced.graph, class_name="EmberBackward")
                 gm.meta["device"] = self.traced.device
                 gm.meta["tangent_layouts"] = layout     # not the warm start's backward
