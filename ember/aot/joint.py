@@ -20,7 +20,7 @@ import torch
 import torch.fx as fx
 from torch.utils._pytree import tree_flatten
 
-from .. import regions, shapes
+from .. import counters, regions, shapes
 from ..errors import Unsupported
 from .tracer import (LiftTensorLiterals, OutputSpec, TensorSpec, Tracer, order_placeholders,
                      remove_identity_views)
@@ -170,6 +170,7 @@ def _in_layout_of(g: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         return g
     for fmt in (torch.contiguous_format, _FORMATS.get(x.dim())):
         if fmt is not None and x.is_contiguous(memory_format=fmt):
+            counters.bump("grad_layout_stores")
             return g.contiguous(memory_format=fmt)
     return g
 

@@ -70,6 +70,7 @@ def test_layernorm2d_has_no_layout_copies(shape):
     # in place by a backward compiled for its layout, once
     assert _delta(before, "tangent_copies") == 0
     assert _delta(before, "tangent_layout_backwards") == 1
+    assert _delta(before, "grad_layout_stores") == 1           # dx, traced NHWC
 
 
 def test_tangent_layouts_each_get_their_backward():
@@ -155,3 +156,38 @@ def test_input_gradient_takes_its_inputs_memory_format():
     assert strides[1][0] == strides[0][0] == x.stride()
     assert strides[1][1] == x.stride()          # eager hands AccumulateGrad a contiguous one
     assert strides[0][1] != x.stride()
+
+
+def test_tangent_disagreeing_with_saved_activations_is_copied():
+    """A contiguous gradient of a channels-last BatchNorm: read in place, it would put every
+    backward kernel between two layouts (the saved channels-last input); it is copied once."""
+    torch.manual_seed(4)
+    m = nn.BatchNorm2d(8)
+    cm = ember.compile(copy.deepcopy(m))
+    x = torch.randn(2, 8, 6, 5).to(memory_format=torch.channels_last)
+    g = torch.randn(2, 8, 6, 5)
+    before = _counts()
+    ref, ref_grad, _, ref_pgrads = _step(m, m, x, g)
+    out, grad, (hook_stride, _), pgrads = _step(cm, cm, x, g)
+    torch.testing.assert_close(out, ref, **TOL)
+    torch.testing.assert_close(grad, ref_grad, **TOL)
+    for a, b in zip(pgrads, ref_pgrads):
+        torch.testing.assert_close(a, b, **TOL)
+    assert grad.stride() == ref_grad.stride() == hook_stride == x.stride()
+    assert _delta(before, "tangent_layout_backwards") == 0
+    assert _delta(before, "tangent_copies") == 1
+
+
+def test_mixed_layouts_counts_layout_converting_ops():
+    g = torch.fx.Graph()
+    a, b = g.placeholder("a"), g.placeholder("b")
+    a.meta["val"] = torch.empty(2, 3, 4, 5, device="meta")
+    b.meta["val"] = torch.empty(2, 3, 4, 5, device="meta").to(memory_format=torch.channels_last)
+    s = g.call_function(torch.ops.aten.add.Tensor, (a, b))
+    s.meta["val"] = torch.empty(2, 3, 4, 5, device="meta")              # b read across layouts
+    t = g.call_function(torch.ops.aten.mul.Tensor, (a, a))
+    t.meta["val"] = torch.empty(2, 3, 4, 5, device="meta")              # one layout
+    p = g.call_function(torch.ops.aten.permute.default, (b, [0, 2, 3, 1]))
+    p.meta["val"] = b.meta["val"].permute(0, 2, 3, 1)                    # a view: no kernel
+    g.output((s, t, p))
+    assert runtime.mixed_layouts(g) == 1
