@@ -603,17 +603,41 @@ def _cpu_follows_input(n: fx.Node) -> bool:
                                               "constant") in ("reflect", "replicate")
 
 
+def _on_meta(target, args, kwargs):
+    """(target, args, kwargs) of a call that stays on the meta device where it names another:
+    `device=` (any call), a positional device of `Tensor.to` (`x.to(x.device)`,
+    `x.to("cpu", torch.float32)`, `x.to(0)`) and the device moves `x.cpu()`, `x.cuda(...)`
+    (meta → meta; a move keeps the strides). On meta each would copy out of the meta tensor
+    ("Cannot copy out of meta tensor") or meet a CPU tensor."""
+    if isinstance(kwargs.get("device"), (str, torch.device, int)):
+        kwargs = {**kwargs, "device": "meta"}
+    name = target if isinstance(target, str) else getattr(target, "__name__", None)
+    if name not in ("to", "cpu", "cuda") or not isinstance(target, str) and \
+            getattr(torch.Tensor, name) is not target:
+        return target, args, kwargs
+    if name != "to":
+        fmt = {k: v for k, v in kwargs.items() if k == "memory_format"}
+        return "to" if isinstance(target, str) else torch.Tensor.to, (args[0], "meta"), fmt
+    # to(device, dtype, ...), to(dtype, ...), to(other, ...): a device comes first
+    if len(args) > 1 and (isinstance(args[1], (str, torch.device)) or
+                          type(args[1]) is int):
+        args = (args[0], "meta", *args[2:])
+    return target, args, kwargs
+
+
 class _EagerLayouts(fx.Interpreter):
     """Runs the graph on meta tensors, giving conv outputs (and _cpu_follows_input's) the
     layout the CPU kernel returns: channels-last when the input (a conv's weight) is. Tensors
-    the graph creates are made on meta too (eager_layouts sets meta as the default device; an
-    explicit `device=` is replaced here): stochastic depth's `torch.empty(..., device=cpu)`
-    mask kept convnext, efficientnet and edgenext graphs in their captured layout."""
+    the graph creates and moves are made on meta too (eager_layouts sets meta as the default
+    device; a device the call names is replaced by _on_meta): stochastic depth's
+    `torch.empty(..., device=cpu)` mask kept convnext, efficientnet and edgenext graphs in
+    their captured layout, wav2vec2's `x.to(x.device)` its whole graph."""
 
     def call_function(self, target, args, kwargs):
-        if isinstance(kwargs.get("device"), (str, torch.device)):
-            kwargs = {**kwargs, "device": "meta"}
-        return super().call_function(target, args, kwargs)
+        return super().call_function(*_on_meta(target, args, kwargs))
+
+    def call_method(self, target, args, kwargs):
+        return super().call_method(*_on_meta(target, args, kwargs))
 
     def run_node(self, n):
         out = super().run_node(n)
