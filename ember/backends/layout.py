@@ -29,6 +29,10 @@ BatchNorm, pooling and their backward in NHWC. `relayout` also puts each gradien
 value's layout where it crosses a conversion (an NCHW output's tangent enters the backward
 channels-last, a converted input's gradient leaves in the input's layout).
 
+An inference graph's conv1d runs the same way, as a one-row conv2d on `x.unsqueeze(2)`
+(`[N, C, L]` stored `[N, L, C]`), decided per region of convs joined through [N, C, ·]
+tensors: all of a region channels-last or none of it (`_conv1d_rows`, docs/design/088).
+
 Cost rule (docs/design/024-layout-and-freezing.md): rewrite a CPU graph with at least one
 float32 conv2d that has integer padding; a training graph only when its conv input activations
 hold at least TRAIN_MIN_ACTIVATIONS_PER_WEIGHT elements per element of the conv weights read
@@ -309,17 +313,12 @@ def _conv1d_rows(gm: fx.GraphModule, example_inputs) -> set:
             n = parent[n]
         return n
 
-    def nc(n):
-        v = _val(n)
-        return tuple(shapes.hint_int(d) for d in v.shape[:2]) \
-            if isinstance(v, torch.Tensor) and v.dim() == 3 else None
-
     for n in gm.graph.nodes:
         if n in args:
             parent[find(n)] = find(args[n][0])      # a conv joins its input's region
-        elif n.op in ("call_function", "call_method") and nc(n) is not None:
+        elif n.op in ("call_function", "call_method") and _nc(_val(n)) is not None:
             for i in n.all_input_nodes:
-                if nc(i) == nc(n):
+                if _nc(_val(i)) == _nc(_val(n)):
                     parent[find(i)] = find(n)
     regions: dict = {}
     for n in args:
@@ -330,6 +329,12 @@ def _conv1d_rows(gm: fx.GraphModule, example_inputs) -> set:
                    for x, w, _, pad, stride, dil, g in map(args.get, convs)):
             rows.update(convs)
     return rows
+
+
+def _nc(t) -> tuple | None:
+    """(N, C) of a 3-D tensor at its traced sizes (no guard on a symbolic size), else None."""
+    return tuple(shapes.hint_int(d) for d in t.shape[:2]) \
+        if isinstance(t, torch.Tensor) and t.dim() == 3 else None
 
 
 def training_graph(example_inputs) -> bool:
@@ -428,7 +433,7 @@ def _boundary_conversions(gm: fx.GraphModule, example_inputs, training=True,
     fx.node.map_arg(out.args[0], found.append)
     for v in found:
         if v in after and _nchw(eager.get(v)) or v in after1 and _ncl(eager.get(v)) and \
-                any(_val(r).shape[:2] == eager[v].shape[:2] for r in _upstream([v]) & rows):
+                any(_nc(_val(r)) == _nc(eager[v]) for r in _upstream([v]) & rows):
             total += (2 if training else 1) * eager[v].numel()
     return total
 
@@ -499,7 +504,7 @@ def plan(gm: fx.GraphModule, example_inputs, options: dict, consts=None) -> bool
     order = {n: i for i, n in enumerate(g.nodes)}
     training = training_graph(example_inputs)
     rows = _conv1d_rows(gm, example_inputs)
-    after_rows = _downstream(rows)
+    row_outs = []                            # the rewritten rows' [N, C, L] outputs
     n_conv = n_nchw = 0
     for conv in list(g.nodes):
         args = _conv_args(conv, rows)
@@ -554,6 +559,7 @@ def plan(gm: fx.GraphModule, example_inputs, options: dict, consts=None) -> bool
             with g.inserting_after(new):
                 new = g.call_method("squeeze", (new, 2))
             new.meta["example_value"] = _val(last)
+            row_outs.append(new)
         if last in eager:
             eager[new] = eager[last]
         if act is not None:                  # an in-place act: the conv's users read it too
@@ -569,7 +575,7 @@ def plan(gm: fx.GraphModule, example_inputs, options: dict, consts=None) -> bool
         if now is None:
             raise RuntimeError("ember: a rewritten training graph does not run on meta tensors")
         _gradient_layouts(g, now, example_inputs)
-    _restore_outputs(g, eager, now if training else None, after_rows)
+    _restore_outputs(g, eager, now if training else None, _downstream(row_outs))
     g.lint()
     gm.recompile()
     counters.bump("channels_last_graphs")

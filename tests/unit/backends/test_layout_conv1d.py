@@ -55,6 +55,25 @@ def test_conv1d_region_runs_channels_last(freeze):
     assert count("graphs") == 1
 
 
+class Pair(nn.Module):
+    """Two convs on a transposed [N, L, C] input; the second conv's output is the graph's."""
+
+    def __init__(self, c=32):
+        super().__init__()
+        self.c0 = nn.Conv1d(c, c, 5, padding=2, groups=c)
+        self.c1 = nn.Conv1d(c, c, 1)
+
+    def forward(self, h):
+        return (self.c1(F.silu(self.c0(h.transpose(1, 2)))),)
+
+
+def test_conv1d_output_returned_in_eager_layout():
+    """A row conv's output returned as it is comes back [N, C, L] contiguous, as eager's."""
+    torch.manual_seed(0)
+    check(Pair().eval(), torch.randn(2, 40, 32))
+    assert count("conv1d_channels_last") == 2 and count("channels_last_graphs") == 1
+
+
 class Stem(nn.Module):
     """wav2vec2's feature encoder in small: a first conv that gains channels-last, then
     512-channel stride-2 convs whose channels-last input pixels are 4 KiB apart (lose)."""
