@@ -29,6 +29,10 @@ BatchNorm, pooling and their backward in NHWC. `relayout` also puts each gradien
 value's layout where it crosses a conversion (an NCHW output's tangent enters the backward
 channels-last, a converted input's gradient leaves in the input's layout).
 
+An inference graph's conv1d runs the same way, as a one-row conv2d on `x.unsqueeze(2)`
+(`[N, C, L]` stored `[N, L, C]`), decided per region of convs joined through [N, C, ·]
+tensors: all of a region channels-last or none of it (`_conv1d_rows`, docs/design/088).
+
 Cost rule (docs/design/024-layout-and-freezing.md): rewrite a CPU graph with at least one
 float32 conv2d that has integer padding; a training graph only when its conv input activations
 hold at least TRAIN_MIN_ACTIVATIONS_PER_WEIGHT elements per element of the conv weights read
@@ -115,19 +119,47 @@ def _pair(v):
     return v if all(type(x) is int for x in v) else None
 
 
-def _conv_args(node: fx.Node):
-    """(x, w, b, padding, stride, dilation, groups) of an eligible conv2d call, else None."""
-    if node.op != "call_function" or node.target is not F.conv2d:
+def _call_args(node: fx.Node, target, dim: int):
+    """A float32 `target` call's arguments by name (conv1d/conv2d on a `dim`-D input, integer
+    padding and groups), else None."""
+    if node.op != "call_function" or node.target is not target:
         return None
     names = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
     a = dict(zip(names, (None, None, None, 1, 0, 1, 1)))
     a.update(zip(names, node.args))
     a.update(node.kwargs)
     x, w = _val(a["input"]), _val(a["weight"])
-    if not isinstance(x, torch.Tensor) or not isinstance(w, torch.Tensor) or x.dim() != 4 or \
+    if not isinstance(x, torch.Tensor) or not isinstance(w, torch.Tensor) or x.dim() != dim or \
             x.dtype != torch.float32 or w.dtype != torch.float32 or \
             isinstance(a["padding"], str) or not isinstance(a["groups"], int):
         return None
+    return a
+
+
+def _conv1d_args(node: fx.Node):
+    """(x, w, b, padding, stride, dilation, groups) of a conv1d call as the one-row conv2d
+    it runs as ([1, k] kernel on [N, C, 1, L]; x and w still the 3-D nodes), else None."""
+    a = _call_args(node, F.conv1d, 3)
+    if a is None:
+        return None
+    row = []
+    for k, pad in (("padding", 0), ("stride", 1), ("dilation", 1)):
+        v = a[k][0] if isinstance(a[k], (tuple, list)) and len(a[k]) == 1 else a[k]
+        if type(v) is not int:
+            return None
+        row.append([pad, v])
+    return (a["input"], a["weight"], a["bias"], *row, a["groups"])
+
+
+def _conv_args(node: fx.Node, rows=frozenset()):
+    """(x, w, b, padding, stride, dilation, groups) of an eligible conv2d call, or of a conv1d
+    in `rows` (see _conv1d_rows), else None."""
+    if node in rows:
+        return _conv1d_args(node)
+    a = _call_args(node, F.conv2d, 4)
+    if a is None:
+        return None
+    x = _val(a["input"])
     if x.shape[2] * x.shape[3] == 1:
         # a conv on a pooled vector (squeeze-excite, a classifier head) is a small GEMM with
         # no layout to choose; oneDNN's fused op costs a fixed ~30 us per call there (1 thread,
@@ -253,6 +285,58 @@ def l1_aliased(x: torch.Tensor, w: torch.Tensor, padding, stride, dilation, grou
         w.shape[0] >= ALIAS_MIN_OUT_CHANNELS and out_w >= ALIAS_MIN_OUT_WIDTH
 
 
+def _conv1d_rows(gm: fx.GraphModule, example_inputs) -> set:
+    """The conv1d nodes of an inference graph that run as one-row channels-last conv2d on
+    oneDNN (`[N, C, L]` stored as `[N, L, C]`). Decided per region, not per conv: a region
+    is the convs joined through the [N, C, ·] tensors between them (pointwise ops, norms,
+    pads and slices along L keep N and C; a transpose, a reshape or a GEMM ends it). The ops
+    inside a region follow their inputs' layout, so a region in one layout pays its
+    conversions at its ends only; a region in two (s24: wav2vec2's feature encoder, one conv
+    channels-last, the next NCL) transposes every activation between them (0.90x eager). A
+    region runs channels-last when none of its convs is l1_aliased as a one-row conv2d (those
+    lose channels-last: wav2vec2's 512-channel stride-2 convs 0.82-0.88x); the graph-wide
+    rules of why_not weigh its boundary conversions and weights. Measured (1 thread, Zen 4,
+    benchmarks/conv1d_layout.py, docs/design/088), ATen NCL / channels-last prepacked:
+    wav2vec2's first conv (1 -> 512, k 10, s 5) 1.57x, its positional conv (384, k 128,
+    16 groups) 2.6x, whisper's stems (80 -> 384 k 3; 384 -> 384 k 3 s 2) 1.10x / 1.05x,
+    depthwise k 4 (Mamba) 3.2x, depthwise k 31 (Conformer) 13.9x, dilated k 3 (TCN) 1.1-1.5x,
+    k 1 1.18x."""
+    if training_graph(example_inputs):
+        return set()
+    args = {n: a for n in gm.graph.nodes if (a := _conv1d_args(n)) is not None}
+    if not args:
+        return set()
+    parent: dict = {}
+
+    def find(n):
+        while parent.get(n, n) is not n:
+            n = parent[n]
+        return n
+
+    for n in gm.graph.nodes:
+        if n in args:
+            parent[find(n)] = find(args[n][0])      # a conv joins its input's region
+        elif n.op in ("call_function", "call_method") and _nc(_val(n)) is not None:
+            for i in n.all_input_nodes:
+                if _nc(_val(i)) == _nc(_val(n)):
+                    parent[find(i)] = find(n)
+    regions: dict = {}
+    for n in args:
+        regions.setdefault(find(n), []).append(n)
+    rows = set()
+    for convs in regions.values():
+        if not any(l1_aliased(_val(x).unsqueeze(2), _val(w).unsqueeze(2), pad, stride, dil, g)
+                   for x, w, _, pad, stride, dil, g in map(args.get, convs)):
+            rows.update(convs)
+    return rows
+
+
+def _nc(t) -> tuple | None:
+    """(N, C) of a 3-D tensor at its traced sizes (no guard on a symbolic size), else None."""
+    return tuple(shapes.hint_int(d) for d in t.shape[:2]) \
+        if isinstance(t, torch.Tensor) and t.dim() == 3 else None
+
+
 def training_graph(example_inputs) -> bool:
     return torch.is_grad_enabled() and any(
         isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs)
@@ -277,13 +361,14 @@ def why_not(gm: fx.GraphModule, example_inputs, options: dict,
         name = name.split(".")[0]            # torch.ops.aten.as_strided.default
         if n.op in ("call_function", "call_method") and name in _LAYOUT_SENSITIVE:
             return f"a layout-sensitive op ({name})"
-    convs = [a for a in map(_conv_args, gm.graph.nodes) if a is not None]
+    rows = _conv1d_rows(gm, example_inputs)
+    convs = [a for a in (_conv_args(n, rows) for n in gm.graph.nodes) if a is not None]
     if not convs:
-        return "no float32 conv2d"
+        return "no float32 conv2d (or conv1d region to run channels-last)"
     acts = sum(numel_hint(_val(a[0])) for a in convs)
     weights = sum(numel_hint(_val(a[1])) for a in convs)
     if choice == "auto" and not training_graph(example_inputs):
-        shuffled = _between_convs(gm.graph, convs)
+        shuffled = _between_convs(gm.graph, convs, rows)
         if not frozen and acts < INFER_MIN_ACTIVATIONS_PER_WEIGHT * weights:
             return (f"an inference graph whose conv activations ({acts}) are under "
                     f"{INFER_MIN_ACTIVATIONS_PER_WEIGHT:g}x its conv weights ({weights}): "
@@ -294,7 +379,7 @@ def why_not(gm: fx.GraphModule, example_inputs, options: dict,
                     f"shuffle) copy {shuffled} elements, at least "
                     f"{INFER_MAX_SHUFFLED_PER_ACTIVATION:g}x its conv activations ({acts}): "
                     "each makes the region NCHW and the next conv converts it back")
-        boundary = _boundary_conversions(gm, example_inputs, training=False)
+        boundary = _boundary_conversions(gm, example_inputs, training=False, rows=rows)
         if boundary is not None and boundary > INFER_MAX_BOUNDARY_PER_ACTIVATION * acts:
             return (f"an inference graph whose NCHW inputs and outputs would be converted at "
                     f"its boundary ({boundary} elements), over "
@@ -316,30 +401,39 @@ def why_not(gm: fx.GraphModule, example_inputs, options: dict,
     return None
 
 
-def _boundary_conversions(gm: fx.GraphModule, example_inputs, training=True) -> int | None:
+def _boundary_conversions(gm: fx.GraphModule, example_inputs, training=True,
+                          rows=frozenset()) -> int | None:
     """Elements a channels-last step converts at the graph's boundary: each NCHW 4-D input
     that reaches a conv (converted in the forward; in training its gradient converted back
     when it requires grad) and each 4-D output computed from a conv that eager returns NCHW
-    (converted in the forward; in training its tangent converted in the backward). None: the
+    (converted in the forward; in training its tangent converted in the backward); the same
+    for the [N, C, L] inputs and outputs of `rows` (conv1d run channels-last). None: the
     graph does not run on meta tensors (plan keeps it as captured)."""
     eager = eager_layouts(gm, example_inputs)
     if eager is None:
         return None
     g = gm.graph
-    convs = [n for n in g.nodes if _conv_args(n) is not None]
+    convs = [n for n in g.nodes if _conv_args(n, rows) is not None]
     # the inputs a conv input is computed from without a conv in between (a conv's output
     # is channels-last already; its weight is not converted)
-    after, before = _downstream(convs), _upstream((_conv_args(n)[0] for n in convs), set(convs))
+    after, before = _downstream(convs), _upstream((_conv_args(n, rows)[0] for n in convs),
+                                                  set(convs))
     total = 0
     placeholders = [n for n in g.nodes if n.op == "placeholder"]
     for n, x in zip(placeholders, example_inputs):
         if n in before and _nchw(x):
             total += x.numel() * (2 if training and x.requires_grad else 1)
+    # a conv1d row converts its input where eager stores it [N, C, L] and no row computed it
+    # (a transposed [N, L, C] activation is channels-last already)
+    after1 = _downstream(rows)
+    total += sum(eager[x].numel() for x in {_conv_args(n, rows)[0] for n in rows}
+                 if x not in after1 and _ncl(eager.get(x)))
     out = next(n for n in reversed(g.nodes) if n.op == "output")
     found = []
     fx.node.map_arg(out.args[0], found.append)
     for v in found:
-        if v in after and _nchw(eager.get(v)):
+        if v in after and _nchw(eager.get(v)) or v in after1 and _ncl(eager.get(v)) and \
+                any(_nc(_val(r)) == _nc(eager[v]) for r in _upstream([v]) & rows):
             total += (2 if training else 1) * eager[v].numel()
     return total
 
@@ -350,10 +444,16 @@ def _nchw(t) -> bool:
         _format(t) != CL and _channels_last(t, sizes_only=True)
 
 
-def _between_convs(g: fx.Graph, convs) -> int:
+def _ncl(t) -> bool:
+    """A 3-D tensor stored [N, C, L] whose channels-last layout ([N, L, C]) differs."""
+    return isinstance(t, torch.Tensor) and t.dim() == 3 and t.is_contiguous() and \
+        t.shape[1] != 1 and t.shape[2] != 1
+
+
+def _between_convs(g: fx.Graph, convs, rows=frozenset()) -> int:
     """Elements written by the NCHW `.contiguous()` calls on a path from a conv's output to a
     conv's input (ShuffleNet's channel shuffle; not an attention block's after the last conv)."""
-    after = _downstream([n for n in g.nodes if _conv_args(n) is not None])
+    after = _downstream([n for n in g.nodes if _conv_args(n, rows) is not None])
     before = _upstream(a[0] for a in convs)
     return sum(numel_hint(_val(n)) for n in after & before
                if _makes_contiguous(n) and isinstance(_val(n), torch.Tensor))
@@ -403,12 +503,17 @@ def plan(gm: fx.GraphModule, example_inputs, options: dict, consts=None) -> bool
     g = gm.graph
     order = {n: i for i, n in enumerate(g.nodes)}
     training = training_graph(example_inputs)
+    rows = _conv1d_rows(gm, example_inputs)
+    row_outs = []                            # the rewritten rows' [N, C, L] outputs
     n_conv = n_nchw = 0
     for conv in list(g.nodes):
-        args = _conv_args(conv)
+        args = _conv_args(conv, rows)
         if args is None:
             continue
         x, w, b, padding, stride, dilation, groups = args
+        if conv in rows:                     # [N, C, L] as [N, C, 1, L], its weight [O, I, 1, k]
+            with g.inserting_before(conv):
+                x, w = (_unsqueezed(g, t, consts) for t in (x, w))
         if training:        # the fused op has no derivative: conv2d itself, on a channels-last x
             with g.inserting_before(conv):
                 xcl = g.call_function(relayout, (x, CL, None))
@@ -449,6 +554,12 @@ def plan(gm: fx.GraphModule, example_inputs, options: dict, consts=None) -> bool
                                                    groups, attr, scalars, ""))
         last = act if act is not None else conv
         new.meta["example_value"] = _val(last)
+        if conv in rows:
+            new.meta["example_value"] = _val(last).unsqueeze(2)
+            with g.inserting_after(new):
+                new = g.call_method("squeeze", (new, 2))
+            new.meta["example_value"] = _val(last)
+            row_outs.append(new)
         if last in eager:
             eager[new] = eager[last]
         if act is not None:                  # an in-place act: the conv's users read it too
@@ -464,15 +575,27 @@ def plan(gm: fx.GraphModule, example_inputs, options: dict, consts=None) -> bool
         if now is None:
             raise RuntimeError("ember: a rewritten training graph does not run on meta tensors")
         _gradient_layouts(g, now, example_inputs)
-    _restore_outputs(g, eager, now if training else None)
+    _restore_outputs(g, eager, now if training else None, _downstream(row_outs))
     g.lint()
     gm.recompile()
     counters.bump("channels_last_graphs")
     counters.bump("residual_adds_fused", n_add)
     counters.bump("convs_nchw_l1_aliased", n_nchw)
-    perf_log.info("layout: %d conv2d run channels-last on oneDNN, %d with the residual add, "
-                  "%d NCHW (channels-last rows alias in L1)", n_conv - n_nchw, n_add, n_nchw)
+    counters.bump("conv1d_channels_last", len(rows))
+    perf_log.info("layout: %d conv2d run channels-last on oneDNN (%d of them conv1d rows), "
+                  "%d with the residual add, %d NCHW (channels-last rows alias in L1)",
+                  n_conv - n_nchw, len(rows), n_add, n_nchw)
     return True
+
+
+def _unsqueezed(g: fx.Graph, t: fx.Node, consts) -> fx.Node:
+    """`t.unsqueeze(2)`: a conv1d's input or weight as its one-row conv2d's (a constant when
+    `t` is one)."""
+    u = g.call_method("unsqueeze", (t, 2))
+    u.meta["example_value"] = _val(t).unsqueeze(2)
+    if consts is not None and t in consts:
+        consts.add(u)
+    return u
 
 
 _IN_PLACE_OPERATORS = {operator.iadd, operator.isub, operator.imul, operator.itruediv,
@@ -603,17 +726,41 @@ def _cpu_follows_input(n: fx.Node) -> bool:
                                               "constant") in ("reflect", "replicate")
 
 
+def _on_meta(target, args, kwargs):
+    """(target, args, kwargs) of a call that stays on the meta device where it names another:
+    `device=` (any call), a positional device of `Tensor.to` (`x.to(x.device)`,
+    `x.to("cpu", torch.float32)`, `x.to(0)`) and the device moves `x.cpu()`, `x.cuda(...)`
+    (meta → meta; a move keeps the strides). On meta each would copy out of the meta tensor
+    ("Cannot copy out of meta tensor") or meet a CPU tensor."""
+    if isinstance(kwargs.get("device"), (str, torch.device, int)):
+        kwargs = {**kwargs, "device": "meta"}
+    name = target if isinstance(target, str) else getattr(target, "__name__", None)
+    if name not in ("to", "cpu", "cuda") or not isinstance(target, str) and \
+            getattr(torch.Tensor, name) is not target:
+        return target, args, kwargs
+    if name != "to":
+        fmt = {k: v for k, v in kwargs.items() if k == "memory_format"}
+        return "to" if isinstance(target, str) else torch.Tensor.to, (args[0], "meta"), fmt
+    # to(device, dtype, ...), to(dtype, ...), to(other, ...): a device comes first
+    if len(args) > 1 and (isinstance(args[1], (str, torch.device)) or
+                          type(args[1]) is int):
+        args = (args[0], "meta", *args[2:])
+    return target, args, kwargs
+
+
 class _EagerLayouts(fx.Interpreter):
     """Runs the graph on meta tensors, giving conv outputs (and _cpu_follows_input's) the
     layout the CPU kernel returns: channels-last when the input (a conv's weight) is. Tensors
-    the graph creates are made on meta too (eager_layouts sets meta as the default device; an
-    explicit `device=` is replaced here): stochastic depth's `torch.empty(..., device=cpu)`
-    mask kept convnext, efficientnet and edgenext graphs in their captured layout."""
+    the graph creates and moves are made on meta too (eager_layouts sets meta as the default
+    device; a device the call names is replaced by _on_meta): stochastic depth's
+    `torch.empty(..., device=cpu)` mask kept convnext, efficientnet and edgenext graphs in
+    their captured layout, wav2vec2's `x.to(x.device)` its whole graph."""
 
     def call_function(self, target, args, kwargs):
-        if isinstance(kwargs.get("device"), (str, torch.device)):
-            kwargs = {**kwargs, "device": "meta"}
-        return super().call_function(target, args, kwargs)
+        return super().call_function(*_on_meta(target, args, kwargs))
+
+    def call_method(self, target, args, kwargs):
+        return super().call_method(*_on_meta(target, args, kwargs))
 
     def run_node(self, n):
         out = super().run_node(n)
@@ -660,16 +807,20 @@ def _format(t) -> torch.memory_format | None:
         CL if t.is_contiguous(memory_format=CL) else None
 
 
-def _restore_outputs(g: fx.Graph, eager: dict, now: dict | None = None) -> None:
-    """Give each computed 4-D output the memory format eager gives it. `now` (training): the
-    rewritten graph's layouts; an output converted from channels-last gets its tangent
-    converted to channels-last on entry to the backward (relayout), so the backward's kernels
-    read one layout."""
+def _restore_outputs(g: fx.Graph, eager: dict, now: dict | None = None,
+                     after_rows=frozenset()) -> None:
+    """Give each computed 4-D output the memory format eager gives it, and each 3-D output
+    computed from a conv1d run channels-last (`after_rows`) eager's order of its strides.
+    `now` (training): the rewritten graph's layouts; an output converted from channels-last
+    gets its tangent converted to channels-last on entry to the backward (relayout), so the
+    backward's kernels read one layout."""
     out = next(n for n in reversed(g.nodes) if n.op == "output")
 
     def restore(v):
         if not isinstance(v, fx.Node) or v.op == "placeholder":
             return v
+        if v in after_rows and _dense_order(eager.get(v)) is not None:
+            return _in_order(g, v, eager[v], out)
         fmt = _format(eager.get(v))
         if fmt is None:
             return v
@@ -680,6 +831,29 @@ def _restore_outputs(g: fx.Graph, eager: dict, now: dict | None = None) -> None:
         r.meta["example_value"] = eager[v]
         return r
     out.args = (fx.node.map_aggregate(out.args[0], restore),)
+
+
+def _dense_order(t) -> list | None:
+    """A 3-D tensor's dims from the outermost stride in, when it is dense (some permutation
+    of it is contiguous), else None."""
+    if not isinstance(t, torch.Tensor) or t.dim() != 3:
+        return None
+    order = sorted(range(3), key=lambda d: -t.stride(d) if t.shape[d] != 1 else -t.numel())
+    return order if t.permute(order).is_contiguous() else None
+
+
+def _in_order(g: fx.Graph, v: fx.Node, want: torch.Tensor, out: fx.Node) -> fx.Node:
+    """`v` stored in the order of `want`'s strides: `v.permute(o).contiguous().permute(o⁻¹)`
+    (`v.contiguous()` for [N, C, L]; no copy when v is stored so already)."""
+    order = _dense_order(want)
+    inverse = sorted(range(3), key=order.__getitem__)
+    with g.inserting_before(out):
+        p = g.call_method("permute", (v, *order))
+        c = g.call_method("contiguous", (p,))
+        r = g.call_method("permute", (c, *inverse))
+    for n in (p, c, r):
+        n.meta["example_value"] = want.permute(order) if n is not r else want
+    return r
 
 
 class _Relayout(torch.autograd.Function):

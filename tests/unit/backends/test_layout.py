@@ -729,6 +729,64 @@ def test_graph_that_makes_tensors_is_planned(train):
     assert count("graphs") == 1 and count("fallbacks") == 0
 
 
+DEVICE_MOVES = {
+    "to_device": lambda h: h.to(h.device),
+    "to_name_dtype": lambda h: h.to("cpu", torch.float32),
+    "to_device_kw": lambda h: h.to(device=torch.device("cpu"), dtype=h.dtype),
+    "tensor_to": lambda h: torch.Tensor.to(h, "cpu"),
+    "type": lambda h: h.type("torch.FloatTensor"),
+}
+
+
+class MovedBlock(nn.Module):
+    """Two convs with a device move of the activation between them (wav2vec2 writes
+    `x.to(x.device)`), captured as `torch.Tensor.to(h, device, ...)`."""
+
+    def __init__(self, move):
+        super().__init__()
+        self.c0 = nn.Conv2d(3, 16, 3, padding=1)
+        self.c1 = nn.Conv2d(16, 16, 3, padding=1)
+        self.move = move
+
+    def forward(self, x):
+        return self.c1(F.relu(self.move(self.c0(x)))).mean((2, 3))
+
+
+@pytest.mark.parametrize("move", sorted(DEVICE_MOVES))
+@pytest.mark.parametrize("train", [False, True], ids=["infer", "train"])
+def test_graph_with_a_device_move_is_planned(move, train):
+    """The layout plan's meta run keeps a device the graph names on meta: before, a positional
+    device in `Tensor.to` copied out of a meta tensor, the run failed and the whole graph kept
+    its captured layout, silently."""
+    torch.manual_seed(0)
+    ref = MovedBlock(DEVICE_MOVES[move]).train(train)
+    compare(ember.compile(copy.deepcopy(ref)), ref, torch.randn(2, 3, 16, 16), train)
+    assert count("channels_last_graphs") == 1
+    assert count("graphs") == 1 and count("fallbacks") == 0
+
+
+@pytest.mark.parametrize("move", ["cpu", "cuda", "to_index", "to_kw_index"])
+def test_meta_run_keeps_device_moves_on_meta(move):
+    """The meta run on a symbolically traced graph (call_method nodes): `x.cpu()`, `x.cuda()`
+    and a device index (`x.to(0)`, `device=0`) stay on meta, and the conv after the move still
+    reads the channels-last input's layout."""
+    from ember.backends import layout as L
+    calls = {"cpu": lambda h: h.cpu(), "cuda": lambda h: h.cuda(),
+             "to_index": lambda h: h.to(0), "to_kw_index": lambda h: h.to(device=0)}
+
+    class M(nn.Module):
+        def forward(self, x, w):
+            return F.conv2d(calls[move](x), w, None, 1, 1)
+
+    gm = torch.fx.symbolic_trace(M())
+    x = torch.randn(2, 8, 6, 6).contiguous(memory_format=torch.channels_last)
+    got = L.eager_layouts(gm, [x, torch.randn(4, 8, 3, 3)])
+    assert got is not None
+    conv = next(n for n in gm.graph.nodes if n.target is F.conv2d)
+    assert got[conv].device.type == "meta" and \
+        got[conv].is_contiguous(memory_format=torch.channels_last)
+
+
 class WideHead(nn.Module):
     """A segmentation head: a 3x3 conv from 1024 channels on 28-wide rows (channels-last
     pixels 4 KiB apart), BatchNorm, ReLU, then a 1x1 classifier; beside it a 3x3 conv from 960
