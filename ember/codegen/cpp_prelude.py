@@ -549,24 +549,32 @@ static inline void transpose16(__m512* r) {
         r[12 + i] = _mm512_shuffle_f32x4(t[4 + i], t[12 + i], 0xDD);
     }
 }
-// a ragged tile (nj or ni < 16: the edge of a row or of a block of positions) is transposed
-// the same way with masked loads and stores (they do not touch the masked-out memory)
-static inline void transpose_tile(const float* src, int64_t ss, float* dst, int64_t ds,
-                                  int64_t nj, int64_t ni) {
+// one tile of up to 16 x 16 values of 32 or fewer bits, in 16 zmm registers: load(p, m) gives
+// the 16 lanes of a source row (lanes not in m zero), store(p, m, v) writes the lanes in m of a
+// destination row. A ragged tile (nj or ni < 16: the edge of a row or of a block of positions)
+// goes the same way with masked loads and stores (they do not touch the masked-out memory).
+template <typename T, typename Load, typename Store>
+static inline void transpose16_tile(const T* src, int64_t ss, T* dst, int64_t ds, int64_t nj,
+                                    int64_t ni, Load load, Store store) {
     if (nj > 16 || ni > 16 || nj <= 0 || ni <= 0) {
-        transpose_tile<float>(src, ss, dst, ds, nj, ni);
+        transpose_tile<T>(src, ss, dst, ds, nj, ni);
         return;
     }
     const __mmask16 mi = static_cast<__mmask16>((1u << ni) - 1u);
     const __mmask16 mj = static_cast<__mmask16>((1u << nj) - 1u);
     __m512 r[16];
-    for (int i = 0; i < 16; ++i)
-        r[i] = i < nj ? _mm512_maskz_loadu_ps(mi, src + i * ss) : _mm512_setzero_ps();
+    for (int i = 0; i < 16; ++i) r[i] = i < nj ? load(src + i * ss, mi) : _mm512_setzero_ps();
     transpose16(r);
-    if (nj == 16)
-        for (int i = 0; i < ni; ++i) _mm512_storeu_ps(dst + i * ds, r[i]);
-    else
-        for (int i = 0; i < ni; ++i) _mm512_mask_storeu_ps(dst + i * ds, mj, r[i]);
+    for (int i = 0; i < ni; ++i) store(dst + i * ds, mj, r[i]);
+}
+static inline void transpose_tile(const float* src, int64_t ss, float* dst, int64_t ds,
+                                  int64_t nj, int64_t ni) {
+    transpose16_tile(src, ss, dst, ds, nj, ni,
+                     [](const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); },
+                     [](float* p, __mmask16 m, __m512 v) {
+                         if (m == 0xffff) _mm512_storeu_ps(p, v);
+                         else _mm512_mask_storeu_ps(p, m, v);
+                     });
 }
 // float64: each 8 x 8 piece in zmm registers (pairs by unpack, then two rounds of 128-bit lane
 // shuffles), masked the same way
@@ -611,19 +619,13 @@ static inline void transpose_tile(const double* src, int64_t ss, double* dst, in
 // form's shuffles, narrowed back (exact: only bits move)
 static inline void transpose_tile(const uint16_t* src, int64_t ss, uint16_t* dst, int64_t ds,
                                   int64_t nj, int64_t ni) {
-    if (nj > 16 || ni > 16 || nj <= 0 || ni <= 0) {
-        transpose_tile<uint16_t>(src, ss, dst, ds, nj, ni);
-        return;
-    }
-    const __mmask16 mi = static_cast<__mmask16>((1u << ni) - 1u);
-    const __mmask16 mj = static_cast<__mmask16>((1u << nj) - 1u);
-    __m512 r[16];
-    for (int i = 0; i < 16; ++i)
-        r[i] = i < nj ? _mm512_castsi512_ps(_mm512_cvtepu16_epi32(
-                            _mm256_maskz_loadu_epi16(mi, src + i * ss))) : _mm512_setzero_ps();
-    transpose16(r);
-    for (int i = 0; i < ni; ++i)
-        _mm256_mask_storeu_epi16(dst + i * ds, mj, _mm512_cvtepi32_epi16(_mm512_castps_si512(r[i])));
+    transpose16_tile(src, ss, dst, ds, nj, ni,
+                     [](const uint16_t* p, __mmask16 m) {
+                         return _mm512_castsi512_ps(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)));
+                     },
+                     [](uint16_t* p, __mmask16 m, __m512 v) {
+                         _mm256_mask_storeu_epi16(p, m, _mm512_cvtepi32_epi16(_mm512_castps_si512(v)));
+                     });
 }
 static inline void transpose_tile(const ember_half* src, int64_t ss, ember_half* dst,
                                   int64_t ds, int64_t nj, int64_t ni) {
