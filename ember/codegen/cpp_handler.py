@@ -234,6 +234,7 @@ class CppHandler:
         self.known: dict = {}         # temporary or literal -> its index expr or constant
         self.index_t = index_type(buffers)   # a gather's index (indirect_indexing)
         self.rounded: dict = {}       # a to_dtype(fp16/bf16) temporary -> (its input, dtype)
+        self.bits: dict = {}          # an fp16/bf16 load's float temporary -> (its C++ load, dtype)
         self.staging = None           # Staging of the simd loop being emitted (cpp_loops.py)
         self.tiles: dict = {}         # (buffer, index) -> its element of a staged row tile
 
@@ -307,7 +308,10 @@ class CppHandler:
             return hit
         tile = self.tiles.get((name, self.simple(index))) if self.tiles else None
         if tile is not None:        # a column reduction's staged row load (cpp_column_reduction.py _row_tiles)
-            return self.emit(tile, self.buffers[name].dtype, False)
+            dt = self.buffers[name].dtype
+            if dt in LOWP:          # a tile of bf16 / fp16 bits (cpp_row_staging)
+                return self._lowp(tile, dt, False)
+            return self.emit(tile, dt, False)
         if name in self.row_local:
             if self.load_mask:          # row-local arrays are small: no clamped form for them
                 self.need_if = True
@@ -336,10 +340,8 @@ class CppHandler:
             if base is not None:
                 return self.emit(f"{st.array(st.loads, name, base, dt)}[{st.offset}]",
                                  torch.float32, False)
-        if dt == torch.bfloat16:
-            return self.emit(f"ember::bf16_to_float({name}[{idx}])", torch.float32, hoist, True)
-        if dt == torch.float16:
-            return self.emit(f"ember::half_to_float({name}[{idx}])", torch.float32, hoist, True)
+        if dt in LOWP:
+            return self._lowp(f"{name}[{idx}]", dt, hoist)
         if dt == torch.bool:
             # read as bytes: g++ 12 does not vectorize a loop that loads through a bool* and
             # also works on float lanes ("no vectype": a masked_fill(mask, -inf) before exp
@@ -347,6 +349,13 @@ class CppHandler:
             return self.emit(f"(reinterpret_cast<const uint8_t*>({name})[{idx}] != 0)", dt,
                              hoist, True)
         return self.emit(f"{name}[{idx}]", dt, hoist, True)
+
+    def _lowp(self, load: str, dt, hoist: bool):
+        """An fp16/bf16 element read by C++ `load`, as float; remembered so that a store of it
+        unchanged into the same type copies its bits (bits)."""
+        val = self.emit(f"ember::{LOWP[dt]}_to_float({load})", torch.float32, hoist, True)
+        self.bits[str(val)] = (load, dt)
+        return val
 
     def store(self, name, index, value):
         idx = self.idx(index)
@@ -361,6 +370,12 @@ class CppHandler:
             return None
         if self.rounded.get(str(value), (None, None))[1] == dt:
             value = self.rounded[str(value)][0]   # stored rounded anyway: one conversion
+        if self.bits.get(str(value), (None, None))[1] == dt:
+            # an fp16/bf16 value stored unchanged (a layout conversion, a cat, a gather): its
+            # bits move, as eager's copy moves them (no float round trip, which also quiets a
+            # signaling NaN); not staged, so the loop is a plain 16-bit copy
+            self.code.writeline(f"{name}[{idx}] = {self.bits[str(value)][0]};")
+            return None
         st = self.staging
         base = self._stageable(index) if (dt in LOWP and st is not None and name not in st.loaded
                                           and self.code is st.code) else None

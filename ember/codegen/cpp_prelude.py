@@ -523,19 +523,9 @@ static inline void transpose_tile(const T* src, int64_t ss, T* dst, int64_t ds, 
         for (int64_t i = 0; i < ni; ++i) dst[i * ds + j] = src[j * ss + i];
 }
 #if defined(__AVX512F__)
-// a ragged tile (nj or ni < 16: the edge of a row or of a block of positions) is transposed
-// the same way with masked loads and stores (they do not touch the masked-out memory)
-static inline void transpose_tile(const float* src, int64_t ss, float* dst, int64_t ds,
-                                  int64_t nj, int64_t ni) {
-    if (nj > 16 || ni > 16 || nj <= 0 || ni <= 0) {
-        transpose_tile<float>(src, ss, dst, ds, nj, ni);
-        return;
-    }
-    const __mmask16 mi = static_cast<__mmask16>((1u << ni) - 1u);
-    const __mmask16 mj = static_cast<__mmask16>((1u << nj) - 1u);
-    __m512 r[16], t[16];
-    for (int i = 0; i < 16; ++i)
-        r[i] = i < nj ? _mm512_maskz_loadu_ps(mi, src + i * ss) : _mm512_setzero_ps();
+// the 16 x 16 transpose of r in place (r[i] = row i of the tile on entry, column i on exit)
+static inline void transpose16(__m512* r) {
+    __m512 t[16];
     for (int i = 0; i < 8; ++i) {
         t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
         t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
@@ -558,10 +548,89 @@ static inline void transpose_tile(const float* src, int64_t ss, float* dst, int6
         r[4 + i] = _mm512_shuffle_f32x4(t[4 + i], t[12 + i], 0x88);
         r[12 + i] = _mm512_shuffle_f32x4(t[4 + i], t[12 + i], 0xDD);
     }
-    if (nj == 16)
-        for (int i = 0; i < ni; ++i) _mm512_storeu_ps(dst + i * ds, r[i]);
-    else
-        for (int i = 0; i < ni; ++i) _mm512_mask_storeu_ps(dst + i * ds, mj, r[i]);
+}
+// one tile of up to 16 x 16 values of 32 or fewer bits, in 16 zmm registers: load(p, m) gives
+// the 16 lanes of a source row (lanes not in m zero), store(p, m, v) writes the lanes in m of a
+// destination row. A ragged tile (nj or ni < 16: the edge of a row or of a block of positions)
+// goes the same way with masked loads and stores (they do not touch the masked-out memory).
+template <typename T, typename Load, typename Store>
+static inline void transpose16_tile(const T* src, int64_t ss, T* dst, int64_t ds, int64_t nj,
+                                    int64_t ni, Load load, Store store) {
+    if (nj > 16 || ni > 16 || nj <= 0 || ni <= 0) {
+        transpose_tile<T>(src, ss, dst, ds, nj, ni);
+        return;
+    }
+    const __mmask16 mi = static_cast<__mmask16>((1u << ni) - 1u);
+    const __mmask16 mj = static_cast<__mmask16>((1u << nj) - 1u);
+    __m512 r[16];
+    for (int i = 0; i < 16; ++i) r[i] = i < nj ? load(src + i * ss, mi) : _mm512_setzero_ps();
+    transpose16(r);
+    for (int i = 0; i < ni; ++i) store(dst + i * ds, mj, r[i]);
+}
+static inline void transpose_tile(const float* src, int64_t ss, float* dst, int64_t ds,
+                                  int64_t nj, int64_t ni) {
+    transpose16_tile(src, ss, dst, ds, nj, ni,
+                     [](const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); },
+                     [](float* p, __mmask16 m, __m512 v) {
+                         if (m == 0xffff) _mm512_storeu_ps(p, v);
+                         else _mm512_mask_storeu_ps(p, m, v);
+                     });
+}
+// float64: each 8 x 8 piece in zmm registers (pairs by unpack, then two rounds of 128-bit lane
+// shuffles), masked the same way
+static inline void transpose8(const double* src, int64_t ss, double* dst, int64_t ds,
+                              int64_t nj, int64_t ni) {
+    const __mmask8 mi = static_cast<__mmask8>((1u << ni) - 1u);
+    const __mmask8 mj = static_cast<__mmask8>((1u << nj) - 1u);
+    __m512d r[8], t[8];
+    for (int i = 0; i < 8; ++i)
+        r[i] = i < nj ? _mm512_maskz_loadu_pd(mi, src + i * ss) : _mm512_setzero_pd();
+    for (int i = 0; i < 4; ++i) {
+        t[2 * i] = _mm512_unpacklo_pd(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_pd(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 2; ++i)
+        for (int k = 0; k < 2; ++k) {
+            r[4 * i + 2 * k] = _mm512_shuffle_f64x2(t[4 * i + k], t[4 * i + k + 2], 0x88);
+            r[4 * i + 2 * k + 1] = _mm512_shuffle_f64x2(t[4 * i + k], t[4 * i + k + 2], 0xDD);
+        }
+    // r[0]: columns 0 and 4 of rows 0-3, r[1]: 2 and 6, r[2]: 1 and 5, r[3]: 3 and 7
+    static const int col[4][2] = {{0, 4}, {2, 6}, {1, 5}, {3, 7}};
+    for (int k = 0; k < 4; ++k) {
+        t[col[k][0]] = _mm512_shuffle_f64x2(r[k], r[4 + k], 0x88);
+        t[col[k][1]] = _mm512_shuffle_f64x2(r[k], r[4 + k], 0xDD);
+    }
+    for (int i = 0; i < ni; ++i) _mm512_mask_storeu_pd(dst + i * ds, mj, t[i]);
+}
+static inline void transpose_tile(const double* src, int64_t ss, double* dst, int64_t ds,
+                                  int64_t nj, int64_t ni) {
+    if (nj > 16 || ni > 16 || nj <= 0 || ni <= 0) {
+        transpose_tile<double>(src, ss, dst, ds, nj, ni);
+        return;
+    }
+    for (int64_t j = 0; j < nj; j += 8)
+        for (int64_t i = 0; i < ni; i += 8)
+            transpose8(src + j * ss + i, ss, dst + i * ds + j, ds, std::min<int64_t>(8, nj - j),
+                       std::min<int64_t>(8, ni - i));
+}
+#endif
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+// 16-bit values (bf16, fp16) as their bits: widened to 32-bit lanes, transposed by the float
+// form's shuffles, narrowed back (exact: only bits move)
+static inline void transpose_tile(const uint16_t* src, int64_t ss, uint16_t* dst, int64_t ds,
+                                  int64_t nj, int64_t ni) {
+    transpose16_tile(src, ss, dst, ds, nj, ni,
+                     [](const uint16_t* p, __mmask16 m) {
+                         return _mm512_castsi512_ps(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)));
+                     },
+                     [](uint16_t* p, __mmask16 m, __m512 v) {
+                         _mm256_mask_storeu_epi16(p, m, _mm512_cvtepi32_epi16(_mm512_castps_si512(v)));
+                     });
+}
+static inline void transpose_tile(const ember_half* src, int64_t ss, ember_half* dst,
+                                  int64_t ds, int64_t nj, int64_t ni) {
+    transpose_tile(reinterpret_cast<const uint16_t*>(src), ss, reinterpret_cast<uint16_t*>(dst),
+                   ds, nj, ni);
 }
 #endif
 }

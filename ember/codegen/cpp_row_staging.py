@@ -20,6 +20,8 @@ from .cpp_column_reduction import ROW_TILE, stage_indices
 from .cpp_handler import ctype, cexpr
 from .cpp_loops import _coeff, collect, gathers, loop_var
 
+#: the types ember::transpose_tile moves in registers (cpp_prelude.TRANSPOSE)
+STAGED_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 #: elements of all a block's tiles together (on the thread's stack): rows up to ~1000 long
 STAGED_MAX = 16384
 
@@ -28,7 +30,7 @@ def plan_row_staging(cg, xv) -> tuple | None:
     """(t, {(buffer, index): (stride, row length)}) for a row-form kernel whose stages load some
     buffer at stride >= ROW_TILE along the row and contiguously along the outer dims xv[t:]
     (which the block walks as one flat dim); None when it has none, or when one of them is not
-    plain: float32/64, affine, unmasked, from a buffer the kernel does not write, in a stage
+    plain: float32/64 or bf16/fp16, affine, unmasked, from a buffer the kernel does not write, in a stage
     with one inner dim not split by a div/mod. Cost rule: the plain form's simd loop takes one
     cache line per element of such a load and uses 4 bytes of it (the rest comes back one row
     later, evicted by then at large strides); staged, every line is used whole."""
@@ -48,7 +50,7 @@ def plan_row_staging(cg, xv) -> tuple | None:
             if len(rv) != 1 or is_symbolic(st.inner[0]) or masked or gathers(e) \
                     or name in writes or any(f.free_symbols & set(rv) for f in
                                              e.atoms(FloorDiv, ModularIndexing)) \
-                    or cg.buffers[name].dtype not in (torch.float32, torch.float64):
+                    or cg.buffers[name].dtype not in STAGED_DTYPES:
                 return None
             if staged.setdefault((name, e), (int(cr), int(st.inner[0]))) != (int(cr),
                                                                               int(st.inner[0])):
@@ -128,7 +130,7 @@ def staged_tile_loads(cg, store, lvars, d) -> list:
         if _coeff(es, lvars[d]) == 1 and isinstance(cr, sympy.Integer) and cr >= ROW_TILE \
                 and not (masked or gathers(e) or name in writes
                          or es.atoms(FloorDiv, ModularIndexing)) \
-                and cg.buffers[name].dtype in (torch.float32, torch.float64):
+                and cg.buffers[name].dtype in STAGED_DTYPES:
             out[(name, e)] = (es, int(cr))
     return [(name, e, es, s) for (name, e), (es, s) in out.items()]
 

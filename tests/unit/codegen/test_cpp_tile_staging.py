@@ -83,3 +83,44 @@ def test_grads_through_transposed_sum(dirs):
     for g, r in zip(torch.autograd.grad(out, leaves, g_out), ref):
         torch.testing.assert_close(g, r, atol=1e-4, rtol=1e-4)
     assert "ember::transpose_tile(" in _kernels(dirs)
+
+
+def _with_nan_payloads(x):
+    # a signaling NaN and NaNs with payloads, as bits: a copy must move them unchanged
+    bits = x.view(torch.int16).flatten()
+    nans = [0x7c01, 0x7e05, -0x03ff] if x.dtype == torch.float16 else [0x7f81, 0x7fc5, -0x007f]
+    bits[:len(nans)] = torch.tensor(nans, dtype=torch.int16)
+    return x
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(2, 37, 29, 31), (1, 40, 40, 3)])
+@pytest.mark.parametrize("to_cl", [True, False])
+def test_16bit_layout_conversions_move_bits(dirs, dtype, shape, to_cl):
+    # 16-bit tiles (transpose_tile's 16-bit register form), and the simd loop copies the bits:
+    # no float round trip (which quieted fp16 signaling NaNs and set every bf16 NaN to 0x7fc0)
+    x = torch.randn(*shape).to(dtype)
+    if to_cl:
+        fn = lambda t: t.contiguous(memory_format=torch.channels_last)
+    else:
+        x = x.contiguous(memory_format=torch.channels_last)
+        fn = lambda t: t.contiguous()
+    x = _with_nan_payloads(x)
+    got, want = _compiled(fn)(x), fn(x)
+    assert got.stride() == want.stride()
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+    k = _kernels(dirs)
+    assert f"{'ember_half' if dtype == torch.float16 else 'ember_bf16'} tile" in k, k
+    assert "_to_float(" not in k.split('extern "C" void kernel')[-1], k
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_16bit_strided_copies_move_bits_and_arithmetic_converts(dirs, dtype):
+    # a strided read stored unchanged moves bits; a scaled copy converts and rounds as eager does
+    x = _with_nan_payloads(torch.randn(4, 3, 66).to(dtype))
+    step = lambda t: t[..., ::2].contiguous()
+    got, want = _compiled(step)(x), step(x)
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+    x = torch.randn(2, 48, 40).to(dtype)
+    scaled = lambda t: t.transpose(1, 2).contiguous() * 3
+    torch.testing.assert_close(_compiled(scaled)(x), scaled(x), atol=0, rtol=0)
