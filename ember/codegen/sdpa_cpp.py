@@ -42,7 +42,7 @@ class SdpaSpec:
 
 #: query rows per register tile: R x 2 vectors of scores, R x DV/16 vectors of output
 def rows_per_tile(dv: int) -> int:
-    return 6 if dv <= 64 else 3
+    return 12 if dv <= 32 else 6 if dv <= 64 else 3
 
 
 def source(spec: SdpaSpec) -> str:
@@ -57,6 +57,9 @@ def source(spec: SdpaSpec) -> str:
          *spec.k_strides, *spec.v_strides, *ms)))
     return PRELUDE + f"""
 #include <vector>
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
 namespace {{
 {consts}
 constexpr bool HAS_MASK = {"true" if spec.m_strides else "false"};
@@ -128,6 +131,45 @@ static void rows(const float* __restrict__ Qp, const float* __restrict__ Kt,
         for (int n = 0; n < NV; ++n) st(Op + r * H * DV + 16 * n, acc[r][n] * inv[r]);
 }}
 
+// Kt[d][c] = Kp[c][d]: 16x16 blocks in registers on AVX-512 (unpack, then lane shuffles)
+static void transpose_k(const float* __restrict__ Kp, float* __restrict__ kt) {{
+    int64_t c0 = 0;
+#ifdef __AVX512F__
+    for (; c0 + 16 <= LK; c0 += 16)
+        for (int64_t d0 = 0; d0 < D; d0 += 16) {{
+            __m512 r[16], t[16];
+            for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(Kp + (c0 + i) * KSL + d0);
+            for (int i = 0; i < 8; ++i) {{
+                t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+                t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+            }}
+            for (int i = 0; i < 4; ++i) {{        // r[4i + j]: lane L holds column 4L + j of 4 rows
+                const __m512d a = _mm512_castps_pd(t[4 * i]), b = _mm512_castps_pd(t[4 * i + 2]);
+                const __m512d e = _mm512_castps_pd(t[4 * i + 1]), f = _mm512_castps_pd(t[4 * i + 3]);
+                r[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
+                r[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
+                r[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(e, f));
+                r[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(e, f));
+            }}
+            for (int j = 0; j < 4; ++j) {{
+                t[j] = _mm512_shuffle_f32x4(r[j], r[4 + j], 0x88);
+                t[4 + j] = _mm512_shuffle_f32x4(r[j], r[4 + j], 0xdd);
+                t[8 + j] = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0x88);
+                t[12 + j] = _mm512_shuffle_f32x4(r[8 + j], r[12 + j], 0xdd);
+            }}
+            float* o = kt + d0 * LKP + c0;
+            for (int j = 0; j < 4; ++j) {{
+                _mm512_storeu_ps(o + j * LKP, _mm512_shuffle_f32x4(t[j], t[8 + j], 0x88));
+                _mm512_storeu_ps(o + (8 + j) * LKP, _mm512_shuffle_f32x4(t[j], t[8 + j], 0xdd));
+                _mm512_storeu_ps(o + (4 + j) * LKP, _mm512_shuffle_f32x4(t[4 + j], t[12 + j], 0x88));
+                _mm512_storeu_ps(o + (12 + j) * LKP, _mm512_shuffle_f32x4(t[4 + j], t[12 + j], 0xdd));
+            }}
+        }}
+#endif
+    for (int64_t c = c0; c < LK; ++c)
+        for (int64_t d = 0; d < D; ++d) kt[d * LKP + c] = Kp[c * KSL + d];
+}}
+
 template <int RR>
 static void tail(int rn, const float* Qp, const float* Kt, const float* Vp, const float* Mp,
                  float* Op, float* qs, float* S) {{
@@ -150,9 +192,7 @@ extern "C" void sdpa_fwd(const float* __restrict__ Q, const float* __restrict__ 
         const int64_t bh = t / NQB, b = bh / H, h = bh % H, q0 = (t % NQB) * QB;
         const int64_t qn = std::min(QB, LQ - q0);
         if (bh != held) {{
-            const float* Kp = K + b * KSB + h * KSH;
-            for (int64_t c = 0; c < LK; ++c)
-                for (int64_t d = 0; d < D; ++d) kt[d * LKP + c] = Kp[c * KSL + d];
+            transpose_k(K + b * KSB + h * KSH, kt.data());
             held = bh;
         }}
         const float* Vp = V + b * VSB + h * VSH;
