@@ -39,8 +39,8 @@ perf_log = get_logger("perf")
 
 #: the shape rule's limits (measured, module docstring)
 MAX_HEAD_DIM = 64
-MIN_QUERIES = 16
-MAX_KEYS = 2048
+MIN_QUERIES = 48
+MAX_KEYS = 3072
 
 
 def kernel_wins(lq: int, lk: int, d: int, dv: int) -> bool:
