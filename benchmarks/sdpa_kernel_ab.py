@@ -4,8 +4,8 @@ shape rule `ember.backends.sdpa_kernel.kernel_wins` (docs/design/085-small-atten
 
 Per shape B x H x Lq x Lk x D (q, k, v made as [B, L, H, D] and transposed, as a transformer's
 heads are), with a mask: none, "bias" (a dense float [B, H, Lq, Lk], as swin's relative-position
-bias plus shift mask), "causal" (an additive -inf upper triangle [B, 1, Lq, Lk]) or "pad" (an
-additive [B, 1, 1, Lk] padding mask). fp32, no grad, one thread by default. Timing: paired
+bias plus shift mask), "causal" (an additive -inf upper triangle [B, 1, Lq, Lk]), "pad" (an
+additive [B, 1, 1, Lk] padding mask) or "is_causal" (no mask, is_causal=True). fp32, no grad, one thread by default. Timing: paired
 alternating rounds (benchmarks/_timing.py, thread CPU time), "x" = flash's time over the
 kernel's (median of per-round ratios [min, max]); GF/s counts 4·B·H·Lq·Lk·D.
 
@@ -25,7 +25,7 @@ from _timing import paired, prepare, ratio_stats  # noqa: E402
 
 DEFAULT = ("256x3x49x49x32:bias,64x6x49x49x32:bias,4x6x197x197x64,4x12x197x197x64,"
            "8x8x77x77x64:causal,8x12x50x50x64,4x8x128x128x64:pad,4x8x64x128x64:pad,"
-           "2x8x256x256x64:causal,2x8x512x512x64,1x6x1500x1500x64,1x6x64x1500x64,"
+           "2x8x256x256x64:causal,2x8x256x256x64:is_causal,8x12x256x256x64:is_causal,2x8x512x512x64,1x6x1500x1500x64,1x6x64x1500x64,"
            "2x8x32x256x64:causal,2x8x48x256x64,2x8x1024x1024x64,1x8x3000x3000x64,1x8x4096x4096x64,"
            "2x8x256x256x16,2x4x256x256x128")
 
@@ -44,7 +44,7 @@ def inputs(spec: str):
     elif mask == "pad":
         m = torch.zeros(B, 1, 1, LK)
         m[0, ..., -LK // 8:] = float("-inf")
-    return (q, k, v, m, D ** -0.5), 4 * B * H * LQ * LK * D
+    return (q, k, v, m, D ** -0.5, mask == "is_causal"), 4 * B * H * LQ * LK * D
 
 
 def main():
@@ -60,8 +60,8 @@ def main():
     from ember.backends import sdpa_kernel
     torch.set_num_threads(a.threads)
 
-    def flash(q, k, v, m, s):
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=m, scale=s)
+    def flash(q, k, v, m, s, causal):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=m, scale=s, is_causal=causal)
     ours = torch.ops.ember.sdpa_infer
     rows = []
     with torch.no_grad():

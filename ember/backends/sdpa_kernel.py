@@ -9,7 +9,7 @@ kernel (runtime disk cache).
 
 Taken: float32 q, k, v of 4 static dims with as many key/value heads as query heads, head dims
 multiples of 16 up to 64, a float32 additive mask of up to 4 dims that broadcasts to the scores
-(or none), dropout 0, `is_causal` False, and only where eager's own sdpa would run its fused
+or `is_causal` (or neither), dropout 0, and only where eager's own sdpa would run its fused
 kernel (`eager_fuses`). Everything else stays on sdpa (ATen's flash kernel, as eager).
 Off: options={"attention": "as_written"} (or False), as for the other attention rewrites.
 """
@@ -49,7 +49,7 @@ def kernel_wins(lq: int, lk: int, d: int, dv: int) -> bool:
         lq >= MIN_QUERIES and lk <= MAX_KEYS
 
 
-def _spec(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], scale: float):
+def _spec(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], scale: float, causal: bool):
     B, H, LQ, D = q.shape
     m_strides = None
     if mask is not None:
@@ -57,7 +57,7 @@ def _spec(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], scale: float)
         m_strides = tuple(m4.expand(B, H, LQ, k.shape[2]).stride())
     return sdpa_cpp.SdpaSpec(B, H, LQ, k.shape[2], D, v.shape[3], float(scale),
                              tuple(q.stride()[:3]), tuple(k.stride()[:3]), tuple(v.stride()[:3]),
-                             m_strides)
+                             m_strides, causal)
 
 
 @functools.lru_cache(None)
@@ -80,10 +80,12 @@ def _out(q: Tensor, dv: int) -> Tensor:
 
 
 @torch.library.custom_op("ember::sdpa_infer", mutates_args=())
-def sdpa_infer(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], scale: float) -> Tensor:
+def sdpa_infer(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], scale: float,
+               causal: bool = False) -> Tensor:
     q, k, v = map(_inner_dense, (q, k, v))
-    mask = None if mask is None else _inner_dense(mask) if mask.size(-1) > 1 else mask
-    fn, _ = _kernel(_spec(q, k, v, mask, scale))
+    if mask is not None and mask.dim() and mask.size(-1) > 1:    # (a broadcast column: stride 0)
+        mask = _inner_dense(mask)
+    fn, _ = _kernel(_spec(q, k, v, mask, scale, causal))
     out = _out(q, v.shape[3])
     fn(q.data_ptr(), k.data_ptr(), v.data_ptr(), None if mask is None else mask.data_ptr(),
        out.data_ptr())
@@ -91,7 +93,7 @@ def sdpa_infer(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], scale: f
 
 
 @sdpa_infer.register_fake
-def _(q, k, v, mask, scale):
+def _(q, k, v, mask, scale, causal=False):
     return _out(q, v.shape[3])
 
 
@@ -118,7 +120,7 @@ def _args(n: fx.Node) -> dict | None:
                t.device.type in ("cpu", "meta") and not t.requires_grad and _static(t)
                for t in (q, k, v)):
         return None
-    if a.get("dropout_p", 0.0) != 0.0 or a.get("is_causal", False) is not False or \
+    if a.get("dropout_p", 0.0) != 0.0 or a.get("is_causal", False) not in (False, True) or \
             a.get("attn_mask") is not None and not (
                 isinstance(m, torch.Tensor) and m.dtype == torch.float32 and m.dim() <= 4 and
                 not m.requires_grad and _static(m)):
@@ -134,7 +136,8 @@ def _args(n: fx.Node) -> dict | None:
             return None
         if len(torch.broadcast_shapes(m.shape, (B, H, LQ, LK))) != 4:
             return None
-    if not eager_fuses(q, k, v, m, 0.0, False, a.get("scale")):
+    if a.get("is_causal") and m is not None or \
+            not eager_fuses(q, k, v, m, 0.0, bool(a.get("is_causal")), a.get("scale")):
         return None
     a["scale"] = 1.0 / math.sqrt(D) if a.get("scale") is None else float(a["scale"])
     return a
@@ -155,7 +158,7 @@ def use_kernel(gm: fx.GraphModule, example_inputs, options: dict) -> fx.GraphMod
         with gm.graph.inserting_before(n):
             new = gm.graph.call_function(torch.ops.ember.sdpa_infer.default,
                                          (a["query"], a["key"], a["value"], a.get("attn_mask"),
-                                          a["scale"]))
+                                          a["scale"], bool(a.get("is_causal"))))
         new.meta = dict(n.meta)
         n.replace_all_uses_with(new)
         gm.graph.erase_node(n)

@@ -13,7 +13,8 @@ Here the whole key row fits in cache, so no online softmax is needed:
   Kt[D][LKP] (kept while the next task has the same (batch, head)), LKP = Lk rounded up to 16;
 - per R query rows: S[R][LKP] = (scale Q)·Kt with R x 32 register tiles (GCC vector types of 16
   floats, one zmm each on AVX-512), plus the mask row, then the row's max, exp and sum over the
-  Lk real columns (ember::exp, vectorized by `omp simd`);
+  Lk real columns (ember::exp, vectorized by `omp simd`); causal (`is_causal`) rows stop at the
+  tile's last row, so the keys above the diagonal are neither multiplied nor summed;
 - O[R][DV] = P·V with R x DV register tiles, times 1/sum at the store. A row whose mask is -inf
   everywhere gives 0, as ATen's flash kernel does.
 O is written in flash's layout: [B, Lq, H, DV] memory seen as [B, H, Lq, DV].
@@ -38,6 +39,7 @@ class SdpaSpec:
     k_strides: tuple
     v_strides: tuple
     m_strides: tuple | None   # (batch, head, row, column) of the additive mask, 0 = broadcast
+    causal: bool = False      # query i attends keys 0..i (sdpa's is_causal: top-left aligned)
 
 
 #: query rows per register tile: R x 2 vectors of scores, R x DV/16 vectors of output
@@ -63,6 +65,7 @@ def source(spec: SdpaSpec) -> str:
 namespace {{
 {consts}
 constexpr bool HAS_MASK = {"true" if spec.m_strides else "false"};
+constexpr bool CAUSAL = {"true" if spec.causal else "false"};
 constexpr float SCALE = {float.hex(spec.scale)}f;
 constexpr int64_t LKP = (LK + 15) / 16 * 16, NQB = (LQ + QB - 1) / QB;
 typedef float vf __attribute__((vector_size(64)));
@@ -91,35 +94,40 @@ static inline void qk_tile(const float* __restrict__ qs, const float* __restrict
 template <int RR>
 static void rows(const float* __restrict__ Qp, const float* __restrict__ Kt,
                  const float* __restrict__ Vp, const float* __restrict__ Mp,
-                 float* __restrict__ Op, float* __restrict__ qs, float* __restrict__ S) {{
+                 float* __restrict__ Op, float* __restrict__ qs, float* __restrict__ S,
+                 int64_t row) {{
+    // causal: these rows see keys below row + RR only, row + r the keys up to row + r
+    const int64_t lk = CAUSAL ? std::min<int64_t>(LK, row + RR) : LK, lkp = (lk + 15) / 16 * 16;
     for (int r = 0; r < RR; ++r)
         for (int64_t d = 0; d < D; ++d) qs[r * D + d] = Qp[r * QSL + d] * SCALE;
     int64_t j = 0;
-    for (; j + 32 <= LKP; j += 32) qk_tile<RR, 2>(qs, Kt, S, j);
-    if (j < LKP) qk_tile<RR, 1>(qs, Kt, S, j);
+    for (; j + 32 <= lkp; j += 32) qk_tile<RR, 2>(qs, Kt, S, j);
+    if (j < lkp) qk_tile<RR, 1>(qs, Kt, S, j);
     float inv[RR];
     for (int r = 0; r < RR; ++r) {{
         float* __restrict__ Sr = S + r * LKP;
         if constexpr (HAS_MASK) {{
             const float* __restrict__ Mr = Mp + r * MSQ;
             #pragma omp simd
-            for (int64_t c = 0; c < LK; ++c) Sr[c] += Mr[c * MSK];
+            for (int64_t c = 0; c < lk; ++c) Sr[c] += Mr[c * MSK];
         }}
+        if constexpr (CAUSAL)
+            for (int64_t c = row + r + 1; c < lk; ++c) Sr[c] = -INFINITY;
         float mx = -INFINITY;
         #pragma omp simd reduction(max:mx)
-        for (int64_t c = 0; c < LK; ++c) mx = Sr[c] > mx ? Sr[c] : mx;
+        for (int64_t c = 0; c < lk; ++c) mx = Sr[c] > mx ? Sr[c] : mx;
         float sum = 0.0f;
         if (mx == -INFINITY) {{            // every key masked: the row is 0, as flash gives
-            for (int64_t c = 0; c < LK; ++c) Sr[c] = 0.0f;
+            for (int64_t c = 0; c < lk; ++c) Sr[c] = 0.0f;
         }} else {{
             #pragma omp simd reduction(+:sum)
-            for (int64_t c = 0; c < LK; ++c) {{ const float p = ember::exp(Sr[c] - mx); Sr[c] = p; sum += p; }}
+            for (int64_t c = 0; c < lk; ++c) {{ const float p = ember::exp(Sr[c] - mx); Sr[c] = p; sum += p; }}
         }}
         inv[r] = sum > 0.0f ? 1.0f / sum : 0.0f;
     }}
     constexpr int NV = DV / 16;
     vf acc[RR][NV] = {{}};
-    for (int64_t c = 0; c < LK; ++c) {{
+    for (int64_t c = 0; c < lk; ++c) {{
         vf vv[NV];
         for (int n = 0; n < NV; ++n) vv[n] = ld(Vp + c * VSL + 16 * n);
         for (int r = 0; r < RR; ++r) {{
@@ -172,10 +180,10 @@ static void transpose_k(const float* __restrict__ Kp, float* __restrict__ kt) {{
 
 template <int RR>
 static void tail(int rn, const float* Qp, const float* Kt, const float* Vp, const float* Mp,
-                 float* Op, float* qs, float* S) {{
+                 float* Op, float* qs, float* S, int64_t row) {{
     if constexpr (RR > 0) {{
-        if (rn == RR) rows<RR>(Qp, Kt, Vp, Mp, Op, qs, S);
-        else tail<RR - 1>(rn, Qp, Kt, Vp, Mp, Op, qs, S);
+        if (rn == RR) rows<RR>(Qp, Kt, Vp, Mp, Op, qs, S, row);
+        else tail<RR - 1>(rn, Qp, Kt, Vp, Mp, Op, qs, S, row);
     }}
 }}
 }}  // namespace
@@ -201,8 +209,8 @@ extern "C" void sdpa_fwd(const float* __restrict__ Q, const float* __restrict__ 
             const float* Mp = HAS_MASK ? M + b * MSB + h * MSH + r0 * MSQ : nullptr;
             float* Op = O + ((b * LQ + r0) * H + h) * DV;
             const int rn = (int)std::min<int64_t>(R, q0 + qn - r0);
-            if (rn == R) rows<R>(Qp, kt.data(), Vp, Mp, Op, qs.data(), s.data());
-            else tail<R - 1>(rn, Qp, kt.data(), Vp, Mp, Op, qs.data(), s.data());
+            if (rn == R) rows<R>(Qp, kt.data(), Vp, Mp, Op, qs.data(), s.data(), r0);
+            else tail<R - 1>(rn, Qp, kt.data(), Vp, Mp, Op, qs.data(), s.data(), r0);
         }}
     }}
     }}

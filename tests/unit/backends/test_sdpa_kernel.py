@@ -64,6 +64,14 @@ def test_values_vs_eager(b, h, lq, lk, d, dv, mask):
     assert got.transpose(1, 2).is_contiguous()   # flash's [B, Lq, H, Dv] layout
 
 
+@pytest.mark.parametrize("lq,lk", [(61, 61), (50, 77), (90, 40)])
+def test_causal_vs_eager(lq, lk):
+    g = torch.Generator().manual_seed(lq + lk)
+    q, k, v = heads(2, lq, 3, 32, g), heads(2, lk, 3, 32, g), heads(2, lk, 3, 32, g)
+    close(sdpa_infer(q, k, v, None, 0.2, True),
+          F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.2))
+
+
 def test_contiguous_inputs_and_a_row_masked_wholly():
     g = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(2, 4, 52, 32, generator=g) for _ in range(3))
@@ -126,10 +134,22 @@ def test_compiled_model_routes_by_rule(n, d, mask, expect):
     assert calls == expect
 
 
-@pytest.mark.parametrize("what", ["grad", "causal", "dropout_train", "option"])
+def test_compiled_causal_takes_the_kernel():
+    torch.manual_seed(0)
+    m = Attn(causal=True).eval()
+    x = torch.randn(2, 64, 64)
+    c = ember.compile(Attn(causal=True).eval())
+    c.load_state_dict(m.state_dict())
+    with torch.no_grad():
+        got, calls = kernel_calls(lambda: c(x))
+        torch.testing.assert_close(got, m(x), atol=1e-5, rtol=1e-5)
+    assert calls == 1
+
+
+@pytest.mark.parametrize("what", ["grad", "dropout_train", "option"])
 def test_not_taken(what):
     torch.manual_seed(0)
-    m = Attn(causal=what == "causal", dropout=0.5 if what == "dropout_train" else 0.0)
+    m = Attn(dropout=0.5 if what == "dropout_train" else 0.0)
     m.train(what == "dropout_train")
     x = torch.randn(2, 64, 64)
     opts = {"attention": "as_written"} if what == "option" else {}
