@@ -4,8 +4,9 @@
 inputs need no gradient into `torch.ops.ember.sdpa_infer(q, k, v, mask, scale)` where the shape
 rule `kernel_wins` says the kernel beats ATen's flash kernel (docs/design/085-small-attention-
 kernel.md, benchmarks/sdpa_kernel_ab.py). aot traces the op through its fake kernel and the
-kernel backend runs it as an extern; at its first call per shape and strides the op builds the
-kernel (runtime disk cache).
+kernel backend runs it as an extern. One kernel per head dims, mask and causality (sizes and
+strides are its arguments) serves every layer; its build starts at the rewrite, in the
+background, and the op's first call waits for it (runtime disk cache).
 
 Taken: float32 q, k, v of 4 static dims with as many key/value heads as query heads, head dims
 multiples of 16 up to 64, a float32 additive mask of up to 4 dims that broadcasts to the scores
@@ -49,22 +50,28 @@ def kernel_wins(lq: int, lk: int, d: int, dv: int) -> bool:
         lq >= MIN_QUERIES and lk <= MAX_KEYS
 
 
-def _spec(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], scale: float, causal: bool):
-    B, H, LQ, D = q.shape
-    m_strides = None
+def _sizes(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor]):
+    """sdpa_fwd's int64 size and stride array (codegen.sdpa_cpp.SIZES)."""
+    B, H, LQ, _ = q.shape
+    ms = (0, 0, 0, 0)
     if mask is not None:
         m4 = mask.reshape([1] * (4 - mask.dim()) + list(mask.shape))
-        m_strides = tuple(m4.expand(B, H, LQ, k.shape[2]).stride())
-    return sdpa_cpp.SdpaSpec(B, H, LQ, k.shape[2], D, v.shape[3], float(scale),
-                             tuple(q.stride()[:3]), tuple(k.stride()[:3]), tuple(v.stride()[:3]),
-                             m_strides, causal)
+        ms = m4.expand(B, H, LQ, k.shape[2]).stride()
+    vals = (B, H, LQ, k.shape[2], *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *ms)
+    return (ctypes.c_int64 * len(vals))(*vals)
+
+
+@functools.lru_cache(None)
+def _build(spec: sdpa_cpp.SdpaSpec):
+    """The kernel's build, started (the graph's compile goes on meanwhile); a Future."""
+    return rt_build.build_async(sdpa_cpp.source(spec), flags=_FLAGS)
 
 
 @functools.lru_cache(None)
 def _kernel(spec: sdpa_cpp.SdpaSpec):
-    lib = ctypes.CDLL(str(rt_build.build(sdpa_cpp.source(spec), flags=_FLAGS)))
+    lib = ctypes.CDLL(str(_build(spec).result()))
     fn = lib.sdpa_fwd
-    fn.argtypes = [ctypes.c_void_p] * 5
+    fn.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_float]
     fn.restype = None
     return fn, lib
 
@@ -85,10 +92,10 @@ def sdpa_infer(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], scale: f
     q, k, v = map(_inner_dense, (q, k, v))
     if mask is not None and mask.dim() and mask.size(-1) > 1:    # (a broadcast column: stride 0)
         mask = _inner_dense(mask)
-    fn, _ = _kernel(_spec(q, k, v, mask, scale, causal))
-    out = _out(q, v.shape[3])
+    fn, _ = _kernel(sdpa_cpp.SdpaSpec(q.shape[3], v.shape[3], mask is not None, causal))
+    out, sizes = _out(q, v.shape[3]), _sizes(q, k, v, mask)
     fn(q.data_ptr(), k.data_ptr(), v.data_ptr(), None if mask is None else mask.data_ptr(),
-       out.data_ptr())
+       out.data_ptr(), ctypes.addressof(sizes), scale)
     return out
 
 
@@ -160,6 +167,8 @@ def use_kernel(gm: fx.GraphModule, example_inputs, options: dict) -> fx.GraphMod
                                          (a["query"], a["key"], a["value"], a.get("attn_mask"),
                                           a["scale"], bool(a.get("is_causal"))))
         new.meta = dict(n.meta)
+        _build(sdpa_cpp.SdpaSpec(_val(a["query"]).shape[3], _val(a["value"]).shape[3],
+                                 a.get("attn_mask") is not None, bool(a.get("is_causal"))))
         n.replace_all_uses_with(new)
         gm.graph.erase_node(n)
         done += 1

@@ -1,8 +1,7 @@
 """Stage 6, codegen: ember's fused CPU attention kernel for inference (fp32, no grad) as C++.
 
-Consumes an `SdpaSpec` (sizes, strides, scale, additive mask strides). Produces one translation
-unit with `sdpa_fwd(Q, K, V, MASK, O)`: O = softmax(scale Q·Kᵀ + MASK)·V, every size and stride a
-compile-time constant, so each shape gets a kernel whose loops the compiler fully unrolls.
+Consumes an `SdpaSpec` (head dims, whether there is an additive mask, causality). Produces one
+translation unit with `sdpa_fwd(Q, K, V, MASK, O, sizes, scale)`: O = softmax(scale Q·Kᵀ + MASK)·V.
 
 Why its own kernel (docs/design/085-small-attention-kernel.md): ATen's CPU flash kernel blocks
 over queries and keys with fixed block sizes and calls a GEMM per block; at short key lengths
@@ -18,6 +17,8 @@ Here the whole key row fits in cache, so no online softmax is needed:
 - O[R][DV] = P·V with R x DV register tiles, times 1/sum at the store. A row whose mask is -inf
   everywhere gives 0, as ATen's flash kernel does.
 O is written in flash's layout: [B, Lq, H, DV] memory seen as [B, H, Lq, DV].
+Head dims, mask and causality are compiled in; sizes, strides and the scale are arguments, so one
+kernel serves every layer and window size of a model.
 """
 from __future__ import annotations
 
@@ -28,18 +29,16 @@ from .cpp_prelude import PRELUDE
 
 @dataclasses.dataclass(frozen=True)
 class SdpaSpec:
-    B: int
-    H: int
-    LQ: int
-    LK: int
+    """What a kernel is compiled for; sizes, strides and the scale are run-time arguments."""
     D: int
     DV: int
-    scale: float
-    q_strides: tuple          # (batch, head, row) element strides; the last dim's is 1
-    k_strides: tuple
-    v_strides: tuple
-    m_strides: tuple | None   # (batch, head, row, column) of the additive mask, 0 = broadcast
-    causal: bool = False      # query i attends keys 0..i (sdpa's is_causal: top-left aligned)
+    mask: bool                # an additive float mask
+    causal: bool              # query i attends keys 0..i (sdpa's is_causal: top-left aligned)
+
+
+#: the run-time arguments, in the order of sdpa_fwd's int64 array
+SIZES = ("B", "H", "LQ", "LK", "QSB", "QSH", "QSL", "KSB", "KSH", "KSL", "VSB", "VSH", "VSL",
+         "MSB", "MSH", "MSQ", "MSK")
 
 
 #: query rows per register tile: R x 2 vectors of scores, R x DV/16 vectors of output
@@ -48,26 +47,21 @@ def rows_per_tile(dv: int) -> int:
 
 
 def source(spec: SdpaSpec) -> str:
-    """`sdpa_fwd(Q, K, V, MASK, O)` for `spec` (MASK is read only when spec has one)."""
+    """`sdpa_fwd(Q, K, V, MASK, O, sizes, scale)`: `sizes` is int64[len(SIZES)] (element strides
+    of q, k, v as (batch, head, row), of the mask as (batch, head, row, column), 0 = broadcast);
+    MASK is read only when spec has one."""
     R = rows_per_tile(spec.DV)
-    qb = 8 * R
-    ms = spec.m_strides or (0, 0, 0, 0)
-    consts = "\n".join(f"constexpr int64_t {n} = {v};" for n, v in zip(
-        ("B", "H", "LQ", "LK", "D", "DV", "R", "QB", "QSB", "QSH", "QSL", "KSB", "KSH", "KSL",
-         "VSB", "VSH", "VSL", "MSB", "MSH", "MSQ", "MSK"),
-        (spec.B, spec.H, spec.LQ, spec.LK, spec.D, spec.DV, R, qb, *spec.q_strides,
-         *spec.k_strides, *spec.v_strides, *ms)))
+    fields = " ".join(f"int64_t {n};" for n in SIZES)
     return PRELUDE + f"""
 #include <vector>
 #ifdef __AVX512F__
 #include <immintrin.h>
 #endif
 namespace {{
-{consts}
-constexpr bool HAS_MASK = {"true" if spec.m_strides else "false"};
+constexpr int64_t D = {spec.D}, DV = {spec.DV}, R = {R}, QB = 8 * R;
+constexpr bool HAS_MASK = {"true" if spec.mask else "false"};
 constexpr bool CAUSAL = {"true" if spec.causal else "false"};
-constexpr float SCALE = {float.hex(spec.scale)}f;
-constexpr int64_t LKP = (LK + 15) / 16 * 16, NQB = (LQ + QB - 1) / QB;
+struct Sz {{ {fields} int64_t LKP; float scale; }};
 typedef float vf __attribute__((vector_size(64)));
 typedef float vfu __attribute__((vector_size(64), aligned(4)));
 static inline vf ld(const float* p) {{ return *reinterpret_cast<const vfu*>(p); }}
@@ -76,7 +70,7 @@ static inline void st(float* p, vf x) {{ *reinterpret_cast<vfu*>(p) = x; }}
 // S[r][j..j+16NJ) = qs[r]·Kt[:, j..j+16NJ) for the R' rows of qs (scaled queries, [R'][D])
 template <int RR, int NJ>
 static inline void qk_tile(const float* __restrict__ qs, const float* __restrict__ Kt,
-                           float* __restrict__ S, int64_t j) {{
+                           float* __restrict__ S, int64_t j, const int64_t LKP) {{
     vf acc[RR][NJ] = {{}};
     for (int64_t d = 0; d < D; ++d) {{
         vf kv[NJ];
@@ -92,24 +86,29 @@ static inline void qk_tile(const float* __restrict__ qs, const float* __restrict
 
 // RR query rows from qrow0 of (b, h): scores, softmax, P·V, stored to O
 template <int RR>
-static void rows(const float* __restrict__ Qp, const float* __restrict__ Kt,
+static void rows(const Sz& z, const float* __restrict__ Qp, const float* __restrict__ Kt,
                  const float* __restrict__ Vp, const float* __restrict__ Mp,
                  float* __restrict__ Op, float* __restrict__ qs, float* __restrict__ S,
                  int64_t row) {{
+    const int64_t LK = z.LK, LKP = z.LKP;
     // causal: these rows see keys below row + RR only, row + r the keys up to row + r
     const int64_t lk = CAUSAL ? std::min<int64_t>(LK, row + RR) : LK, lkp = (lk + 15) / 16 * 16;
     for (int r = 0; r < RR; ++r)
-        for (int64_t d = 0; d < D; ++d) qs[r * D + d] = Qp[r * QSL + d] * SCALE;
+        for (int64_t d = 0; d < D; ++d) qs[r * D + d] = Qp[r * z.QSL + d] * z.scale;
     int64_t j = 0;
-    for (; j + 32 <= lkp; j += 32) qk_tile<RR, 2>(qs, Kt, S, j);
-    if (j < lkp) qk_tile<RR, 1>(qs, Kt, S, j);
+    for (; j + 32 <= lkp; j += 32) qk_tile<RR, 2>(qs, Kt, S, j, LKP);
+    if (j < lkp) qk_tile<RR, 1>(qs, Kt, S, j, LKP);
     float inv[RR];
     for (int r = 0; r < RR; ++r) {{
         float* __restrict__ Sr = S + r * LKP;
         if constexpr (HAS_MASK) {{
-            const float* __restrict__ Mr = Mp + r * MSQ;
-            #pragma omp simd
-            for (int64_t c = 0; c < lk; ++c) Sr[c] += Mr[c * MSK];
+            const float* __restrict__ Mr = Mp + r * z.MSQ;
+            if (z.MSK == 1) {{
+                #pragma omp simd
+                for (int64_t c = 0; c < lk; ++c) Sr[c] += Mr[c];
+            }} else {{
+                for (int64_t c = 0; c < lk; ++c) Sr[c] += Mr[c * z.MSK];
+            }}
         }}
         if constexpr (CAUSAL)
             for (int64_t c = row + r + 1; c < lk; ++c) Sr[c] = -INFINITY;
@@ -129,18 +128,19 @@ static void rows(const float* __restrict__ Qp, const float* __restrict__ Kt,
     vf acc[RR][NV] = {{}};
     for (int64_t c = 0; c < lk; ++c) {{
         vf vv[NV];
-        for (int n = 0; n < NV; ++n) vv[n] = ld(Vp + c * VSL + 16 * n);
+        for (int n = 0; n < NV; ++n) vv[n] = ld(Vp + c * z.VSL + 16 * n);
         for (int r = 0; r < RR; ++r) {{
             const vf pv = vf{{}} + S[r * LKP + c];
             for (int n = 0; n < NV; ++n) acc[r][n] += pv * vv[n];
         }}
     }}
     for (int r = 0; r < RR; ++r)
-        for (int n = 0; n < NV; ++n) st(Op + r * H * DV + 16 * n, acc[r][n] * inv[r]);
+        for (int n = 0; n < NV; ++n) st(Op + r * z.H * DV + 16 * n, acc[r][n] * inv[r]);
 }}
 
 // Kt[d][c] = Kp[c][d]: 16x16 blocks in registers on AVX-512 (unpack, then lane shuffles)
-static void transpose_k(const float* __restrict__ Kp, float* __restrict__ kt) {{
+static void transpose_k(const Sz& z, const float* __restrict__ Kp, float* __restrict__ kt) {{
+    const int64_t LK = z.LK, LKP = z.LKP, KSL = z.KSL;
     int64_t c0 = 0;
 #ifdef __AVX512F__
     for (; c0 + 16 <= LK; c0 += 16)
@@ -179,38 +179,43 @@ static void transpose_k(const float* __restrict__ Kp, float* __restrict__ kt) {{
 }}
 
 template <int RR>
-static void tail(int rn, const float* Qp, const float* Kt, const float* Vp, const float* Mp,
-                 float* Op, float* qs, float* S, int64_t row) {{
+static void tail(const Sz& z, int rn, const float* Qp, const float* Kt, const float* Vp,
+                 const float* Mp, float* Op, float* qs, float* S, int64_t row) {{
     if constexpr (RR > 0) {{
-        if (rn == RR) rows<RR>(Qp, Kt, Vp, Mp, Op, qs, S, row);
-        else tail<RR - 1>(rn, Qp, Kt, Vp, Mp, Op, qs, S, row);
+        if (rn == RR) rows<RR>(z, Qp, Kt, Vp, Mp, Op, qs, S, row);
+        else tail<RR - 1>(z, rn, Qp, Kt, Vp, Mp, Op, qs, S, row);
     }}
 }}
 }}  // namespace
 
 extern "C" void sdpa_fwd(const float* __restrict__ Q, const float* __restrict__ K,
                          const float* __restrict__ V, const float* __restrict__ M,
-                         float* __restrict__ O) {{
+                         float* __restrict__ O, const int64_t* sizes, float scale) {{
+    Sz z;
+    std::memcpy(&z, sizes, sizeof(int64_t) * {len(SIZES)});
+    z.LKP = (z.LK + 15) / 16 * 16;
+    z.scale = scale;
+    const int64_t NQB = (z.LQ + QB - 1) / QB;
     #pragma omp parallel
     {{
-    std::vector<float> kt(D * LKP, 0.0f), qs(R * D), s(R * LKP);
+    std::vector<float> kt(D * z.LKP, 0.0f), qs(R * D), s(R * z.LKP);
     int64_t held = -1;                  // the (batch, head) whose K is in kt
     #pragma omp for schedule(static)
-    for (int64_t t = 0; t < B * H * NQB; ++t) {{
-        const int64_t bh = t / NQB, b = bh / H, h = bh % H, q0 = (t % NQB) * QB;
-        const int64_t qn = std::min(QB, LQ - q0);
+    for (int64_t t = 0; t < z.B * z.H * NQB; ++t) {{
+        const int64_t bh = t / NQB, b = bh / z.H, h = bh % z.H, q0 = (t % NQB) * QB;
+        const int64_t qn = std::min(QB, z.LQ - q0);
         if (bh != held) {{
-            transpose_k(K + b * KSB + h * KSH, kt.data());
+            transpose_k(z, K + b * z.KSB + h * z.KSH, kt.data());
             held = bh;
         }}
-        const float* Vp = V + b * VSB + h * VSH;
+        const float* Vp = V + b * z.VSB + h * z.VSH;
         for (int64_t r0 = q0; r0 < q0 + qn; r0 += R) {{
-            const float* Qp = Q + b * QSB + h * QSH + r0 * QSL;
-            const float* Mp = HAS_MASK ? M + b * MSB + h * MSH + r0 * MSQ : nullptr;
-            float* Op = O + ((b * LQ + r0) * H + h) * DV;
+            const float* Qp = Q + b * z.QSB + h * z.QSH + r0 * z.QSL;
+            const float* Mp = HAS_MASK ? M + b * z.MSB + h * z.MSH + r0 * z.MSQ : nullptr;
+            float* Op = O + ((b * z.LQ + r0) * z.H + h) * DV;
             const int rn = (int)std::min<int64_t>(R, q0 + qn - r0);
-            if (rn == R) rows<R>(Qp, kt.data(), Vp, Mp, Op, qs.data(), s.data(), r0);
-            else tail<R - 1>(rn, Qp, kt.data(), Vp, Mp, Op, qs.data(), s.data(), r0);
+            if (rn == R) rows<R>(z, Qp, kt.data(), Vp, Mp, Op, qs.data(), s.data(), r0);
+            else tail<R - 1>(z, rn, Qp, kt.data(), Vp, Mp, Op, qs.data(), s.data(), r0);
         }}
     }}
     }}
