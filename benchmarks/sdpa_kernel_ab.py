@@ -27,7 +27,7 @@ DEFAULT = ("256x3x49x49x32:bias,64x6x49x49x32:bias,4x6x197x197x64,4x12x197x197x6
            "8x8x77x77x64:causal,8x12x50x50x64,4x8x128x128x64:pad,4x8x64x128x64:pad,"
            "2x8x256x256x64:causal,2x8x256x256x64:is_causal,8x12x256x256x64:is_causal,2x8x512x512x64,1x6x1500x1500x64,1x6x64x1500x64,"
            "2x8x32x256x64:causal,2x8x48x256x64,2x8x1024x1024x64,1x8x3000x3000x64,1x8x4096x4096x64,"
-           "2x8x256x256x16,2x4x256x256x128")
+           "2x8x256x256x16,2x4x256x256x128,1x2x64x64x32,1x4x96x96x64")
 
 
 def inputs(spec: str):
@@ -75,7 +75,7 @@ def main():
             row = {"shape": spec, "flash_gflops": flops / statistics.median(t["flash"]) / 1e9,
                    "ember_gflops": flops / statistics.median(t["ember"]) / 1e9, "x": r["median"],
                    "min": r["min"], "max": r["max"], "max_rel_err": err,
-                   "rule": sdpa_kernel.kernel_wins(LQ, LK, D, D)}
+                   "rule": sdpa_kernel.kernel_wins(B * H, LQ, LK, D, D)}
             rows.append(row)
             print(f"{spec:>22}  flash {row['flash_gflops']:5.1f} GF/s  ember "
                   f"{row['ember_gflops']:5.1f} GF/s  x {r['median']:.2f} [{r['min']:.2f}, "

@@ -42,21 +42,24 @@ perf_log = get_logger("perf")
 MAX_HEAD_DIM = 64
 MIN_QUERIES = 48
 MAX_KEYS = 3072
+#: least B·H·Lq·Lk·D: the op's call costs ~20 us more than flash's (custom-op dispatch, sizes)
+MIN_WORK = 1 << 22
 
 
-def kernel_wins(lq: int, lk: int, d: int, dv: int) -> bool:
-    """The rule: whether ember's kernel runs attention of these sizes faster than flash."""
+def kernel_wins(bh: int, lq: int, lk: int, d: int, dv: int) -> bool:
+    """The rule: whether ember's kernel runs attention of these sizes (bh: batch x heads)
+    faster than flash."""
     return d % 16 == 0 and dv % 16 == 0 and d <= MAX_HEAD_DIM and dv <= MAX_HEAD_DIM and \
-        lq >= MIN_QUERIES and lk <= MAX_KEYS
+        lq >= MIN_QUERIES and lk <= MAX_KEYS and bh * lq * lk * d >= MIN_WORK
 
 
 def _sizes(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor]):
     """sdpa_fwd's int64 size and stride array (codegen.sdpa_cpp.SIZES)."""
     B, H, LQ, _ = q.shape
-    ms = (0, 0, 0, 0)
+    ms = [0, 0, 0, 0]                   # a broadcast dim (missing or of size 1): stride 0
     if mask is not None:
-        m4 = mask.reshape([1] * (4 - mask.dim()) + list(mask.shape))
-        ms = m4.expand(B, H, LQ, k.shape[2]).stride()
+        for i, (n, st) in enumerate(zip(mask.shape, mask.stride()), 4 - mask.dim()):
+            ms[i] = st if n != 1 else 0
     vals = (B, H, LQ, k.shape[2], *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *ms)
     return (ctypes.c_int64 * len(vals))(*vals)
 
@@ -134,7 +137,7 @@ def _args(n: fx.Node) -> dict | None:
         return None
     (B, H, LQ, D), (LK, DV) = q.shape, (k.shape[2], v.shape[3])
     if k.shape != (B, H, LK, D) or v.shape[:3] != (B, H, LK) or \
-            not kernel_wins(LQ, LK, D, DV) or not isinstance(a.get("scale"), (float, int, type(None))):
+            not kernel_wins(B * H, LQ, LK, D, DV) or not isinstance(a.get("scale"), (float, int, type(None))):
         return None
     if m is not None:
         try:

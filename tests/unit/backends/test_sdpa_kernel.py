@@ -84,12 +84,13 @@ def test_contiguous_inputs_and_a_row_masked_wholly():
 
 
 def test_rule_on_shapes():
-    assert kernel_wins(49, 49, 32, 32) and kernel_wins(197, 197, 64, 64)
-    assert kernel_wins(1500, 1500, 64, 64) and kernel_wins(64, 1500, 64, 64)
-    assert not kernel_wins(32, 256, 64, 64)          # few queries: flash (measured 1.00x)
-    assert not kernel_wins(256, 256, 128, 128)       # head dim 128: flash (0.87x)
-    assert not kernel_wins(4096, 4096, 64, 64)       # keys past L2: flash (0.87x)
-    assert not kernel_wins(256, 256, 40, 40)         # head dim not a multiple of 16
+    assert kernel_wins(768, 49, 49, 32, 32) and kernel_wins(24, 197, 197, 64, 64)
+    assert kernel_wins(6, 1500, 1500, 64, 64) and kernel_wins(6, 64, 1500, 64, 64)
+    assert not kernel_wins(16, 32, 256, 64, 64)      # few queries: flash (measured 1.00x)
+    assert not kernel_wins(8, 256, 256, 128, 128)    # head dim 128: flash (0.87x)
+    assert not kernel_wins(8, 4096, 4096, 64, 64)    # keys past L2: flash (0.87x)
+    assert not kernel_wins(16, 256, 256, 40, 40)     # head dim not a multiple of 16
+    assert not kernel_wins(2, 64, 64, 32, 32)        # little work: the call's cost shows
 
 
 class Attn(nn.Module):
@@ -114,17 +115,18 @@ def kernel_calls(fn):
     return out, sum(e.name == "ember::sdpa_infer" for e in prof.events())
 
 
-@pytest.mark.parametrize("n,d,mask,expect", [
-    (49, 32, True, 1),          # a swin-like window with a bias: the kernel
-    (64, 64, False, 1),
-    (24, 32, False, 0),         # few queries: flash
-    (64, 128, False, 0),        # head dim 128: flash
+@pytest.mark.parametrize("b,n,d,mask,expect", [
+    (32, 49, 32, True, 1),      # swin-like windows with a bias: the kernel
+    (8, 64, 64, False, 1),
+    (32, 24, 32, False, 0),     # few queries: flash
+    (8, 64, 128, False, 0),     # head dim 128: flash
+    (2, 64, 64, False, 0),      # little work: flash
 ])
-def test_compiled_model_routes_by_rule(n, d, mask, expect):
+def test_compiled_model_routes_by_rule(b, n, d, mask, expect):
     torch.manual_seed(0)
     m = Attn(d=d).eval()
-    x = torch.randn(3, n, 2 * d)
-    mk = torch.randn(3, 2, n, n) if mask else None
+    x = torch.randn(b, n, 2 * d)
+    mk = torch.randn(b, 2, n, n) if mask else None
     with torch.no_grad():
         ref = m(x, mk)
         c = ember.compile(Attn(d=d).eval())
@@ -137,7 +139,7 @@ def test_compiled_model_routes_by_rule(n, d, mask, expect):
 def test_compiled_causal_takes_the_kernel():
     torch.manual_seed(0)
     m = Attn(causal=True).eval()
-    x = torch.randn(2, 64, 64)
+    x = torch.randn(16, 64, 64)       # enough work for the rule
     c = ember.compile(Attn(causal=True).eval())
     c.load_state_dict(m.state_dict())
     with torch.no_grad():
@@ -151,7 +153,7 @@ def test_not_taken(what):
     torch.manual_seed(0)
     m = Attn(dropout=0.5 if what == "dropout_train" else 0.0)
     m.train(what == "dropout_train")
-    x = torch.randn(2, 64, 64)
+    x = torch.randn(16, 64, 64)       # enough work for the rule
     opts = {"attention": "as_written"} if what == "option" else {}
     c = ember.compile(m, options=opts)
     if what == "grad":                  # inputs that need gradients keep ATen's kernel
