@@ -1,7 +1,7 @@
 """Backend "ember": inference attention on ember's own fused CPU kernel (codegen/sdpa_cpp.py).
 
 `use_kernel` rewrites each `F.scaled_dot_product_attention` call of a torch-level CPU graph whose
-inputs need no gradient into `torch.ops.ember.sdpa_infer(q, k, v, mask, scale)` where the shape
+inputs need no gradient into `torch.ops.ember.sdpa_infer(q, k, v, mask, scale, causal)` where the shape
 rule `kernel_wins` says the kernel beats ATen's flash kernel (docs/design/085-small-attention-
 kernel.md, benchmarks/sdpa_kernel_ab.py). aot traces the op through its fake kernel and the
 kernel backend runs it as an extern. One kernel per head dims, mask and causality (sizes and
@@ -38,7 +38,7 @@ from .freeze import copy_module
 
 perf_log = get_logger("perf")
 
-#: the shape rule's limits (measured, module docstring)
+#: the shape rule's limits (measured: docs/design/085, benchmarks/sdpa_kernel_ab.py)
 MAX_HEAD_DIM = 64
 MIN_QUERIES = 48
 MAX_KEYS = 3072
