@@ -5,7 +5,7 @@ inputs need no gradient into `torch.ops.ember.sdpa_infer(q, k, v, mask, scale, c
 rule `kernel_wins` says the kernel beats ATen's flash kernel (docs/design/085-small-attention-
 kernel.md, benchmarks/sdpa_kernel_ab.py). aot traces the op through its fake kernel and the
 kernel backend runs it as an extern. One kernel per head dims, mask and causality (sizes and
-strides are its arguments) serves every layer; its build starts at the rewrite, in the
+strides are its arguments, a short key length is compiled in) serves every layer; its build starts at the rewrite, in the
 background, and the op's first call waits for it (runtime disk cache).
 
 Taken: float32 q, k, v of 4 static dims with as many key/value heads as query heads, head dims
@@ -64,6 +64,10 @@ def _sizes(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor]):
     return (ctypes.c_int64 * len(vals))(*vals)
 
 
+def _spec(d: int, dv: int, lk: int, mask: bool, causal: bool) -> sdpa_cpp.SdpaSpec:
+    return sdpa_cpp.SdpaSpec(d, dv, mask, causal, lk if lk <= sdpa_cpp.FIXED_LK else 0)
+
+
 @functools.lru_cache(None)
 def _build(spec: sdpa_cpp.SdpaSpec):
     """The kernel's build, started (the graph's compile goes on meanwhile); a Future."""
@@ -95,7 +99,7 @@ def sdpa_infer(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], scale: f
     q, k, v = map(_inner_dense, (q, k, v))
     if mask is not None and mask.dim() and mask.size(-1) > 1:    # (a broadcast column: stride 0)
         mask = _inner_dense(mask)
-    fn, _ = _kernel(sdpa_cpp.SdpaSpec(q.shape[3], v.shape[3], mask is not None, causal))
+    fn, _ = _kernel(_spec(q.shape[3], v.shape[3], k.shape[2], mask is not None, causal))
     out, sizes = _out(q, v.shape[3]), _sizes(q, k, v, mask)
     fn(q.data_ptr(), k.data_ptr(), v.data_ptr(), None if mask is None else mask.data_ptr(),
        out.data_ptr(), ctypes.addressof(sizes), scale)
@@ -170,8 +174,8 @@ def use_kernel(gm: fx.GraphModule, example_inputs, options: dict) -> fx.GraphMod
                                          (a["query"], a["key"], a["value"], a.get("attn_mask"),
                                           a["scale"], bool(a.get("is_causal"))))
         new.meta = dict(n.meta)
-        _build(sdpa_cpp.SdpaSpec(_val(a["query"]).shape[3], _val(a["value"]).shape[3],
-                                 a.get("attn_mask") is not None, bool(a.get("is_causal"))))
+        _build(_spec(_val(a["query"]).shape[3], _val(a["value"]).shape[3], _val(a["key"]).shape[2],
+                     a.get("attn_mask") is not None, bool(a.get("is_causal"))))
         n.replace_all_uses_with(new)
         gm.graph.erase_node(n)
         done += 1
