@@ -41,7 +41,7 @@ perf_log = get_logger("perf")
 #: the shape rule's limits (measured: docs/design/085, benchmarks/sdpa_kernel_ab.py)
 MAX_HEAD_DIM = 64
 MIN_QUERIES = 48
-MAX_KEYS = 3072
+MAX_KEYS = 2048
 #: least B·H·Lq·Lk·D: the op's call costs ~20 us more than flash's (custom-op dispatch, sizes)
 MIN_WORK = 1 << 22
 
