@@ -5,11 +5,13 @@ shape rule `ember.backends.sdpa_kernel.kernel_wins` (docs/design/085-small-atten
 Per shape B x H x Lq x Lk x D (q, k, v made as [B, L, H, D] and transposed, as a transformer's
 heads are), with a mask: none, "bias" (a dense float [B, H, Lq, Lk], as swin's relative-position
 bias plus shift mask), "causal" (an additive -inf upper triangle [B, 1, Lq, Lk]), "pad" (an
-additive [B, 1, 1, Lk] padding mask) or "is_causal" (no mask, is_causal=True). fp32, no grad, one thread by default. Timing: paired
-alternating rounds (benchmarks/_timing.py, thread CPU time), "x" = flash's time over the
-kernel's (median of per-round ratios [min, max]); GF/s counts 4·B·H·Lq·Lk·D.
+additive [B, 1, 1, Lk] padding mask) or "is_causal" (no mask, is_causal=True). fp32, no grad,
+one thread by default. Timing: paired alternating rounds (benchmarks/_timing.py, thread CPU
+time), "x" = flash's time over the kernel's (median of per-round ratios [min, max]); GF/s counts
+4·B·H·Lq·Lk·D.
 
-    python benchmarks/sdpa_kernel_ab.py [--rounds 7] [--threads 1] [--shapes 256x3x49x49x32:bias,...]
+    python benchmarks/sdpa_kernel_ab.py [--rounds 7] [--threads 1]
+        [--shapes 256x3x49x49x32:bias,...]
         [--json out.jsonl]
 """
 from __future__ import annotations
@@ -25,7 +27,8 @@ from _timing import paired, prepare, ratio_stats  # noqa: E402
 
 DEFAULT = ("256x3x49x49x32:bias,64x6x49x49x32:bias,4x6x197x197x64,4x12x197x197x64,"
            "8x8x77x77x64:causal,8x12x50x50x64,4x8x128x128x64:pad,4x8x64x128x64:pad,"
-           "2x8x256x256x64:causal,2x8x256x256x64:is_causal,8x12x256x256x64:is_causal,2x8x512x512x64,1x6x1500x1500x64,1x6x64x1500x64,"
+           "2x8x256x256x64:causal,2x8x256x256x64:is_causal,8x12x256x256x64:is_causal,"
+           "2x8x512x512x64,1x6x1500x1500x64,1x6x64x1500x64,"
            "2x8x32x256x64:causal,2x8x48x256x64,2x8x1024x1024x64,1x8x3000x3000x64,1x8x4096x4096x64,"
            "2x8x256x256x16,2x4x256x256x128,1x2x64x64x32,1x4x96x96x64")
 

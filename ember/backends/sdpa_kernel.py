@@ -1,12 +1,12 @@
 """Backend "ember": inference attention on ember's own fused CPU kernel (codegen/sdpa_cpp.py).
 
 `use_kernel` rewrites each `F.scaled_dot_product_attention` call of a torch-level CPU graph whose
-inputs need no gradient into `torch.ops.ember.sdpa_infer(q, k, v, mask, scale, causal)` where the shape
-rule `kernel_wins` says the kernel beats ATen's flash kernel (docs/design/085-small-attention-
-kernel.md, benchmarks/sdpa_kernel_ab.py). aot traces the op through its fake kernel and the
-kernel backend runs it as an extern. One kernel per head dims, mask and causality (sizes and
-strides are its arguments, a short key length is compiled in) serves every layer; its build starts at the rewrite, in the
-background, and the op's first call waits for it (runtime disk cache).
+inputs need no gradient into `torch.ops.ember.sdpa_infer(q, k, v, mask, scale, causal)` where
+the shape rule `kernel_wins` says the kernel beats ATen's flash kernel (docs/design/085-small-
+attention-kernel.md, benchmarks/sdpa_kernel_ab.py). aot traces the op through its fake kernel
+and the kernel backend runs it as an extern. One kernel per head dims, mask and causality (sizes
+and strides are its arguments, a short key length is compiled in) serves every layer; its build
+starts at the rewrite, in the background, and the op's first call waits for it (disk cache).
 
 Taken: float32 q, k, v of 4 static dims with as many key/value heads as query heads, head dims
 multiples of 16 up to 64, a float32 additive mask of up to 4 dims that broadcasts to the scores
@@ -141,7 +141,8 @@ def _args(n: fx.Node) -> dict | None:
         return None
     (B, H, LQ, D), (LK, DV) = q.shape, (k.shape[2], v.shape[3])
     if k.shape != (B, H, LK, D) or v.shape[:3] != (B, H, LK) or \
-            not kernel_wins(B * H, LQ, LK, D, DV) or not isinstance(a.get("scale"), (float, int, type(None))):
+            not kernel_wins(B * H, LQ, LK, D, DV) or \
+            not isinstance(a.get("scale"), (float, int, type(None))):
         return None
     if m is not None:
         try:

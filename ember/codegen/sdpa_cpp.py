@@ -128,7 +128,11 @@ static void rows(const Sz& z, const float* __restrict__ Qp, const float* __restr
             for (int64_t c = 0; c < lk; ++c) Sr[c] = 0.0f;
         }} else {{
             #pragma omp simd reduction(+:sum)
-            for (int64_t c = 0; c < lk; ++c) {{ const float p = ember::exp(Sr[c] - mx); Sr[c] = p; sum += p; }}
+            for (int64_t c = 0; c < lk; ++c) {{
+                const float p = ember::exp(Sr[c] - mx);
+                Sr[c] = p;
+                sum += p;
+            }}
         }}
         inv[r] = sum > 0.0f ? 1.0f / sum : 0.0f;
     }}
