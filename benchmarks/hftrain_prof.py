@@ -50,7 +50,7 @@ import collections
 CATEGORIES = [("ember kernels", ("ember kernel",)),
               ("gemm", ("_linear_pointwise", "aten::addmm", "aten::mm", "aten::bmm", "_mkl_linear",
                         "aten::baddbmm")),
-              ("attention", ("flash_attention", "ember::flex_attention")),
+              ("attention", ("flash_attention", "ember::flex_attention", "ember::sdpa_infer")),
               ("conv", ("convolution",)), ("rnn", ("rnn",))]
 steps = arg("--steps", 5)
 per = {k: collections.defaultdict(list) for k in rs}

@@ -25,6 +25,7 @@ a dropout that draws numbers (ember's RNG stream stays as it is), shapes eager's
 rejects. The values differ from the chain's only by rounding (flash sums in another order); a query
 row masked wholly with -inf, where flash gives 0, is set back to the chain's NaN.
 
+At inference, sdpa calls of the shapes ember's own kernel wins go on to it (sdpa_kernel.py).
 Off: options={"attention": "as_written"} (or False). Consumes a torch-level fx.GraphModule;
 produces it, or a rewritten copy.
 """

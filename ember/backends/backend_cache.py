@@ -94,7 +94,7 @@ def _plain(v) -> bool:
 _OWN_MODULES = speed._TORCH_MODULES + ("ember",)
 # ember's custom ops whose product is ember's code alone (the hook, flex_attention and while_loop
 # ops call the user's callables)
-_PURE_EMBER_OPS = ("ember::conv2d_add",)
+_PURE_EMBER_OPS = ("ember::conv2d_add", "ember::sdpa_infer")
 
 
 def _own_code(target) -> bool:

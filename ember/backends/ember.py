@@ -42,6 +42,7 @@ from ..runtime.pycode import compile_cached
 from ..schedule import ROW_LOCAL_MAX, ROW_LOCAL_MAX_TRITON, schedule
 from . import backend_cache, freeze, gemmroute, layout, split
 from .attention import fuse_attention, unfold_fast_paths
+from .sdpa_kernel import use_kernel
 from .freeze import copy_module, fold_batchnorm_per_call
 from .speed import speed_checked    # never slower than eager
 
@@ -236,6 +237,7 @@ def _compile(gm, example_inputs, options, on_backward=None):
             on_backward(compiled)       # the warm start's backward takes the traced layouts
         return compiled
     gm = fuse_attention(gm, example_inputs, options)     # explicit attention → the fused kernel (attention.py)
+    gm = use_kernel(gm, example_inputs, options)         # inference sdpa → ember's kernel (sdpa_kernel.py)
     with counters.timed("aot"), stage("aot"):
         compiled = aot_compile(gm, example_inputs, fw_compiler=compiler, bw_compiler=bw_compiler,
                                decompositions=get_decompositions())

@@ -96,8 +96,8 @@ def build(source: str, compiler: str | None = None, flags=None, suffix: str = "c
         shutil.rmtree(tmpdir, ignore_errors=True)
 
 
-def build_async(source: str) -> Future:
-    return _pool.submit(build, source)
+def build_async(source: str, flags=None) -> Future:
+    return _pool.submit(build, source, flags=flags)
 
 
 def load(path: Path, signatures: dict) -> dict:
