@@ -40,7 +40,6 @@ perf_log = get_logger("perf")
 _DENSE_LOGGED: set = set()
 _DECOMPS = {op: fn for op, fn in get_decompositions().items()
             if "backward" in op.name() or op in (torch.ops.aten.zeros_like.default,)}
-_FLAGS = [f for f in rt_build.FLAGS if f != "-ffp-contract=off"] + ["-ffp-contract=fast"]
 
 
 def register_mods(score_gm, mask_gm) -> str:
@@ -130,7 +129,7 @@ def _spec(q, k, v, block_mask, scale, block_size) -> flex_cpp.FlexSpec:
 def _kernel(key, spec: flex_cpp.FlexSpec, score_spec, mask_spec):
     (score, sbufs, _), (mask, mbufs, _) = _translated(key, spec.dtype, score_spec, mask_spec)
     src = flex_cpp.forward_source(spec, score, mask, sbufs + mbufs)
-    lib = ctypes.CDLL(str(rt_build.build(src, flags=_FLAGS)))
+    lib = ctypes.CDLL(str(rt_build.build(src, flags=rt_build.FMA_FLAGS)))
     fn = lib.flex_fwd
     fn.argtypes = [ctypes.c_void_p] * 10
     fn.restype = None
@@ -162,7 +161,7 @@ def _bwd_kernel(key, spec: flex_cpp.FlexSpec, score_spec, mask_spec, need: tuple
         bufs += jbufs
         consts.append(jconsts)
     src = flex_cpp.backward_source(spec, score, grad, mask, bufs, joint, accs)
-    lib = ctypes.CDLL(str(rt_build.build(src, flags=_FLAGS)))
+    lib = ctypes.CDLL(str(rt_build.build(src, flags=rt_build.FMA_FLAGS)))
     fn = lib.flex_bwd
     fn.argtypes = [ctypes.c_void_p] * 19
     fn.restype = None

@@ -33,7 +33,6 @@ from ..lower.rules import RULES
 from ..lower.rules_data import extern_functional
 from ..runtime import build as rt_build
 from .attention import enabled
-from .flex import _FLAGS
 from .freeze import copy_module
 
 perf_log = get_logger("perf")
@@ -71,7 +70,7 @@ def _spec(d: int, dv: int, lk: int, mask: bool, causal: bool) -> sdpa_cpp.SdpaSp
 @functools.lru_cache(None)
 def _build(spec: sdpa_cpp.SdpaSpec):
     """The kernel's build, started (the graph's compile goes on meanwhile); a Future."""
-    return rt_build.build_async(sdpa_cpp.source(spec), flags=_FLAGS)
+    return rt_build.build_async(sdpa_cpp.source(spec), flags=rt_build.FMA_FLAGS)
 
 
 @functools.lru_cache(None)

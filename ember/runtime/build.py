@@ -34,6 +34,9 @@ _MVEC = ctypes.util.find_library("mvec") if platform.machine() == "x86_64" else 
 LIBS = [f"-l:{_MVEC}"] if _MVEC else []
 if _MVEC:
     FLAGS.append("-DEMBER_LIBMVEC")
+#: hand-written kernels (flex and sdpa attention) that want fused multiply-adds: generated
+#: kernels keep -ffp-contract=off so their rounding matches eager's
+FMA_FLAGS = [f for f in FLAGS if f != "-ffp-contract=off"] + ["-ffp-contract=fast"]
 
 
 def _has_avx512f() -> bool:
