@@ -13,13 +13,25 @@ keyed by the CPU's model name, torch's version and the thread count), time on PR
 
     addmm (nn.Linear's [N, K] weight)   MKL packed   oneDNN packed   oneDNN on the plain weight
 
-alternating, ROUNDS rounds, each GEMM's minimum (the speed check's clock: thread CPU time with
-one thread). The library is oneDNN when its packed GEMM beats MKL's by MARGIN (the geometric
-mean of the shapes' time ratios; or, MKL missing, beats addmm), else MKL; oneDNN on the plain
-weight is used for linears left unpacked (prepack.py) only when it beat addmm by MARGIN.
+in ROUNDS rounds, the order reversed every other round, each variant on its own copy of the
+operands (every call finds its weight as cold as the others': together they overflow the L3, as
+a model's weights do), on the speed check's clock (thread CPU time with one thread). A ratio is
+the median over the rounds of the per-round time ratio, then the geometric mean over the shapes.
+The library is oneDNN when its packed GEMM beats MKL's by MARGIN (or, MKL missing, beats addmm),
+else MKL; oneDNN on the plain weight is used for unfrozen GEMMs (gemmroute.py) and linears left
+unpacked (prepack.py) only when it beat addmm by MARGIN.
+
+Load on the machine (other processes' memory traffic, preemption) moves single calls by tens of
+percent, most at the memory-bound 16-row shape: the minimum time of each GEMM, as the probe took
+before, flipped the plain verdict between runs (addmm/plain 0.82..1.26 at 16 rows; docs/design/
+083). The per-round ratios' median does not; and a try whose ratios spread too wide (SPREAD: the
+geometric mean over the shapes of their interquartile ratio q3/q1, for any of the three
+comparisons) decides nothing: the probe
+tries again, TRIES in all, then keeps the conservative answer (MKL, no plain oneDNN), logs it
+and does not cache it on disk (a later process probes again).
 `options={"gemm": "mkl" | "onednn"}` forces a library (the plain route still follows the
 probe under "onednn"); `torch.backends.mkldnn.enabled = False` means MKL. The choice is
-logged under EMBER_LOGS=perf.
+logged under EMBER_LOGS=perf; counters gemm_probes (tries timed) and gemm_probe_unsure.
 
 Consumes: options. Produces: a Choice.
 """
@@ -30,20 +42,26 @@ import hashlib
 import json
 import math
 import platform
+import statistics
 
 import torch
 
-from .. import config
+from .. import config, counters
 from ..logging import get_logger
 from .speed import step_clock
 
 perf_log = get_logger("perf")
 
 #: (M, K, N): a few rows over a wide weight (batch-8 inference, decode of a few sequences) and a
-#: batch of sequences; both between 5 and 15 ms per round on a Zen 4 core
+#: batch of sequences; 2 and 7 ms per call on a Zen 4 core
 PROBE_SHAPES = ((16, 768, 3072), (512, 768, 768))
-ROUNDS = 7
+#: even: each order as often
+ROUNDS = 12
 MARGIN = 1.05
+#: the widest spread of per-round ratios a try may decide on (q3/q1, geometric mean over the
+#: shapes); TRIES tries at most
+SPREAD = 1.25
+TRIES = 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +69,7 @@ class Choice:
     library: str | None     # "onednn", "mkl", or None (neither packed GEMM available)
     plain: bool             # oneDNN on the plain weight beats addmm (unpacked linears)
     why: str = ""
+    sure: bool = True       # False: the probe's spread stayed too wide, a default (not cached)
 
 
 _CHOICES: dict = {}
@@ -83,7 +102,8 @@ def measured() -> Choice:
         got = Choice(data["library"], bool(data["plain"]), data["why"] + " (cached)")
     except (OSError, ValueError, KeyError):
         got = probe()
-        config.write_json(path, dataclasses.asdict(got))
+        if got.sure:
+            config.write_json(path, dataclasses.asdict(got))
     perf_log.info("gemm library for frozen linears: %s, oneDNN on plain weights: %s (%s)",
                   got.library, "yes" if got.plain else "no", got.why)
     _CHOICES[key] = got
@@ -106,41 +126,66 @@ def probe() -> Choice:
     mkl, dnn = torch.backends.mkl.is_available(), torch.backends.mkldnn.is_available()
     if not dnn:
         return Choice("mkl" if mkl else None, False, "no oneDNN")
-    ratios = {"mkl/onednn": [], "addmm/onednn": [], "addmm/plain": []}
-    for m, k, n in PROBE_SHAPES:
-        best = _time_variants(m, k, n, mkl)
-        if mkl:
-            ratios["mkl/onednn"].append(best["mkl"] / best["onednn"])
-        ratios["addmm/onednn"].append(best["addmm"] / best["onednn"])
-        ratios["addmm/plain"].append(best["addmm"] / best["plain"])
-    wins = {k: bool(v) and math.prod(v) ** (1 / len(v)) > MARGIN for k, v in ratios.items()}
+    keys = {"mkl/onednn": ("mkl", "onednn")} if mkl else {}
+    keys.update({"addmm/onednn": ("addmm", "onednn"), "addmm/plain": ("addmm", "plain")})
+    tries = []
+    for _ in range(TRIES):
+        counters.bump("gemm_probes")
+        med, spread = {k: [] for k in keys}, {k: [] for k in keys}
+        for m, k, n in PROBE_SHAPES:
+            times = _time_variants(m, k, n, mkl)
+            for key, (a, b) in keys.items():
+                r = sorted(x / y for x, y in zip(times[a], times[b]))
+                med[key].append(statistics.median(r))
+                spread[key].append(r[3 * len(r) // 4] / max(r[len(r) // 4], 1e-12))
+        width = max(_geomean(v) for v in spread.values())
+        tries.append(f"ratios on {', '.join('x'.join(map(str, s)) for s in PROBE_SHAPES)}: "
+                     + "; ".join(f"{k} {', '.join(f'{r:.2f}' for r in v)} (spread "
+                                 f"{_geomean(spread[k]):.2f})" for k, v in med.items()))
+        if width <= SPREAD:
+            break
+    else:
+        counters.bump("gemm_probe_unsure")
+        perf_log.warning("gemm probe: ratios spread wider than %.2f in %d tries (a loaded "
+                         "machine?): MKL and no oneDNN on plain weights, not cached (%s)",
+                         SPREAD, TRIES, " | ".join(tries))
+        return Choice("mkl" if mkl else None, False, "probe unsure: " + " | ".join(tries),
+                      sure=False)
+    wins = {k: _geomean(v) > MARGIN for k, v in med.items()}
     onednn = wins["mkl/onednn"] if mkl else wins["addmm/onednn"]
-    why = "probe, time ratios on %s: %s" % (
-        ", ".join("x".join(map(str, s)) for s in PROBE_SHAPES),
-        "; ".join(f"{k} {', '.join(f'{r:.2f}' for r in v)}" for k, v in ratios.items() if v))
+    why = f"probe (try {len(tries)}), median time " + tries[-1]
     return Choice("onednn" if onednn else "mkl" if mkl else None, wins["addmm/plain"], why)
 
 
-def _time_variants(m: int, k: int, n: int, mkl: bool) -> dict[str, float]:
-    """Each GEMM's minimum seconds per call over alternating rounds."""
-    g = torch.Generator().manual_seed(0)
-    x, w, b = (torch.randn(*s, generator=g) for s in ((m, k), (n, k), (n,)))
-    # float32 as the frozen linears are, whatever autocast the compile runs under
-    with torch.no_grad(), torch.autocast("cpu", enabled=False):
-        dnn = torch.ops.mkldnn._reorder_linear_weight(w, m)
-        fns = {"addmm": lambda: torch.addmm(b, x, w.t()),
-               "onednn": lambda: torch.ops.mkldnn._linear_pointwise(x, dnn, b, "none", [], ""),
-               "plain": lambda: torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")}
-        if mkl:
-            packed = torch.ops.mkl._mkl_reorder_linear_weight(w, m)
-            fns["mkl"] = lambda: torch.ops.mkl._mkl_linear(x, packed, w, b, m)
-        clock, best = step_clock(), dict.fromkeys(fns, float("inf"))
-        for fn in fns.values():                          # warm up: oneDNN builds its kernels
-            fn()
-        for r in range(ROUNDS):
-            for name in (list(fns) if r % 2 == 0 else list(fns)[::-1]):
-                t0 = clock()
-                fns[name]()
-                best[name] = min(best[name], clock() - t0)
-    return best
+def _geomean(v) -> float:
+    return math.prod(v) ** (1 / len(v))
 
+
+def _time_variants(m: int, k: int, n: int, mkl: bool) -> dict[str, list[float]]:
+    """Each GEMM's seconds per call in each of ROUNDS rounds (module docstring)."""
+    g = torch.Generator().manual_seed(0)
+    names = ("addmm", "onednn", "plain") + (("mkl",) if mkl else ())
+    # each variant its own operands; float32 as the frozen linears are, whatever autocast the
+    # compile runs under
+    ops = {name: [torch.randn(*s, generator=g) for s in ((m, k), (n, k), (n,))] for name in names}
+    with torch.no_grad(), torch.autocast("cpu", enabled=False):
+        fns = {"addmm": lambda x, w, b: torch.addmm(b, x, w.t()),
+               "plain": lambda x, w, b: torch.ops.mkldnn._linear_pointwise(
+                   x, w, b, "none", [], "")}
+        x, w, b = ops["onednn"]
+        dnn = torch.ops.mkldnn._reorder_linear_weight(w, m)
+        fns["onednn"] = lambda x, w, b: torch.ops.mkldnn._linear_pointwise(
+            x, dnn, b, "none", [], "")
+        if mkl:
+            x, w, b = ops["mkl"]
+            packed = torch.ops.mkl._mkl_reorder_linear_weight(w, m)
+            fns["mkl"] = lambda x, w, b: torch.ops.mkl._mkl_linear(x, packed, w, b, m)
+        clock, times = step_clock(), {name: [] for name in names}
+        for name in names:                          # warm up: oneDNN builds its kernels
+            fns[name](*ops[name])
+        for r in range(ROUNDS):
+            for name in (names if r % 2 == 0 else names[::-1]):
+                t0 = clock()
+                fns[name](*ops[name])
+                times[name].append(clock() - t0)
+    return times
