@@ -291,6 +291,17 @@ def _dense_in_order(env, sizes, strides, order) -> bool:
     return True
 
 
+def dense_strides(sizes, strides) -> bool:
+    """Concrete sizes and strides: every element at its own offset, no gaps (a permuted
+    contiguous tensor). Plain int arithmetic, for per-call paths; `is_dense` decides symbolic ones."""
+    expect = 1
+    for st, n in sorted((st, n) for n, st in zip(sizes, strides) if n != 1):
+        if st != expect:
+            return False
+        expect *= n
+    return True
+
+
 def is_dense(env, sizes, strides) -> bool:
     """Non-overlapping and dense: some permutation of the dims is row-major contiguous."""
     order = sorted(range(len(sizes)), key=lambda d: (_hint(env, strides[d]), _hint(env, sizes[d])),

@@ -199,13 +199,7 @@ def _coerce_tangent(g: torch.Tensor, spec, sizes: dict | None) -> torch.Tensor:
 
 
 def _dense(t: torch.Tensor) -> bool:
-    """Whether t's strides are a dense (non-overlapping, gap-free) permutation of its dims."""
-    expect = 1
-    for st, n in sorted((st, n) for n, st in zip(t.shape, t.stride()) if n != 1):
-        if st != expect:
-            return False
-        expect *= n
-    return True
+    return shapes.dense_strides(t.shape, t.stride())
 
 
 def _order(t: torch.Tensor) -> tuple:

@@ -24,6 +24,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from .. import shapes
 from ..aot import trace_aten
 from ..decomp import get_decompositions
 from ..codegen import flex_cpp
@@ -188,7 +189,7 @@ def _joint_translation(key, dtype, score_spec, need):
     consts = aten_gm.meta.get("constants", [])
     names = [f"sm_buf{i}" for i in range(len(score_spec) + len(consts))]
     for i, (size, stride, _) in enumerate(score_spec):
-        if need[i] and not _dense_strides(size, stride):
+        if need[i] and not shapes.dense_strides(size, stride):
             raise Unsupported("flex_attention backward: a captured tensor with overlapping "
                               "strides needs a gradient")
     score = flex_cpp.translate(aten_gm, "sm", names,
@@ -221,16 +222,6 @@ def _joint_translation(key, dtype, score_spec, need):
 
 def _extent(size, stride) -> int:
     return 1 + sum((n - 1) * s for n, s in zip(size, stride)) if all(size) else 0
-
-
-def _dense_strides(size, stride) -> bool:
-    """Every element at its own offset, no gaps (a permuted contiguous tensor)."""
-    expect = 1
-    for st, n in sorted((st, n) for n, st in zip(size, stride) if n != 1):
-        if st != expect:
-            return False
-        expect *= n
-    return True
 
 
 def _buf_array(bufs):

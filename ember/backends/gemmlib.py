@@ -26,9 +26,9 @@ percent, most at the memory-bound 16-row shape: the minimum time of each GEMM, a
 before, flipped the plain verdict between runs (addmm/plain 0.82..1.26 at 16 rows; docs/design/
 083). The per-round ratios' median does not; and a try whose ratios spread too wide (SPREAD: the
 geometric mean over the shapes of their interquartile ratio q3/q1, for any of the three
-comparisons) decides nothing: the probe
-tries again, TRIES in all, then keeps the conservative answer (MKL, no plain oneDNN), logs it
-and does not cache it on disk (a later process probes again).
+comparisons) decides nothing: the probe tries again, TRIES in all, then keeps the conservative
+answer (MKL, no plain oneDNN), logs it and does not cache it on disk (a later process probes
+again).
 `options={"gemm": "mkl" | "onednn"}` forces a library (the plain route still follows the
 probe under "onednn"); `torch.backends.mkldnn.enabled = False` means MKL. The choice is
 logged under EMBER_LOGS=perf; counters gemm_probes (tries timed) and gemm_probe_unsure.
@@ -40,7 +40,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import math
 import platform
 import statistics
 
@@ -138,10 +137,10 @@ def probe() -> Choice:
                 r = sorted(x / y for x, y in zip(times[a], times[b]))
                 med[key].append(statistics.median(r))
                 spread[key].append(r[3 * len(r) // 4] / max(r[len(r) // 4], 1e-12))
-        width = max(_geomean(v) for v in spread.values())
+        width = max(statistics.geometric_mean(v) for v in spread.values())
         tries.append(f"ratios on {', '.join('x'.join(map(str, s)) for s in PROBE_SHAPES)}: "
                      + "; ".join(f"{k} {', '.join(f'{r:.2f}' for r in v)} (spread "
-                                 f"{_geomean(spread[k]):.2f})" for k, v in med.items()))
+                                 f"{statistics.geometric_mean(spread[k]):.2f})" for k, v in med.items()))
         if width <= SPREAD:
             break
     else:
@@ -151,14 +150,10 @@ def probe() -> Choice:
                          SPREAD, TRIES, " | ".join(tries))
         return Choice("mkl" if mkl else None, False, "probe unsure: " + " | ".join(tries),
                       sure=False)
-    wins = {k: _geomean(v) > MARGIN for k, v in med.items()}
+    wins = {k: statistics.geometric_mean(v) > MARGIN for k, v in med.items()}
     onednn = wins["mkl/onednn"] if mkl else wins["addmm/onednn"]
     why = f"probe (try {len(tries)}), median time " + tries[-1]
     return Choice("onednn" if onednn else "mkl" if mkl else None, wins["addmm/plain"], why)
-
-
-def _geomean(v) -> float:
-    return math.prod(v) ** (1 / len(v))
 
 
 def _time_variants(m: int, k: int, n: int, mkl: bool) -> dict[str, list[float]]:
