@@ -27,8 +27,10 @@ before, flipped the plain verdict between runs (addmm/plain 0.82..1.26 at 16 row
 083). The per-round ratios' median does not; and a try whose ratios spread too wide (SPREAD: the
 geometric mean over the shapes of their interquartile ratio q3/q1, for any of the three
 comparisons) decides nothing: the probe tries again, TRIES in all, then keeps the conservative
-answer (MKL, no plain oneDNN), logs it and does not cache it on disk (a later process probes
-again).
+answer (MKL, no plain oneDNN) and logs it. That answer is cached on disk too, marked unsure,
+for UNSURE_TTL seconds: the GEMM choice is part of the backend cache's key, and a new process
+that probed again (and, quieter, decided otherwise) would miss every cached graph (and pay the
+probe's tries again); after UNSURE_TTL a process probes again.
 `options={"gemm": "mkl" | "onednn"}` forces a library (the plain route still follows the
 probe under "onednn"); `torch.backends.mkldnn.enabled = False` means MKL. The choice is
 logged under EMBER_LOGS=perf; counters gemm_probes (tries timed) and gemm_probe_unsure.
@@ -42,6 +44,7 @@ import hashlib
 import json
 import platform
 import statistics
+import time
 
 import torch
 
@@ -61,6 +64,8 @@ MARGIN = 1.05
 #: shapes); TRIES tries at most
 SPREAD = 1.25
 TRIES = 3
+#: seconds an unsure answer stays cached before a process probes again
+UNSURE_TTL = 24 * 3600
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,7 +73,8 @@ class Choice:
     library: str | None     # "onednn", "mkl", or None (neither packed GEMM available)
     plain: bool             # oneDNN on the plain weight beats addmm (unpacked linears)
     why: str = ""
-    sure: bool = True       # False: the probe's spread stayed too wide, a default (not cached)
+    sure: bool = True       # False: the probe's spread stayed too wide, a default (cached
+                            # for UNSURE_TTL only)
 
 
 _CHOICES: dict = {}
@@ -98,11 +104,13 @@ def measured() -> Choice:
     path = config.cache_subdir("probe") / f"gemm-{key}.json"
     try:
         data = json.loads(path.read_text())
-        got = Choice(data["library"], bool(data["plain"]), data["why"] + " (cached)")
+        sure = bool(data.get("sure", True))
+        if not sure and time.time() - path.stat().st_mtime > UNSURE_TTL:
+            raise ValueError("an unsure answer, expired")
+        got = Choice(data["library"], bool(data["plain"]), data["why"] + " (cached)", sure)
     except (OSError, ValueError, KeyError):
         got = probe()
-        if got.sure:
-            config.write_json(path, dataclasses.asdict(got))
+        config.write_json(path, dataclasses.asdict(got))
     perf_log.info("gemm library for frozen linears: %s, oneDNN on plain weights: %s (%s)",
                   got.library, "yes" if got.plain else "no", got.why)
     _CHOICES[key] = got
@@ -146,8 +154,8 @@ def probe() -> Choice:
     else:
         counters.bump("gemm_probe_unsure")
         perf_log.warning("gemm probe: ratios spread wider than %.2f in %d tries (a loaded "
-                         "machine?): MKL and no oneDNN on plain weights, not cached (%s)",
-                         SPREAD, TRIES, " | ".join(tries))
+                         "machine?): MKL and no oneDNN on plain weights, cached for %d s (%s)",
+                         SPREAD, TRIES, UNSURE_TTL, " | ".join(tries))
         return Choice("mkl" if mkl else None, False, "probe unsure: " + " | ".join(tries),
                       sure=False)
     wins = {k: statistics.geometric_mean(v) > MARGIN for k, v in med.items()}

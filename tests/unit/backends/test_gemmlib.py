@@ -4,7 +4,9 @@ gemmlib.py, prepack.py; docs/design/071).
 Values vs eager at atol=rtol=1e-4 (float32): oneDNN's GEMM sums in another order than addmm's,
 so results differ in rounding only."""
 import copy
+import json
 import logging
+import os
 import threading
 
 import pytest
@@ -218,9 +220,10 @@ def test_probe_tries_again_while_the_spread_is_too_wide(monkeypatch, tmp_path):
     assert len(list((tmp_path / "probe").glob("gemm-*.json"))) == 1
 
 
-def test_probe_too_wide_in_every_try_keeps_mkl_uncached(monkeypatch, tmp_path):
+def test_probe_too_wide_in_every_try_keeps_mkl_cached_for_a_while(monkeypatch, tmp_path):
     """No try within SPREAD: MKL and no plain oneDNN (as options gemm='mkl'), counted, memoized
-    in the process but not written to the cache dir: a later process probes again."""
+    and cached on disk marked unsure: a new process within UNSURE_TTL reads it (the same backend
+    cache keys, no probe), after it probes again."""
     monkeypatch.undo()
     monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(gemmlib, "_CHOICES", {})
@@ -231,10 +234,17 @@ def test_probe_too_wide_in_every_try_keeps_mkl_uncached(monkeypatch, tmp_path):
     assert count("gemm_probes") == tries + gemmlib.TRIES
     assert count("gemm_probe_unsure") == unsure + 1 and got.why.startswith("probe unsure")
     assert gemmlib.choice({}) is got
-    assert not list((tmp_path / "probe").glob("gemm-*.json"))
-    gemmlib._CHOICES.clear()                  # a new process probes again (narrow this time)
-    assert gemmlib.choice({}).plain and count("gemm_probes") == tries + gemmlib.TRIES + 1
-    assert len(list((tmp_path / "probe").glob("gemm-*.json"))) == 1
+    [path] = (tmp_path / "probe").glob("gemm-*.json")
+    gemmlib._CHOICES.clear()                  # a new process: the unsure answer, read
+    again = gemmlib.choice({})
+    assert (again.library, again.plain, again.sure) == ("mkl", False, False)
+    assert again.why.endswith("(cached)") and count("gemm_probes") == tries + gemmlib.TRIES
+    old = path.stat().st_mtime - gemmlib.UNSURE_TTL - 1
+    os.utime(path, (old, old))
+    gemmlib._CHOICES.clear()                  # expired: probes again (narrow this time)
+    fresh = gemmlib.choice({})
+    assert fresh.plain and fresh.sure and count("gemm_probes") == tries + gemmlib.TRIES + 1
+    assert json.loads(path.read_text())["sure"] is True
 
 
 @pytest.fixture
@@ -250,7 +260,7 @@ def test_probe_runs_once_per_machine_cached_on_disk_and_logged(monkeypatch, tmp_
                                                               one_thread):
     """The real probe (a few GEMMs, thread CPU time) runs once; a new process (the memo
     cleared) reads its answer from the cache dir; EMBER_LOGS=perf records it. A probe that
-    stayed unsure (a very loaded machine) is not cached: the new process probes again."""
+    stayed unsure (a very loaded machine) is cached too, marked unsure."""
     monkeypatch.undo()                                # the real `measured`
     monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(gemmlib, "_CHOICES", {})
@@ -273,11 +283,9 @@ def test_probe_runs_once_per_machine_cached_on_disk_and_logged(monkeypatch, tmp_
     text = sorted({r.getMessage() for r in caplog.records
                    if r.getMessage().startswith("gemm library")}, key=len)
     assert first.library in ("mkl", "onednn") and len(text) == 2
-    if not first.sure:
-        assert calls == [1, 1] and (first.library, first.plain) == ("mkl", False)
-        assert not list((tmp_path / "probe").glob("gemm-*.json"))
-        return
-    assert calls == [1] and (again.library, again.plain) == (first.library, first.plain)
+    assert calls == [1] and (again.library, again.plain, again.sure) == \
+        (first.library, first.plain, first.sure)
+    assert first.sure or (first.library, first.plain) == ("mkl", False)
     assert all("gemm library for frozen linears: " + first.library in t for t in text)
     assert "probe (try " in text[0] and "(cached)" in text[1]
 
