@@ -397,6 +397,22 @@ def mutated_constant(gm: fx.GraphModule, const: set) -> bool:
                n.args[0] in const for n in gm.graph.nodes)
 
 
+def copy_constant_outputs(gm: fx.GraphModule, const: set) -> None:
+    """A graph output the constant graph computes (not a view of the user's tensors: eager
+    returns those as they are) is returned as a copy: the folded tensor lives across calls,
+    and a caller writing into what it got (or into the module attribute that
+    `nn.utils.weight_norm`'s hook sets to it) would change every later call's answer, where
+    eager computes a fresh tensor each call."""
+    g = gm.graph
+    out = next(n for n in reversed(g.nodes) if n.op == "output")
+    for n in out.all_input_nodes:
+        if n in const and n.op != "placeholder" and not _view_of_state(n):
+            with g.inserting_before(out):
+                c = g.call_method("clone", (n,))
+            c.meta["example_value"] = _val(n)
+            out.replace_input_with(n, c)
+
+
 def split_constants(gm: fx.GraphModule, const: set):
     """(constant graph, main graph, main's inputs from gm's placeholders, boundary nodes)."""
     phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
@@ -676,12 +692,16 @@ def plan(gm: fx.GraphModule, example_inputs, options: dict) -> FreezePlan | str:
     consts = {phs[i] for i in idx} - written_inputs(work)
     if not consts:
         return "the graph writes into all its module state"
+    budget = max(MIN_BUDGET, BUDGET_FRACTION * state_bytes(
+        x for x, n in zip(example_inputs, phs) if n in consts))
+    # a weight computed from constants only (a weight norm, a standardized weight) is a
+    # constant before BatchNorm folding and conv prepacking see it: folded, then packed
+    consts = constant_nodes(work, consts)
+    computed_early = set(consts)
     n_bn = fold_batchnorm(work, consts)
     batchnorm_as_affine(work, consts)
     layout.plan(work, example_inputs, options, consts=consts)
-    budget = max(MIN_BUDGET, BUDGET_FRACTION * state_bytes(
-        x for x, n in zip(example_inputs, phs) if n in consts))
-    folded = consts - set(phs)
+    folded = consts - computed_early
     consts = constant_nodes(work, consts)   # a bias the graph computes from constants too
     computed = {n for n in consts - folded if n.op != "placeholder" and
                 not _view_of_state(n) and any(u not in consts for u in n.users)}
@@ -690,6 +710,7 @@ def plan(gm: fx.GraphModule, example_inputs, options: dict) -> FreezePlan | str:
     const = constant_nodes(work, consts)
     if mutated_constant(work, const):
         return "the graph writes into a module's parameter or buffer"
+    copy_constant_outputs(work, const)
     const_gm, main_gm, live = split_constants(work, const)
     return FreezePlan(ConstGraph(const_gm), main_gm, [i for i, n in enumerate(phs) if n in const],
                       live, budget, n_bn, n_pack, n_plain=n_plain)

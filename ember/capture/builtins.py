@@ -310,6 +310,16 @@ def _getattr(tr, args, kwargs):
                              hint="the same access raises AttributeError eagerly")
 
 
+@builtin(setattr)
+def _setattr(tr, args, kwargs):
+    """`setattr(obj, name, value)`: `obj.name = value` (STORE_ATTR), the name a constant."""
+    from .attrs import store_attr
+    if len(args) != 3 or kwargs:
+        raise tr.unsupported("setattr with unexpected arguments")
+    store_attr(tr, args[0], real(tr, args[1]), args[2])
+    return ObjV(None)
+
+
 @builtin(object.__setattr__)
 def _object_setattr(tr, args, kwargs):
     """`object.__setattr__(obj, name, value)` (a user __setattr__'s super() call, frozen

@@ -760,6 +760,19 @@ def _tensor_type(tr, t: TensorV, args) -> V:
     return tr.call_graph(torch.Tensor.to, [t, ObjV(dtype)], {})
 
 
+def _cpu(tr, args, kwargs):
+    """`x.cpu()` of a tensor on the CPU is `x` itself, as eager returns it (`x.cpu() is x`):
+    no graph break. The device is guarded with the tensor (a TENSOR guard checks `is_cpu`; an
+    intermediate's device follows from the inputs'). Any other `.cpu()` is traced as a call."""
+    if len(args) == 1 and not kwargs and isinstance(args[0], TensorV) and \
+            args[0].device.type == "cpu":
+        return args[0]
+    return None
+
+
+REWRITES[torch.Tensor.cpu] = _cpu
+
+
 def call_builtin_method(tr, recv: V, name: str, args, kwargs) -> V:
     from .builtins import container_method
     if isinstance(recv, TensorV):

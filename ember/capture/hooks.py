@@ -23,6 +23,7 @@ import types
 import weakref
 
 import torch
+from torch.nn.utils.weight_norm import WeightNorm
 
 from .controls import global_hooks_present
 
@@ -48,10 +49,16 @@ def untraceable_hooks(m: torch.nn.Module) -> str | None:
         return f"{type(m).__name__} has a non-full backward hook (register_backward_hook)"
     for hook in (*m._forward_pre_hooks.values(), *m._forward_hooks.values(),
                  *_mm._global_forward_pre_hooks.values(), *_mm._global_forward_hooks.values()):
-        if (getattr(hook, "__module__", None) or "").startswith("torch."):
+        if (getattr(hook, "__module__", None) or "").startswith("torch.") and \
+                not isinstance(hook, _TRACED_TORCH_HOOKS):
             # torch's own (FSDP's all-gather/reshard, parametrizations, ModuleTracker)
             return f"{type(m).__name__} has a forward hook from torch ({_qualname(hook)})"
     return None
+
+
+#: torch's hooks that are traced like a user's: `nn.utils.weight_norm`'s pre-hook only sets
+#: the module's weight to a function of its parameters (`_weight_norm(v, g, dim)`), in Python
+_TRACED_TORCH_HOOKS = (WeightNorm,)
 
 
 def _qualname(f) -> str:

@@ -147,6 +147,43 @@ def test_module_tensor_attribute_written_in_forward():
     assert ember.stats()["counts"].get("graphs") == 1
 
 
+def test_builtin_setattr_is_an_attribute_write():
+    """`setattr(obj, name, value)` is traced as `obj.name = value` (nn.utils.weight_norm's hook
+    sets the weight so): no break, the attribute replayed after the graph as eager sets it."""
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(3, 3)
+
+        def forward(self, x):
+            setattr(self, "cache", self.lin(x) * 2)
+            return self.cache + 1
+
+    m = M()
+    cm = ember.compile(M(), backend="eager", fullgraph=True)
+    cm.load_state_dict(m.state_dict())
+    for _ in range(2):
+        x = torch.randn(2, 3)
+        same(cm(x), m(x))
+        same(cm.cache, m.cache)
+    assert ember.stats()["counts"].get("graphs") == 1
+
+
+def test_cpu_of_a_cpu_tensor_is_the_tensor():
+    """`x.cpu()` (method and function form) on a CPU tensor returns `x` itself, as eager does:
+    no graph break (main broke the graph at each: no meta kernel for the copy)."""
+    def f(x):
+        y = (x * 2).cpu()
+        return torch.Tensor.cpu(y + 1), x.cpu()
+
+    x = torch.randn(4)
+    cf = ember.compile(f, backend="eager", fullgraph=True)
+    out = cf(x)
+    same(out, f(x))
+    assert out[1] is x
+    assert ember.stats()["counts"].get("graphs") == 1
+
+
 def test_explicit_dunder_call_of_submodule_runs_its_hooks():
     seen = []
 
