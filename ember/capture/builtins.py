@@ -17,6 +17,7 @@ import torch
 
 from . import numbers
 from .dictkeys import dict_key, has_traced_keys, key_value, missing, ordered_dict_method
+from .scalar_args import REWRITES
 from .values import (STOP, BuiltinMethodV, ContextV, DictV, DictViewV, FuncV, GenV, IterV,
                      LazyV, ListV, MethodV, NdarrayV, NewObjV, ObjV, SYM_TYPES, SuperV, TensorV,
                      TupleV, V, is_literal, is_model_output, peek, pending)
@@ -310,14 +311,21 @@ def _getattr(tr, args, kwargs):
                              hint="the same access raises AttributeError eagerly")
 
 
-@builtin(setattr)
 def _setattr(tr, args, kwargs):
-    """`setattr(obj, name, value)`: `obj.name = value` (STORE_ATTR), the name a constant."""
+    """`setattr(obj, name, value)` on a value the caller holds (a module: nn.utils.weight_norm's
+    hook sets its weight so), a new object or a tensor: `obj.name = value` (STORE_ATTR),
+    replayed after the graph. On an object the trace made from constants (a deep copy), None:
+    folded like any builtin on constants."""
     from .attrs import store_attr
-    if len(args) != 3 or kwargs:
-        raise tr.unsupported("setattr with unexpected arguments")
-    store_attr(tr, args[0], real(tr, args[1]), args[2])
+    obj = args[0] if len(args) == 3 and not kwargs else None
+    if not isinstance(obj, (NewObjV, TensorV)) and not (
+            isinstance(obj, ObjV) and obj.source is not None and not isinstance(obj.value, type)):
+        return None
+    store_attr(tr, obj, real(tr, args[1]), args[2])
     return ObjV(None)
+
+
+REWRITES[setattr] = _setattr
 
 
 @builtin(object.__setattr__)
