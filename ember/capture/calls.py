@@ -761,11 +761,14 @@ def _tensor_type(tr, t: TensorV, args) -> V:
 
 
 def _cpu(tr, args, kwargs):
-    """`x.cpu()` of a tensor on the CPU is `x` itself, as eager returns it (`x.cpu() is x`):
-    no graph break. The device is guarded with the tensor (a TENSOR guard checks `is_cpu`; an
-    intermediate's device follows from the inputs'). Any other `.cpu()` is traced as a call."""
-    if len(args) == 1 and not kwargs and isinstance(args[0], TensorV) and \
-            args[0].device.type == "cpu":
+    """`x.cpu()` (or with memory_format=torch.preserve_format) of a tensor on the CPU is `x`
+    itself, as eager returns it (`x.cpu() is x`): no graph break. The device is guarded with
+    the tensor (a TENSOR guard checks `is_cpu`; an intermediate's device follows from the
+    inputs'). Any other `.cpu()` is traced as a call."""
+    fmt = kwargs.get("memory_format", ObjV(torch.preserve_format))
+    if len(args) == 1 and set(kwargs) <= {"memory_format"} and isinstance(args[0], TensorV) \
+            and args[0].device.type == "cpu" and isinstance(fmt, ObjV) and \
+            fmt.value is torch.preserve_format:
         return args[0]
     return None
 

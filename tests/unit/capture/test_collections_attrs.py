@@ -174,7 +174,7 @@ def test_cpu_of_a_cpu_tensor_is_the_tensor():
     no graph break (main broke the graph at each: no meta kernel for the copy)."""
     def f(x):
         y = (x * 2).cpu()
-        return torch.Tensor.cpu(y + 1), x.cpu()
+        return torch.Tensor.cpu(y + 1), x.cpu(memory_format=torch.preserve_format)
 
     x = torch.randn(4)
     cf = ember.compile(f, backend="eager", fullgraph=True)
