@@ -37,7 +37,7 @@ def time_call(fn, args=(), reps: int = 1) -> float:
     """Seconds per call of fn(*args), averaged over `reps` back-to-back calls: the calling
     thread's CPU time with one intra-op thread (steady on a loaded box), else wall time (the
     clock of ember's speed check and of `ember bench`)."""
-    from ember.backends.speed import step_clock
+    from ember.backends.paired import step_clock
     clock = step_clock()
     t0 = clock()
     for _ in range(reps):

@@ -1,0 +1,73 @@
+"""Backend "ember": the statistics of choices made by timing two ways to compute one thing on a
+shared machine (speed.py: a graph's kernels or eager PyTorch; gemmlib.py: which GEMM library).
+
+Clock (`step_clock`): with one intra-op thread a call is timed in the calling thread's CPU
+time, which other processes do not inflate (time preempted is not counted); with several
+threads in wall time (their work runs in other threads, whose spin-waits CPU time would count).
+
+Statistic (`ratios`): the two ways run in paired rounds, the order reversed every other round;
+each round gives one time ratio, and the answer is the median of those ratios, with their
+spread q3/q1 (the interquartile ratio). Load on the machine (other processes' memory traffic,
+preemption) moves single calls by tens of percent and comes in bursts longer than a call: a
+minimum time per way, taken in different rounds, compares one way's quiet moment with the
+other's busy one and flipped verdicts between processes (docs/design/083, 090); a ratio within
+one round compares two calls under the same load, and a median ignores the odd round. A spread
+wider than the caller's limit decides nothing: the caller times again or falls back to its
+conservative answer, and caches that answer marked unsure (`store`) for UNSURE_TTL, so that
+another process (a warm start) reads the same answer instead of timing again and deciding
+otherwise; after UNSURE_TTL a process times again.
+
+Consumes: per-round times. Produces: Ratios; cached answers (JSON dicts).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from .. import config
+
+#: seconds an unsure answer stays cached before a process times again
+UNSURE_TTL = 24 * 3600
+
+
+def step_clock():
+    """The timer for a round (module docstring, Clock)."""
+    return time.thread_time if torch.get_num_threads() == 1 else time.perf_counter
+
+
+@dataclasses.dataclass(frozen=True)
+class Ratios:
+    median: float
+    q1: float
+    q3: float
+    rounds: int
+
+    @property
+    def spread(self) -> float:
+        return self.q3 / max(self.q1, 1e-12)
+
+
+def ratios(a: list[float], b: list[float]) -> Ratios:
+    """The per-round ratios a/b of paired rounds: median, quartiles, count."""
+    r = sorted(x / max(y, 1e-12) for x, y in zip(a, b))
+    return Ratios(statistics.median(r), r[len(r) // 4], r[3 * len(r) // 4], len(r))
+
+
+def load(path: Path) -> dict | None:
+    """A cached answer, or None: none there, unreadable, or unsure and older than UNSURE_TTL."""
+    try:
+        data = json.loads(path.read_text())
+        if not data.get("sure", True) and time.time() - path.stat().st_mtime > UNSURE_TTL:
+            return None
+        return data
+    except (OSError, ValueError):
+        return None
+
+
+def store(path: Path, data: dict, sure: bool) -> None:
+    config.write_json(path, {**data, "sure": sure})
