@@ -75,14 +75,6 @@ def child():
     print("RESULT " + json.dumps(out), flush=True)
 
 
-def _burn(stop):
-    import torch
-    torch.set_num_threads(1)
-    a = torch.randn(1024, 1024)
-    while not stop.is_set():
-        a @ a
-
-
 def _run_child(cache):
     env = {**os.environ, "EMBER_CACHE_DIR": cache, "EMBER_SPEED_CHECK": "1",
            "MALLOC_MMAP_THRESHOLD_": "4294967296", "MALLOC_TRIM_THRESHOLD_": "68719476736"}
@@ -108,19 +100,13 @@ def main():
     args = ap.parse_args()
     if args.child:
         return child()
-    import multiprocessing as mp
+    import _timing
     seed = tempfile.mkdtemp(prefix="speedverdict-seed-")
     _run_child(seed)                                    # builds the kernels; verdicts dropped
     shutil.rmtree(os.path.join(seed, "speed"), ignore_errors=True)
     counts = {}
     for cond in args.conditions.split(","):
-        stop, procs = mp.Event(), []
-        if cond == "load":
-            procs = [mp.Process(target=_burn, args=(stop,)) for _ in range(args.load)]
-            for p in procs:
-                p.start()
-            time.sleep(1.0)
-        try:
+        with _timing.competing_load(args.load if cond == "load" else 0):
             for i in range(args.runs):
                 cache = tempfile.mkdtemp(prefix="speedverdict-")
                 shutil.copytree(seed, cache, dirs_exist_ok=True)
@@ -141,10 +127,6 @@ def main():
                                  f"{d['cost_wall_s']:.2f}s")
                 print(f"{cond} {i}: load1 {os.getloadavg()[0]:.1f} | " + " | ".join(parts),
                       flush=True)
-        finally:
-            stop.set()
-            for p in procs:
-                p.join()
     for (cond, name), c in counts.items():
         print(f"{cond} {name}: " + ", ".join(f"{k} {n}" for k, n in sorted(c.items())))
     shutil.rmtree(seed, ignore_errors=True)
