@@ -29,8 +29,8 @@ wide (SPREAD: the geometric mean over the shapes of their interquartile ratio q3
 the three comparisons) decides nothing: the probe tries again, TRIES in all, then keeps the
 conservative answer (MKL, no plain oneDNN) and logs it. That answer is cached on disk too,
 marked unsure, for paired.UNSURE_TTL seconds: the GEMM choice is part of the backend cache's
-key, and a new process that probed again (and, quieter, decided otherwise) would miss every cached graph (and pay the
-probe's tries again); after it a process probes again.
+key, and a new process that probed again (and, quieter, decided otherwise) would miss every
+cached graph (and pay the probe's tries again); after it a process probes again.
 `options={"gemm": "mkl" | "onednn"}` forces a library (the plain route still follows the
 probe under "onednn"); `torch.backends.mkldnn.enabled = False` means MKL. The choice is
 logged under EMBER_LOGS=perf; counters gemm_probes (tries timed) and gemm_probe_unsure.

@@ -7,15 +7,17 @@ threads in wall time (their work runs in other threads, whose spin-waits CPU tim
 
 Statistic (`ratios`): the two ways run in paired rounds, the order reversed every other round;
 each round gives one time ratio, and the answer is the median of those ratios, with their
-spread q3/q1 (the interquartile ratio). Load on the machine (other processes' memory traffic,
-preemption) moves single calls by tens of percent and comes in bursts longer than a call: a
-minimum time per way, taken in different rounds, compares one way's quiet moment with the
-other's busy one and flipped verdicts between processes (docs/design/083, 090); a ratio within
-one round compares two calls under the same load, and a median ignores the odd round. A spread
-wider than the caller's limit decides nothing: the caller times again or falls back to its
-conservative answer, and caches that answer marked unsure (`store`) for UNSURE_TTL, so that
-another process (a warm start) reads the same answer instead of timing again and deciding
-otherwise; after UNSURE_TTL a process times again.
+spread q3/q1 (the interquartile ratio) and the median's ~95% interval (order statistics, as
+the sign test's: it narrows as rounds are added, however wide single rounds spread). Load on
+the machine (other processes' memory traffic, preemption) moves single calls by tens of
+percent and comes in bursts longer than a call: a minimum time per way, taken in different
+rounds, compares one way's quiet moment with the other's busy one and flipped verdicts between
+processes (docs/design/083, 090); a ratio within one round compares two calls under the same
+load, and a median ignores the odd round. A timing that cannot decide (gemmlib: its spread
+too wide; speed: its median's interval holds the margin) is timed again; none deciding, the
+caller falls back to its conservative answer and caches it marked unsure (`store`) for
+UNSURE_TTL, so that another process (a warm start) reads the same answer instead of timing
+again and deciding otherwise; after UNSURE_TTL a process times again.
 
 Consumes: per-round times. Produces: Ratios; cached answers (JSON dicts).
 """
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import statistics
 import time
 from pathlib import Path
@@ -45,6 +48,8 @@ class Ratios:
     median: float
     q1: float
     q3: float
+    lo: float       # the median's ~95% interval: order statistics n/2 -+ 0.98 sqrt(n) (its
+    hi: float       # width shrinks with the rounds, the quartiles' does not)
     rounds: int
 
     @property
@@ -53,9 +58,12 @@ class Ratios:
 
 
 def ratios(a: list[float], b: list[float]) -> Ratios:
-    """The per-round ratios a/b of paired rounds: median, quartiles, count."""
+    """The per-round ratios a/b of paired rounds: median, quartiles, the median's interval,
+    count."""
     r = sorted(x / max(y, 1e-12) for x, y in zip(a, b))
-    return Ratios(statistics.median(r), r[len(r) // 4], r[3 * len(r) // 4], len(r))
+    n = len(r)
+    k = max(0, math.floor(n / 2 - 0.98 * math.sqrt(n)))
+    return Ratios(statistics.median(r), r[n // 4], r[3 * n // 4], r[k], r[n - 1 - k], n)
 
 
 def load(path: Path) -> dict | None:

@@ -7,25 +7,25 @@ that call's own inputs: the compiled callable and the captured graph as eager Py
 untimed warm-up pair (the first calls of either path find cold caches, oneDNN's primitives
 unbuilt: the first timing was biased against the kernels, docs/design/051), then ROUNDS rounds
 at least, order reversed every other round, each path called often enough per round to run
-ROUND_S (a call of a few microseconds is at the clock's jitter). The answer is the median of
-the per-round time ratios kernels/eager and their spread q3/q1: a minimum per path, as taken
-before, compared one path's quiet moment with the other's busy one and flipped verdicts with
-the machine's load (a LayerNorm kept on eager at 1.29 in one process measured 0.64x eager, check on, in
-another; docs/design/090). While the spread is wider than SPREAD or the
-quartiles straddle MARGIN, more rounds, up to MAX_ROUNDS within BUDGET_S (MIN_ROUNDS at least).
+ROUND_S (a single short call is at the clock's and the allocator's jitter). The answer is the
+median of the per-round time ratios kernels/eager, its ~95% interval and the ratios' spread
+q3/q1: a minimum per path, as taken before, compared one path's quiet moment with the other's
+busy one and flipped verdicts with the machine's load (a LayerNorm kept on eager at 1.29 in one
+process measured 0.64x eager, check on, in another; docs/design/090). While the median's
+interval holds MARGIN, more rounds, up to MAX_ROUNDS within BUDGET_S (MIN_ROUNDS at least).
 
-Verdict: a timing with its spread within SPREAD decides: eager when the median ratio exceeds
-MARGIN, else the kernels. A wider one is provisional: the graph is timed again RECHECK_CALLS
-calls later (load comes and goes), TRIES timings in all; none narrow enough, the graph is
-unsure and keeps its kernels only when they won three rounds in four of all its timings
-(pooled q3 <= 1: clearly not slower), else eager. Unsure leans to eager because the promise is
-"never slower than eager": an unsure eager choice costs at most what the kernels would have won
-in a quarter of the rounds, an unsure kernel choice could cost any slowdown the noise hid. A
-decided choice is cached on disk (keyed by the graph's code, its input sizes, strides and
-dtypes, the options and the machine's compiler), an unsure one marked unsure for
-paired.UNSURE_TTL: another process, a warm start above all, reuses it without timing and runs
-the same path; a provisional one is not cached. Both paths compute the same values; only the
-speed differs.
+Verdict: a timing whose median's interval is clear of MARGIN, or whose spread is within SPREAD
+(a tie: either path costs the same), decides: eager when the median ratio exceeds MARGIN, else
+the kernels. Any other is provisional: the graph is timed again RECHECK_CALLS calls later (load
+comes and goes), TRIES timings in all; none decided, the graph is unsure and keeps its kernels
+only where they are clearly not slower (the interval of the median over all its timings' rounds
+at most 1), else eager. Unsure leans to eager because the promise is "never slower than eager";
+with every round pooled the interval is narrow (a 0.9 graph spread 1.4 keeps its kernels), so
+what goes to eager is within a few percent of it. A decided choice is cached on disk (keyed by
+the graph's code, its input sizes, strides and dtypes, the options and the machine's compiler),
+an unsure one marked unsure for paired.UNSURE_TTL: another process, a warm start above all,
+reuses it without timing and runs the same path; a provisional one is not cached. Both paths
+compute the same values; only the speed differs.
 
 Eligible: graphs with static sizes and no random op (running the graph again must change nothing
 a user can see: inputs the graph mutates, such as BatchNorm's running statistics, are cloned for
@@ -39,11 +39,12 @@ the graph itself; its step is timed on the first call made with grad enabled aft
 one. If eager wins, the captured graph runs under eager autograd.
 
 Off: `options={"speed_check": False}` or EMBER_SPEED_CHECK=0. Decisions are logged under
-EMBER_LOGS=perf ("graph 8a17414e (group_norm) kept on eager PyTorch: kernels/eager 1.09, spread
-1.04 over 8 rounds, kernels 1.083 ms, eager 0.995 ms (timed)"): a graph is named by its
+EMBER_LOGS=perf ("graph 8a17414e (group_norm) kept on eager PyTorch: kernels/eager 1.09
+(1.06-1.11), spread 1.04 over 8 rounds, kernels 1.083 ms, eager 0.995 ms (timed)": the median
+ratio, its interval, the spread, the rounds, the median times): a graph is named by its
 decision key's first digits, the same in another process for the same graph, inputs and ember
 code (docs/design/051). Counters:
-speed_kernels_graphs, speed_eager_graphs (decided), speed_wide_timings (provisional timings),
+speed_kernels_graphs, speed_eager_graphs (decided), speed_undecided_timings (provisional),
 speed_unsure_graphs (decided unsure, timed or read).
 
 Consumes: the captured FX graph, aot's compiled callable. Produces: a callable with the same
@@ -51,6 +52,7 @@ calling convention.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -70,14 +72,14 @@ from . import paired
 perf_log = get_logger("perf")
 
 MARGIN = 1.03            # eager must beat the kernels by more than 3% (median ratio) to be chosen
-SPREAD = 1.25            # the widest spread (q3/q1 of the per-round ratios) a timing decides on;
-TRIES = 3                # else timed again, this many timings in all, ...
+SPREAD = 1.25            # a spread (q3/q1 of the per-round ratios) within this is a tie
+TRIES = 3                # a timing that decides nothing: timed again, this many in all, ...
 RECHECK_CALLS = 8        # ... this many calls apart
 ROUNDS = 8               # paired rounds a timing takes at least ...
-MAX_ROUNDS = 24          # ... and, while wide or straddling MARGIN, at most ...
+MAX_ROUNDS = 24          # ... and, while its median's interval holds MARGIN, at most ...
 BUDGET_S = 0.5           # ... within this much time (a slow graph: MIN_ROUNDS rounds)
 MIN_ROUNDS = 4
-ROUND_S = 1e-3           # a round runs each path this long at least (calls repeated) ...
+ROUND_S = 3e-3           # a round runs each path this long at least (calls repeated) ...
 MAX_REPS = 64            # ... in this many calls at most
 #: names of ops that draw random numbers (or touch the generator); whole names, so that
 #: F.normalize or a "brand" attribute are not taken for one
@@ -233,9 +235,8 @@ class _Chooser:
         out, provisional = None, False
         if cached is not None:
             choice, sure, source = cached["choice"], cached["sure"], "disk cache"
-            got = paired.Ratios(cached["ratio"], 0.0, 0.0, cached["rounds"])
-            spread, t_kernels, t_eager = cached["spread"], cached["kernels_ms"], cached["eager_ms"]
-            cost = 0.0
+            got = paired.Ratios(**cached["ratios"])
+            t_kernels, t_eager, cost = cached["kernels_ms"], cached["eager_ms"], 0.0
         else:
             start = time.perf_counter()
             tk, te, out = self._time(args)
@@ -244,23 +245,22 @@ class _Chooser:
             self.rounds[0].extend(tk)
             self.rounds[1].extend(te)
             got, sure = paired.ratios(tk, te), True
-            if got.spread > SPREAD:                  # wide: by all timings' rounds so far
+            if not (_clear(got) or got.spread <= SPREAD):   # by all timings' rounds so far
                 provisional, sure = self.tries < TRIES, False
                 tk, te = self.rounds
                 got = paired.ratios(tk, te)
             choice = _verdict(got, sure)
-            spread = got.spread
             t_kernels, t_eager = statistics.median(tk) * 1e3, statistics.median(te) * 1e3
             source = ("timed" if self.tries == 1 else f"timing {self.tries}") + (
-                ", wide: re-timed later" if provisional else
-                f", unsure after {TRIES} wide timings" if not sure else "")
+                ", undecided: re-timed later" if provisional else
+                f", unsure after {TRIES} timings" if not sure else "")
             if not provisional:
                 _store(key, {"choice": choice, "kernels_ms": t_kernels, "eager_ms": t_eager,
-                             "ratio": got.median, "spread": spread, "rounds": got.rounds}, sure)
+                             "ratios": dataclasses.asdict(got)}, sure)
         chosen = self._eager if choice == "eager" else self.compiled
         if provisional:
             self.meanwhile, self.next_timing = chosen, self.calls + RECHECK_CALLS
-            counters.bump("speed_wide_timings")
+            counters.bump("speed_undecided_timings")
         else:
             self.run, self.decided = chosen, True
             counters.bump(f"speed_{choice}_graphs")
@@ -268,23 +268,28 @@ class _Chooser:
                 counters.bump("speed_unsure_graphs")
         name = graph_name(self.gm, key)
         DECISIONS.append({"graph": name, "choice": choice, "kernels_ms": t_kernels,
-                          "eager_ms": t_eager, "ratio": got.median, "spread": spread,
-                          "rounds": got.rounds, "sure": sure, "source": source,
-                          "training": self.training, "cost_s": cost})
+                          "eager_ms": t_eager, "ratio": got.median, "interval": (got.lo, got.hi),
+                          "spread": got.spread, "rounds": got.rounds, "sure": sure,
+                          "source": source, "training": self.training, "cost_s": cost})
         what = f"graph {name} " + ("kept on eager PyTorch" if choice == "eager" else
                                    "runs its kernels")
-        perf_log.info("%s: kernels/eager %.2f, spread %.2f over %d rounds, kernels %.3f ms, "
-                      "eager %.3f ms (%s)", what, got.median, spread, got.rounds, t_kernels,
-                      t_eager, source)
+        perf_log.info("%s: kernels/eager %.2f (%.2f-%.2f), spread %.2f over %d rounds, kernels "
+                      "%.3f ms, eager %.3f ms (%s)", what, got.median, got.lo, got.hi, got.spread,
+                      got.rounds, t_kernels, t_eager, source)
         return out if out is not None else chosen(*args)
 
 
 def _verdict(got: paired.Ratios, sure: bool) -> str:
     """Eager or the kernels (module docstring, Verdict): `got` sure, by its median; unsure (or
-    provisional), the kernels only where they won three rounds in four."""
+    provisional), the kernels only where its median's interval is at most 1."""
     if sure:
         return "eager" if got.median > MARGIN else "kernels"
-    return "kernels" if got.q3 <= 1.0 else "eager"
+    return "kernels" if got.hi <= 1.0 else "eager"
+
+
+def _clear(got: paired.Ratios) -> bool:
+    """Whether the median's interval lies on one side of MARGIN."""
+    return got.hi < MARGIN or got.lo > MARGIN
 
 
 def graph_name(gm, key: str) -> str:
@@ -344,10 +349,8 @@ def _time_both(kernels, eager, fresh, repeat: bool = True) -> tuple[list, list, 
         n = len(tk)
         if n >= MAX_ROUNDS or n >= MIN_ROUNDS and time.perf_counter() - start > BUDGET_S:
             break
-        if n >= ROUNDS:
-            got = paired.ratios(tk, te)
-            if got.spread <= SPREAD and not got.q1 <= MARGIN <= got.q3:
-                break
+        if n >= ROUNDS and _clear(paired.ratios(tk, te)):
+            break
     return tk, te, out
 
 
@@ -376,7 +379,7 @@ def _path(key: str):
 
 def _load(key: str) -> dict | None:
     data = paired.load(_path(key))
-    keys = ("choice", "sure", "ratio", "spread", "rounds", "kernels_ms", "eager_ms")
+    keys = ("choice", "sure", "ratios", "kernels_ms", "eager_ms")
     if data is None or data.get("choice") not in ("eager", "kernels") or \
             any(k not in data for k in keys):
         return None
