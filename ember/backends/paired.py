@@ -45,25 +45,33 @@ def step_clock():
 
 @dataclasses.dataclass(frozen=True)
 class Ratios:
-    median: float
-    q1: float
-    q3: float
-    lo: float       # the median's ~95% interval: order statistics n/2 -+ 0.98 sqrt(n) (its
-    hi: float       # width shrinks with the rounds, the quartiles' does not)
-    rounds: int
+    """The per-round ratios a/b of paired rounds, sorted."""
+    r: tuple[float, ...]
+
+    @property
+    def rounds(self) -> int:
+        return len(self.r)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.r)
 
     @property
     def spread(self) -> float:
-        return self.q3 / max(self.q1, 1e-12)
+        """q3/q1."""
+        n = len(self.r)
+        return self.r[3 * n // 4] / max(self.r[n // 4], 1e-12)
+
+    def interval(self, z: float = 1.96) -> tuple[float, float]:
+        """The median's interval at z standard errors (1.96: ~95%): the order statistics
+        n/2 -+ z sqrt(n)/2, as the sign test's; it narrows as rounds are added."""
+        n = len(self.r)
+        k = max(0, math.floor(n / 2 - z * math.sqrt(n) / 2))
+        return self.r[k], self.r[n - 1 - k]
 
 
 def ratios(a: list[float], b: list[float]) -> Ratios:
-    """The per-round ratios a/b of paired rounds: median, quartiles, the median's interval,
-    count."""
-    r = sorted(x / max(y, 1e-12) for x, y in zip(a, b))
-    n = len(r)
-    k = max(0, math.floor(n / 2 - 0.98 * math.sqrt(n)))
-    return Ratios(statistics.median(r), r[n // 4], r[3 * n // 4], r[k], r[n - 1 - k], n)
+    return Ratios(tuple(sorted(x / max(y, 1e-12) for x, y in zip(a, b))))
 
 
 def load(path: Path) -> dict | None:

@@ -12,16 +12,19 @@ median of the per-round time ratios kernels/eager, its ~95% interval and the rat
 q3/q1: a minimum per path, as taken before, compared one path's quiet moment with the other's
 busy one and flipped verdicts with the machine's load (a LayerNorm kept on eager at 1.29 in one
 process measured 0.64x eager, check on, in another; docs/design/090). While the median's
-interval holds MARGIN, more rounds, up to MAX_ROUNDS within BUDGET_S (MIN_ROUNDS at least).
+interval holds MARGIN, more rounds, up to MAX_ROUNDS within BUDGET_S of the clock's time
+(MIN_ROUNDS at least; CPU time: on a loaded machine wall time would cut the rounds short).
 
 Verdict: a timing whose median's interval is clear of MARGIN, or whose spread is within SPREAD
 (a tie: either path costs the same), decides: eager when the median ratio exceeds MARGIN, else
 the kernels. Any other is provisional: the graph is timed again RECHECK_CALLS calls later (load
 comes and goes), TRIES timings in all; none decided, the graph is unsure and keeps its kernels
-only where they are clearly not slower (the interval of the median over all its timings' rounds
-at most 1), else eager. Unsure leans to eager because the promise is "never slower than eager";
-with every round pooled the interval is narrow (a 0.9 graph spread 1.4 keeps its kernels), so
-what goes to eager is within a few percent of it. A decided choice is cached on disk (keyed by
+only where they are not slower by a standard error (the median over all its timings' rounds
+at most 1 by one standard error: the upper end of its one-sigma interval), else eager. Unsure
+leans to eager because the promise is "never slower than eager"; it asks no more than one
+sigma because a wrong eager choice costs speed too, and pooled over TRIES timings the interval
+is narrow: what goes to eager is within a few percent of 1 (a training step at 0.9, spread
+1.5 at load 15, keeps its kernels). A decided choice is cached on disk (keyed by
 the graph's code, its input sizes, strides and dtypes, the options and the machine's compiler),
 an unsure one marked unsure for paired.UNSURE_TTL: another process, a warm start above all,
 reuses it without timing and runs the same path; a provisional one is not cached. Both paths
@@ -52,7 +55,6 @@ calling convention.
 """
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import os
@@ -235,7 +237,7 @@ class _Chooser:
         out, provisional = None, False
         if cached is not None:
             choice, sure, source = cached["choice"], cached["sure"], "disk cache"
-            got = paired.Ratios(**cached["ratios"])
+            got = paired.Ratios(tuple(cached["ratios"]))
             t_kernels, t_eager, cost = cached["kernels_ms"], cached["eager_ms"], 0.0
         else:
             start = time.perf_counter()
@@ -256,7 +258,7 @@ class _Chooser:
                 f", unsure after {TRIES} timings" if not sure else "")
             if not provisional:
                 _store(key, {"choice": choice, "kernels_ms": t_kernels, "eager_ms": t_eager,
-                             "ratios": dataclasses.asdict(got)}, sure)
+                             "ratios": got.r}, sure)
         chosen = self._eager if choice == "eager" else self.compiled
         if provisional:
             self.meanwhile, self.next_timing = chosen, self.calls + RECHECK_CALLS
@@ -268,28 +270,29 @@ class _Chooser:
                 counters.bump("speed_unsure_graphs")
         name = graph_name(self.gm, key)
         DECISIONS.append({"graph": name, "choice": choice, "kernels_ms": t_kernels,
-                          "eager_ms": t_eager, "ratio": got.median, "interval": (got.lo, got.hi),
+                          "eager_ms": t_eager, "ratio": got.median, "interval": got.interval(),
                           "spread": got.spread, "rounds": got.rounds, "sure": sure,
                           "source": source, "training": self.training, "cost_s": cost})
         what = f"graph {name} " + ("kept on eager PyTorch" if choice == "eager" else
                                    "runs its kernels")
         perf_log.info("%s: kernels/eager %.2f (%.2f-%.2f), spread %.2f over %d rounds, kernels "
-                      "%.3f ms, eager %.3f ms (%s)", what, got.median, got.lo, got.hi, got.spread,
-                      got.rounds, t_kernels, t_eager, source)
+                      "%.3f ms, eager %.3f ms (%s)", what, got.median, *got.interval(),
+                      got.spread, got.rounds, t_kernels, t_eager, source)
         return out if out is not None else chosen(*args)
 
 
 def _verdict(got: paired.Ratios, sure: bool) -> str:
     """Eager or the kernels (module docstring, Verdict): `got` sure, by its median; unsure (or
-    provisional), the kernels only where its median's interval is at most 1."""
+    provisional), the kernels only where the median is at most 1 by one standard error."""
     if sure:
         return "eager" if got.median > MARGIN else "kernels"
-    return "kernels" if got.hi <= 1.0 else "eager"
+    return "kernels" if got.interval(1.0)[1] <= 1.0 else "eager"
 
 
 def _clear(got: paired.Ratios) -> bool:
-    """Whether the median's interval lies on one side of MARGIN."""
-    return got.hi < MARGIN or got.lo > MARGIN
+    """Whether the median's ~95% interval lies on one side of MARGIN."""
+    lo, hi = got.interval()
+    return hi < MARGIN or lo > MARGIN
 
 
 def graph_name(gm, key: str) -> str:
@@ -329,7 +332,7 @@ def _time_both(kernels, eager, fresh, repeat: bool = True) -> tuple[list, list, 
     (copies of the mutated ones), made untimed; `repeat`: a path may be called several times
     a round on the same arguments (False: once, a graph that mutates its inputs)."""
     clock = paired.step_clock()
-    start = time.perf_counter()
+    start = clock()
     a, b = fresh(), fresh()
     t0 = clock()
     out = kernels(*a)
@@ -347,7 +350,7 @@ def _time_both(kernels, eager, fresh, repeat: bool = True) -> tuple[list, list, 
                 fn(*c)
             times.append((clock() - t0) / reps)
         n = len(tk)
-        if n >= MAX_ROUNDS or n >= MIN_ROUNDS and time.perf_counter() - start > BUDGET_S:
+        if n >= MAX_ROUNDS or n >= MIN_ROUNDS and clock() - start > BUDGET_S:
             break
         if n >= ROUNDS and _clear(paired.ratios(tk, te)):
             break
