@@ -4,6 +4,8 @@
   the OS (ember.bench.hygiene.MALLOC_ENV; glibc reads it at start-up, hence the re-exec), points
   ember's and Inductor's caches at a fresh temporary directory (cold compiles), and puts the repo
   root first on sys.path (a script path puts benchmarks/ there instead).
+- `competing_load(n)`: n processes looping a one-thread matmul while a block runs (the
+  stability scripts' "load" condition).
 - `paired(fns, args, rounds)`: each callable once per round, order reversed every other round
   (A B C, C B A, ...), so drift from other load on the machine hits every callable alike; returns
   the per-round seconds per call of each, for medians and per-round ratios. With one intra-op
@@ -11,10 +13,12 @@
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import statistics
 import sys
 import tempfile
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -37,7 +41,7 @@ def time_call(fn, args=(), reps: int = 1) -> float:
     """Seconds per call of fn(*args), averaged over `reps` back-to-back calls: the calling
     thread's CPU time with one intra-op thread (steady on a loaded box), else wall time (the
     clock of ember's speed check and of `ember bench`)."""
-    from ember.backends.speed import step_clock
+    from ember.backends.paired import step_clock
     clock = step_clock()
     t0 = clock()
     for _ in range(reps):
@@ -75,3 +79,30 @@ def ratio_stats(base: list[float], other: list[float]) -> dict:
     return {"of_medians": statistics.median(base) / statistics.median(other),
             "median": statistics.median(per), "p25": q[0], "p75": q[2],
             "min": per[0], "max": per[-1]}
+
+
+def _burn(stop):
+    import torch
+    torch.set_num_threads(1)
+    a = torch.randn(1024, 1024)
+    while not stop.is_set():
+        a @ a
+
+
+@contextlib.contextmanager
+def competing_load(n: int):
+    """`n` processes, each looping a one-thread 1024^3 matmul (competing for the cores, the L3
+    and memory bandwidth), while the block runs; started a second before it."""
+    import multiprocessing as mp
+    stop = mp.Event()
+    procs = [mp.Process(target=_burn, args=(stop,)) for _ in range(n)]
+    for p in procs:
+        p.start()
+    if procs:
+        time.sleep(1.0)
+    try:
+        yield
+    finally:
+        stop.set()
+        for p in procs:
+            p.join()

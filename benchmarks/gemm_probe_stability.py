@@ -8,18 +8,12 @@ Run against either tree (it calls `ember.backends.gemmlib.probe()`); threads 1 (
 is thread CPU time only then). docs/design/083."""
 import argparse
 import collections
-import multiprocessing as mp
 import os
 import time
 
 import torch
 
-
-def _burn(stop):
-    torch.set_num_threads(1)
-    a = torch.randn(1024, 1024)
-    while not stop.is_set():
-        a @ a
+import _timing
 
 
 def main():
@@ -32,14 +26,8 @@ def main():
     from ember.backends import gemmlib
     verdicts = {}
     for cond in args.conditions.split(","):
-        stop, procs = mp.Event(), []
-        if cond == "load":
-            procs = [mp.Process(target=_burn, args=(stop,)) for _ in range(args.load)]
-            for p in procs:
-                p.start()
-            time.sleep(1.0)
         got = []
-        try:
+        with _timing.competing_load(args.load if cond == "load" else 0):
             for i in range(args.probes):
                 t0, c0 = time.perf_counter(), time.thread_time()
                 ch = gemmlib.probe()
@@ -47,10 +35,6 @@ def main():
                 got.append((ch.library, ch.plain))
                 print(f"{cond} {i}: load1 {os.getloadavg()[0]:.1f} library {ch.library} plain "
                       f"{ch.plain} wall {wall:.2f}s cpu {cpu:.2f}s | {ch.why}", flush=True)
-        finally:
-            stop.set()
-            for p in procs:
-                p.join()
         verdicts[cond] = collections.Counter(got)
     for cond, c in verdicts.items():
         print(f"{cond}: " + ", ".join(f"library {lib} plain {pl}: {n}" for (lib, pl), n in

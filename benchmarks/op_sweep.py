@@ -524,9 +524,9 @@ def run_pattern(name, mode, scale, rounds, with_torch):
             if delta["fallbacks"] or delta["eager_calls"] or delta["graphs"] == 0:
                 row.setdefault("problems", []).append(
                     f"ember fell back: {delta}; {msgs[0][:160] if msgs else ''}")
-    # past ember's speed check: a close call is timed again RECHECK_CALLS calls after the first
-    # timing, which inside the timed rounds made single rounds 3-5x slow (p25 ~0.2)
-    for _ in range(speed.RECHECK_CALLS + 2):
+    # past ember's speed check: a wide timing is timed again RECHECK_CALLS calls later, up to
+    # TRIES timings, which inside the timed rounds made single rounds 3-5x slow (p25 ~0.2)
+    for _ in range((speed.TRIES - 1) * speed.RECHECK_CALLS + 2):
         steps["ember"]()
     # the speed check's choices for this row's graphs (graph names match across processes)
     row["speed"] = speed.DECISIONS[decided:]

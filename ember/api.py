@@ -426,8 +426,9 @@ def stats() -> dict:
 
     counts: graphs (captured and compiled), recompiles, breaks, fallbacks (capture and backend),
     frozen_graphs / refolds / channels_last_graphs (backends/freeze.py, layout.py),
-    speed_kernels_graphs / speed_eager_graphs / speed_close_calls (the speed check's choices,
-    backends/speed.py), eager_calls, kernel_graphs / graph_cache_hits / kernels (the C++/Triton backend).
+    speed_kernels_graphs / speed_eager_graphs / speed_undecided_timings / speed_unsure_graphs
+    (the speed check's choices, backends/speed.py), eager_calls, kernel_graphs /
+    graph_cache_hits / kernels (the C++/Triton backend).
     compile_seconds: per stage, exclusive (capture, aot, codegen, backend:<name> for the rest)."""
     from . import counters
     from .backends.ember import STATS as graph_stats

@@ -15,7 +15,7 @@ keyed by the CPU's model name, torch's version and the thread count), time on PR
 
 in ROUNDS rounds, the order reversed every other round, each variant on its own copy of the
 operands (every call finds its weight as cold as the others': together they overflow the L3, as
-a model's weights do), on the speed check's clock (thread CPU time with one thread). A ratio is
+a model's weights do), on paired.py's clock (thread CPU time with one thread). A ratio is
 the median over the rounds of the per-round time ratio, then the geometric mean over the shapes.
 The library is oneDNN when its packed GEMM beats MKL's by MARGIN (or, MKL missing, beats addmm),
 else MKL; oneDNN on the plain weight is used for unfrozen GEMMs (gemmroute.py) and linears left
@@ -24,13 +24,13 @@ unpacked (prepack.py) only when it beat addmm by MARGIN.
 Load on the machine (other processes' memory traffic, preemption) moves single calls by tens of
 percent, most at the memory-bound 16-row shape: the minimum time of each GEMM, as the probe took
 before, flipped the plain verdict between runs (addmm/plain 0.82..1.26 at 16 rows; docs/design/
-083). The per-round ratios' median does not; and a try whose ratios spread too wide (SPREAD: the
-geometric mean over the shapes of their interquartile ratio q3/q1, for any of the three
-comparisons) decides nothing: the probe tries again, TRIES in all, then keeps the conservative
-answer (MKL, no plain oneDNN) and logs it. That answer is cached on disk too, marked unsure,
-for UNSURE_TTL seconds: the GEMM choice is part of the backend cache's key, and a new process
-that probed again (and, quieter, decided otherwise) would miss every cached graph (and pay the
-probe's tries again); after UNSURE_TTL a process probes again.
+083). The per-round ratios' median does not (paired.py); and a try whose ratios spread too
+wide (SPREAD: the geometric mean over the shapes of their interquartile ratio q3/q1, for any of
+the three comparisons) decides nothing: the probe tries again, TRIES in all, then keeps the
+conservative answer (MKL, no plain oneDNN) and logs it. That answer is cached on disk too,
+marked unsure, for paired.UNSURE_TTL seconds: the GEMM choice is part of the backend cache's
+key, and a new process that probed again (and, quieter, decided otherwise) would miss every
+cached graph (and pay the probe's tries again); after it a process probes again.
 `options={"gemm": "mkl" | "onednn"}` forces a library (the plain route still follows the
 probe under "onednn"); `torch.backends.mkldnn.enabled = False` means MKL. The choice is
 logged under EMBER_LOGS=perf; counters gemm_probes (tries timed) and gemm_probe_unsure.
@@ -41,16 +41,14 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import platform
 import statistics
-import time
 
 import torch
 
 from .. import config, counters
 from ..logging import get_logger
-from .speed import step_clock
+from . import paired
 
 perf_log = get_logger("perf")
 
@@ -64,8 +62,6 @@ MARGIN = 1.05
 #: shapes); TRIES tries at most
 SPREAD = 1.25
 TRIES = 3
-#: seconds an unsure answer stays cached before a process probes again
-UNSURE_TTL = 24 * 3600
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,7 +70,7 @@ class Choice:
     plain: bool             # oneDNN on the plain weight beats addmm (unpacked linears)
     why: str = ""
     sure: bool = True       # False: the probe's spread stayed too wide, a default (cached
-                            # for UNSURE_TTL only)
+                            # for paired.UNSURE_TTL only)
 
 
 _CHOICES: dict = {}
@@ -102,15 +98,13 @@ def measured() -> Choice:
     if key in _CHOICES:
         return _CHOICES[key]
     path = config.cache_subdir("probe") / f"gemm-{key}.json"
+    data = paired.load(path)
     try:
-        data = json.loads(path.read_text())
-        sure = bool(data.get("sure", True))
-        if not sure and time.time() - path.stat().st_mtime > UNSURE_TTL:
-            raise ValueError("an unsure answer, expired")
-        got = Choice(data["library"], bool(data["plain"]), data["why"] + " (cached)", sure)
-    except (OSError, ValueError, KeyError):
+        got = Choice(data["library"], bool(data["plain"]), data["why"] + " (cached)",
+                     bool(data.get("sure", True)))
+    except (TypeError, KeyError):
         got = probe()
-        config.write_json(path, dataclasses.asdict(got))
+        paired.store(path, dataclasses.asdict(got), got.sure)
     perf_log.info("gemm library for frozen linears: %s, oneDNN on plain weights: %s (%s)",
                   got.library, "yes" if got.plain else "no", got.why)
     _CHOICES[key] = got
@@ -142,9 +136,9 @@ def probe() -> Choice:
         for m, k, n in PROBE_SHAPES:
             times = _time_variants(m, k, n, mkl)
             for key, (a, b) in keys.items():
-                r = sorted(x / y for x, y in zip(times[a], times[b]))
-                med[key].append(statistics.median(r))
-                spread[key].append(r[3 * len(r) // 4] / max(r[len(r) // 4], 1e-12))
+                got = paired.ratios(times[a], times[b])
+                med[key].append(got.median)
+                spread[key].append(got.spread)
         width = max(statistics.geometric_mean(v) for v in spread.values())
         tries.append(f"ratios on {', '.join('x'.join(map(str, s)) for s in PROBE_SHAPES)}: "
                      + "; ".join(f"{k} {', '.join(f'{r:.2f}' for r in v)} (spread "
@@ -155,7 +149,7 @@ def probe() -> Choice:
         counters.bump("gemm_probe_unsure")
         perf_log.warning("gemm probe: ratios spread wider than %.2f in %d tries (a loaded "
                          "machine?): MKL and no oneDNN on plain weights, cached for %d s (%s)",
-                         SPREAD, TRIES, UNSURE_TTL, " | ".join(tries))
+                         SPREAD, TRIES, paired.UNSURE_TTL, " | ".join(tries))
         return Choice("mkl" if mkl else None, False, "probe unsure: " + " | ".join(tries),
                       sure=False)
     wins = {k: statistics.geometric_mean(v) > MARGIN for k, v in med.items()}
@@ -183,7 +177,7 @@ def _time_variants(m: int, k: int, n: int, mkl: bool) -> dict[str, list[float]]:
             x, w, b = ops["mkl"]
             packed = torch.ops.mkl._mkl_reorder_linear_weight(w, m)
             fns["mkl"] = lambda x, w, b: torch.ops.mkl._mkl_linear(x, packed, w, b, m)
-        clock, times = step_clock(), {name: [] for name in names}
+        clock, times = paired.step_clock(), {name: [] for name in names}
         for name in names:                          # warm up: oneDNN builds its kernels
             fns[name](*ops[name])
         for r in range(ROUNDS):

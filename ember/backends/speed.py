@@ -3,23 +3,32 @@ PyTorch on the real inputs runs eagerly.
 
 On its second call (the first one builds the kernels), an eligible graph is timed both ways on
 that call's own inputs: the compiled callable and the captured graph as eager PyTorch runs it
-(`gm.forward`, the user's own ops, not our decompositions), alternating, a few rounds within a
-small time budget. The faster path serves every later call; eager wins only when it is faster by
-more than MARGIN. A close call (the two within a factor CLEAR) is provisional: on a shared,
-loaded machine a few rounds can pick the wrong side, so the graph is timed once more
-RECHECK_CALLS calls later and the two timings' minima decide for good. A first timing that
-drops the kernels is provisional up to CLEAR_EAGER: the first timing (the graph's second call)
-is biased against them. Over a whole op sweep (docs/design/051) the re-timing lowered the
-kernels/eager ratio in 39 close calls and raised it in 16, all 5 choices it changed went from
-eager to the kernels, and one graph settled on eager at 1.22 in one process ran its kernels at
-0.81 in another. A settled choice is cached
-on disk (keyed by the graph's code, its input sizes, strides and dtypes, the options and the
-machine's compiler), so another process reuses it without timing; a provisional one is not.
-Both paths compute the same values; only the speed differs.
+(`gm.forward`, the user's own ops, not our decompositions), in paired rounds (paired.py): one
+untimed warm-up pair (the first calls of either path find cold caches, oneDNN's primitives
+unbuilt: the first timing was biased against the kernels, docs/design/051), then ROUNDS rounds
+at least, order reversed every other round, each path called often enough per round to run
+ROUND_S (a single short call is at the clock's and the allocator's jitter). The answer is the
+median of the per-round time ratios kernels/eager, its ~95% interval and the ratios' spread
+q3/q1: a minimum per path, as taken before, compared one path's quiet moment with the other's
+busy one and flipped verdicts with the machine's load (a LayerNorm kept on eager at 1.29 in one
+process measured 0.64x eager, check on, in another; docs/design/090). While the median's
+interval holds MARGIN, more rounds, up to MAX_ROUNDS within BUDGET_S of the clock's time
+(MIN_ROUNDS at least; CPU time: on a loaded machine wall time would cut the rounds short).
 
-Clock: with one intra-op thread the rounds are timed in the calling thread's CPU time, which a
-loaded machine's other processes do not inflate (time preempted is not counted); with several
-threads, in wall time (their work runs in other threads, whose spin-waits CPU time would count).
+Verdict: a timing whose median's interval is clear of MARGIN, or whose spread is within SPREAD
+(a tie: either path costs the same), decides: eager when the median ratio exceeds MARGIN, else
+the kernels. Any other is provisional: the graph is timed again RECHECK_CALLS calls later (load
+comes and goes), TRIES timings in all; none decided, the graph is unsure and keeps its kernels
+only where they are not slower by a standard error (the median over all its timings' rounds
+at most 1 by one standard error: the upper end of its one-sigma interval), else eager. Unsure
+leans to eager because the promise is "never slower than eager"; it asks no more than one
+sigma because a wrong eager choice costs speed too, and pooled over TRIES timings the interval
+is narrow: what goes to eager is within a few percent of 1 (a training step at 0.9, spread
+1.5 at load 15, keeps its kernels). A decided choice is cached on disk (keyed by
+the graph's code, its input sizes, strides and dtypes, the options and the machine's compiler),
+an unsure one marked unsure for paired.UNSURE_TTL: another process, a warm start above all,
+reuses it without timing and runs the same path; a provisional one is not cached. Both paths
+compute the same values; only the speed differs.
 
 Eligible: graphs with static sizes and no random op (running the graph again must change nothing
 a user can see: inputs the graph mutates, such as BatchNorm's running statistics, are cloned for
@@ -33,9 +42,13 @@ the graph itself; its step is timed on the first call made with grad enabled aft
 one. If eager wins, the captured graph runs under eager autograd.
 
 Off: `options={"speed_check": False}` or EMBER_SPEED_CHECK=0. Decisions are logged under
-EMBER_LOGS=perf ("graph 8a17414e (group_norm) kept on eager PyTorch: kernels 1.033 ms, eager
-0.999 ms (re-timed)"): a graph is named by its decision key's first digits, the same in another
-process for the same graph, inputs and ember code (docs/design/051).
+EMBER_LOGS=perf ("graph 8a17414e (group_norm) kept on eager PyTorch: kernels/eager 1.09
+(1.06-1.11), spread 1.04 over 8 rounds, kernels 1.083 ms, eager 0.995 ms (timed)": the median
+ratio, its interval, the spread, the rounds, the median times): a graph is named by its
+decision key's first digits, the same in another process for the same graph, inputs and ember
+code (docs/design/051). Counters:
+speed_kernels_graphs, speed_eager_graphs (decided), speed_undecided_timings (provisional),
+speed_unsure_graphs (decided unsure, timed or read).
 
 Consumes: the captured FX graph, aot's compiled callable. Produces: a callable with the same
 calling convention.
@@ -46,6 +59,7 @@ import hashlib
 import json
 import os
 import re
+import statistics
 import threading
 import time
 import types
@@ -55,15 +69,20 @@ from torch.utils._pytree import tree_leaves
 
 from .. import config, counters
 from ..logging import get_logger
+from . import paired
 
 perf_log = get_logger("perf")
 
-MARGIN = 1.03            # eager must beat the kernels by more than 3% to be chosen
-ROUNDS = 5               # alternating rounds at most ...
-BUDGET_S = 0.5           # ... and no more than this much time spent timing one graph
-CLEAR = 1.2              # a ratio inside this factor is a close call, timed once more ...
-CLEAR_EAGER = 1.5        # ... and so is a first timing dropping the kernels, inside this one ...
-RECHECK_CALLS = 8        # ... this many calls after the first timing
+MARGIN = 1.03            # eager must beat the kernels by more than 3% (median ratio) to be chosen
+SPREAD = 1.25            # a spread (q3/q1 of the per-round ratios) within this is a tie
+TRIES = 3                # a timing that decides nothing: timed again, this many in all, ...
+RECHECK_CALLS = 8        # ... this many calls apart
+ROUNDS = 8               # paired rounds a timing takes at least ...
+MAX_ROUNDS = 24          # ... and, while its median's interval holds MARGIN, at most ...
+BUDGET_S = 0.5           # ... within this much time (a slow graph: MIN_ROUNDS rounds)
+MIN_ROUNDS = 4
+ROUND_S = 3e-3           # a round runs each path this long at least (calls repeated) ...
+MAX_REPS = 64            # ... in this many calls at most
 #: names of ops that draw random numbers (or touch the generator); whole names, so that
 #: F.normalize or a "brand" attribute are not taken for one
 _RANDOM = re.compile(r"_?(rand\w*|\w*dropout\w*|bernoulli_?|normal_?|log_normal_?|multinomial|"
@@ -161,7 +180,8 @@ class _Chooser:
         self.lock = threading.Lock()
         self.next_timing = 2                 # the first call builds the kernels: not timed
         self.meanwhile = compiled            # serves the untimed calls until decided
-        self.best = (float("inf"), float("inf"))   # kernels, eager ms: minima over timings
+        self.rounds: tuple[list, list] = ([], [])  # kernels, eager seconds: all timings' rounds
+        self.tries = 0
         self.seeds: dict = {}                # gradient seeds of the timed training steps
 
     def __call__(self, *args):
@@ -201,52 +221,78 @@ class _Chooser:
             # must see the same state on each call, or it indexes out of bounds
             return [a.clone() if i in mutated else a for i, a in enumerate(args)]
         if not self.training:
-            t_kernels, t_eager, out = _time_both(self.compiled, self._eager, fresh)
+            t_kernels, t_eager, out = _time_both(self.compiled, self._eager, fresh, not mutated)
             return t_kernels, t_eager, None if mutated else out
         seeds = self.seeds
         if not self.compiled.backward_ready or not seeds:   # the lazy backward build and the
             _training_step(self.compiled, fresh(), seeds)   # seeds' making are not timed
         t_kernels, t_eager, _ = _time_both(lambda *a: _training_step(self.compiled, a, seeds),
-                                           lambda *a: _training_step(self._eager, a, seeds), fresh)
+                                           lambda *a: _training_step(self._eager, a, seeds), fresh,
+                                           not mutated)
         return t_kernels, t_eager, None              # timed on detached copies: run for real
 
     def _decide(self, args):
         key = _key(self.gm, args, self.options, self.training)
         cached = _load(key)
+        out, provisional = None, False
         if cached is not None:
-            choice, t_kernels, t_eager, source = cached["choice"], cached["kernels_ms"], \
-                cached["eager_ms"], "disk cache"
-            out, provisional = None, False
+            choice, sure, source = cached["choice"], cached["sure"], "disk cache"
+            got = paired.Ratios(tuple(cached["ratios"]))
+            t_kernels, t_eager, cost = cached["kernels_ms"], cached["eager_ms"], 0.0
         else:
-            t_kernels, t_eager, out = self._time(args)
-            t_kernels, t_eager = self.best = (min(self.best[0], t_kernels),
-                                              min(self.best[1], t_eager))
-            choice = "eager" if t_eager * MARGIN < t_kernels else "kernels"
-            retimed = self.next_timing > 2
-            clear = CLEAR_EAGER if choice == "eager" else CLEAR
-            provisional = not retimed and \
-                max(t_kernels, t_eager) < clear * min(t_kernels, t_eager)
-            source = "re-timed" if retimed else "timed, close: re-timed later" if provisional \
-                else "timed"
+            start = time.perf_counter()
+            tk, te, out = self._time(args)
+            cost = time.perf_counter() - start
+            self.tries += 1
+            self.rounds[0].extend(tk)
+            self.rounds[1].extend(te)
+            got, sure = paired.ratios(tk, te), True
+            if not (_clear(got) or got.spread <= SPREAD):   # by all timings' rounds so far
+                provisional, sure = self.tries < TRIES, False
+                tk, te = self.rounds
+                got = paired.ratios(tk, te)
+            choice = _verdict(got, sure)
+            t_kernels, t_eager = statistics.median(tk) * 1e3, statistics.median(te) * 1e3
+            source = ("timed" if self.tries == 1 else f"timing {self.tries}") + (
+                ", undecided: re-timed later" if provisional else
+                f", unsure after {TRIES} timings" if not sure else "")
             if not provisional:
-                _store(key, {"choice": choice, "kernels_ms": t_kernels, "eager_ms": t_eager})
+                _store(key, {"choice": choice, "kernels_ms": t_kernels, "eager_ms": t_eager,
+                             "ratios": got.r}, sure)
         chosen = self._eager if choice == "eager" else self.compiled
         if provisional:
             self.meanwhile, self.next_timing = chosen, self.calls + RECHECK_CALLS
-            counters.bump("speed_close_calls")
+            counters.bump("speed_undecided_timings")
         else:
             self.run, self.decided = chosen, True
             counters.bump(f"speed_{choice}_graphs")
+            if not sure:
+                counters.bump("speed_unsure_graphs")
         name = graph_name(self.gm, key)
         DECISIONS.append({"graph": name, "choice": choice, "kernels_ms": t_kernels,
-                          "eager_ms": t_eager, "source": source, "training": self.training})
-        if choice == "eager":
-            perf_log.info("graph %s kept on eager PyTorch: kernels %.3f ms, eager %.3f ms (%s)",
-                          name, t_kernels, t_eager, source)
-        else:
-            perf_log.info("graph %s runs its kernels: %.3f ms, eager %.3f ms (%s)", name,
-                          t_kernels, t_eager, source)
+                          "eager_ms": t_eager, "ratio": got.median, "interval": got.interval(),
+                          "spread": got.spread, "rounds": got.rounds, "sure": sure,
+                          "source": source, "training": self.training, "cost_s": cost})
+        what = f"graph {name} " + ("kept on eager PyTorch" if choice == "eager" else
+                                   "runs its kernels")
+        perf_log.info("%s: kernels/eager %.2f (%.2f-%.2f), spread %.2f over %d rounds, kernels "
+                      "%.3f ms, eager %.3f ms (%s)", what, got.median, *got.interval(),
+                      got.spread, got.rounds, t_kernels, t_eager, source)
         return out if out is not None else chosen(*args)
+
+
+def _verdict(got: paired.Ratios, sure: bool) -> str:
+    """Eager or the kernels (module docstring, Verdict): `got` sure, by its median; unsure (or
+    provisional), the kernels only where the median is at most 1 by one standard error."""
+    if sure:
+        return "eager" if got.median > MARGIN else "kernels"
+    return "kernels" if got.interval(1.0)[1] <= 1.0 else "eager"
+
+
+def _clear(got: paired.Ratios) -> bool:
+    """Whether the median's ~95% interval lies on one side of MARGIN."""
+    lo, hi = got.interval()
+    return hi < MARGIN or lo > MARGIN
 
 
 def graph_name(gm, key: str) -> str:
@@ -280,30 +326,35 @@ def _seed(seeds: dict, o: torch.Tensor) -> torch.Tensor:
     return seeds[key]
 
 
-def step_clock():
-    """The timer for a round (module docstring, Clock)."""
-    return time.thread_time if torch.get_num_threads() == 1 else time.perf_counter
-
-
-def _time_both(kernels, eager, fresh) -> tuple[float, float, object]:
-    """(kernels ms, eager ms, an output): minimum over alternating rounds, within BUDGET_S.
-    `fresh()` gives each call its arguments (copies of the mutated ones), made untimed."""
+def _time_both(kernels, eager, fresh, repeat: bool = True) -> tuple[list, list, object]:
+    """(kernels' seconds per call in each round, eager's, an output of the kernels): paired
+    rounds after a warm-up pair (module docstring). `fresh()` gives each call its arguments
+    (copies of the mutated ones), made untimed; `repeat`: a path may be called several times
+    a round on the same arguments (False: once, a graph that mutates its inputs)."""
+    clock = paired.step_clock()
+    start = clock()
+    a, b = fresh(), fresh()
+    t0 = clock()
+    out = kernels(*a)
+    t1 = clock()
+    eager(*b)
+    once = max(t1 - t0, clock() - t1)              # the slower path's call sets the repeats
+    reps = max(1, min(MAX_REPS, int(ROUND_S / max(once, 1e-9)))) if repeat else 1
     tk, te = [], []
-    out = None
-    clock = step_clock()
-    start = time.perf_counter()
-    for _ in range(ROUNDS):
-        a, b = fresh(), fresh()
-        t0 = clock()
-        out = kernels(*a)
-        t1 = clock()
-        eager(*b)
-        t2 = clock()
-        tk.append(t1 - t0)
-        te.append(t2 - t1)
-        if time.perf_counter() - start > BUDGET_S and len(tk) >= 2:
+    paths = ((kernels, tk), (eager, te))
+    while True:
+        for fn, times in (paths if len(tk) % 2 == 0 else paths[::-1]):
+            calls = [fresh() for _ in range(reps)]
+            t0 = clock()
+            for c in calls:
+                fn(*c)
+            times.append((clock() - t0) / reps)
+        n = len(tk)
+        if n >= MAX_ROUNDS or n >= MIN_ROUNDS and clock() - start > BUDGET_S:
             break
-    return min(tk) * 1e3, min(te) * 1e3, out
+        if n >= ROUNDS and _clear(paired.ratios(tk, te)):
+            break
+    return tk, te, out
 
 
 def _key(gm, args, options, training: bool) -> str:
@@ -330,12 +381,13 @@ def _path(key: str):
 
 
 def _load(key: str) -> dict | None:
-    try:
-        data = json.loads(_path(key).read_text())
-        return data if data.get("choice") in ("eager", "kernels") else None
-    except (OSError, ValueError):
+    data = paired.load(_path(key))
+    keys = ("choice", "sure", "ratios", "kernels_ms", "eager_ms")
+    if data is None or data.get("choice") not in ("eager", "kernels") or \
+            any(k not in data for k in keys):
         return None
+    return data
 
 
-def _store(key: str, data: dict) -> None:
-    config.write_json(_path(key), data)
+def _store(key: str, data: dict, sure: bool) -> None:
+    paired.store(_path(key), data, sure)

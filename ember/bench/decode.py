@@ -19,7 +19,7 @@ Every compiler works on a deep copy of the same seeded model; the model is compi
 (`ember.compile(model)`, `model.compile()` for torch.compile) so `generate()`'s own `self(...)`
 calls go through it. Batch 1, greedy, EOS disabled so every run makes exactly N tokens.
 Times are thread CPU seconds at one thread (wall seconds otherwise), as the harness's rounds
-(`backends.speed.step_clock`): on a shared machine other processes do not count against a row.
+(`backends.paired.step_clock`): on a shared machine other processes do not count against a row.
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ import statistics
 import time
 
 from . import hygiene
-from ..backends.speed import step_clock
+from ..backends.paired import step_clock
 
 MODELS = ("llama", "gpt2")
 CACHES = ("dynamic", "static")

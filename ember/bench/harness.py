@@ -35,7 +35,7 @@ import tempfile
 import time
 from typing import Any
 
-from ..backends.speed import step_clock
+from ..backends.paired import step_clock
 from . import hygiene, kinks
 
 RESULT_FIELDS = ("model", "suite", "mode", "compiler", "status", "error", "path", "graphs",

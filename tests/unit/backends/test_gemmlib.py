@@ -239,7 +239,7 @@ def test_probe_too_wide_in_every_try_keeps_mkl_cached_for_a_while(monkeypatch, t
     again = gemmlib.choice({})
     assert (again.library, again.plain, again.sure) == ("mkl", False, False)
     assert again.why.endswith("(cached)") and count("gemm_probes") == tries + gemmlib.TRIES
-    old = path.stat().st_mtime - gemmlib.UNSURE_TTL - 1
+    old = path.stat().st_mtime - gemmlib.paired.UNSURE_TTL - 1
     os.utime(path, (old, old))
     gemmlib._CHOICES.clear()                  # expired: probes again (narrow this time)
     fresh = gemmlib.choice({})
