@@ -47,12 +47,16 @@ def _blocks(n, block: int) -> str:
 
 #: low-precision buffer dtypes a staged simd loop converts a chunk at a time (cpp_prelude.STAGED)
 LOWP = {torch.float16: "half", torch.bfloat16: "bf16"}
+#: a staged store's function by its buffer's dtype (ember::store_<name>): a float store is staged
+#: only for a streamed output (CppHandler.streamed)
+STAGED_STORE = {**LOWP, torch.float32: "stream"}
 
 
 class Staging:
-    """The fp16/bf16 loads and stores of one simd loop over `var` that are contiguous in it:
-    each is a float array of a chunk of the loop, converted before the chunk's loop (loads) or
-    after it (stores) by cpp_loops.stage_chunks. `code`: the loop body's buffer (a store in a
+    """The fp16/bf16 loads and stores (and the float stores of streamed outputs) of one simd
+    loop over `var` that are contiguous in it: each is a float array of a chunk of the loop,
+    converted (or streamed) before the chunk's loop (loads) or after it (stores) by
+    cpp_loops.stage_chunks. `code`: the loop body's buffer (a store in a
     nested block is not staged); `loaded` / `stored`: buffer names the loop reads / stores staged
     (a store to a buffer the loop also reads converts in the loop, and a load after a staged
     store of its buffer is an error: it would read the chunk before the store)."""
@@ -236,6 +240,7 @@ class CppHandler:
         self.rounded: dict = {}       # a to_dtype(fp16/bf16) temporary -> (its input, dtype)
         self.bits: dict = {}          # an fp16/bf16 load's float temporary -> (its C++ load, dtype)
         self.staging = None           # Staging of the simd loop being emitted (cpp_loops.py)
+        self.streamed: set = set()    # float outputs stored non-temporally (cpp.streamed_outputs)
         self.tiles: dict = {}         # (buffer, index) -> its element of a staged row tile
 
     def simple(self, index):
@@ -377,7 +382,8 @@ class CppHandler:
             self.code.writeline(f"{name}[{idx}] = {self.bits[str(value)][0]};")
             return None
         st = self.staging
-        base = self._stageable(index) if (dt in LOWP and st is not None and name not in st.loaded
+        staged = dt in LOWP or name in self.streamed
+        base = self._stageable(index) if (staged and st is not None and name not in st.loaded
                                           and self.code is st.code) else None
         if base is not None:
             st.stored.add(name)

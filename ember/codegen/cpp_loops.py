@@ -9,7 +9,7 @@ import sympy
 
 from ..loopir.index import FloorDiv, ModularIndexing, hint, is_symbolic, numel, simplify_index, sym
 from ..loopir.ops import OpsHandler, set_handler
-from .cpp_handler import LOWP
+from .cpp_handler import LOWP, STAGED_STORE
 from .cpp_ranges import CMP, SWAP, bounds, decide
 
 
@@ -266,8 +266,9 @@ def stage_chunks(lines, at, st, var, lo, hi, pragma, clauses):
 
 
 def chunk_stores(st) -> list[str]:
-    """The conversions of a staged loop's stores, after its chunk's simd loop."""
-    return [f"ember::store_{LOWP[dt]}({arr}, {_at(name, rest, st.lo)}, {st.var}_e - {st.lo});"
+    """The conversions (or streaming stores) of a staged loop's stores, after its chunk's simd
+    loop."""
+    return [f"ember::store_{STAGED_STORE[dt]}({arr}, {_at(name, rest, st.lo)}, {st.var}_e - {st.lo});"
             for (name, rest), (arr, dt) in st.stores.items()]
 
 
