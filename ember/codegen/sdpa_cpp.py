@@ -71,7 +71,7 @@ namespace {{
 constexpr int64_t D = {spec.D}, DV = {spec.DV}, R = {R}, QB = 8 * R;
 constexpr bool HAS_MASK = {"true" if spec.mask else "false"};
 constexpr bool BOOL_MASK = {"true" if spec.mask == "bool" else "false"};
-typedef {"bool" if spec.mask == "bool" else "float"} mask_t;
+typedef {"uint8_t" if spec.mask == "bool" else "float"} mask_t;   // (a bool: 0 or 1)
 constexpr bool CAUSAL = {"true" if spec.causal else "false"};
 constexpr int64_t LKC = {spec.lk};
 struct Sz {{ {fields} int64_t LKP; float scale; }};
