@@ -331,6 +331,20 @@ simple("sdpa", lambda m, q, k, v: F.scaled_dot_product_attention(q, k, v), _qkv)
 simple("sdpa_causal", lambda m, q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), _qkv)
 
 
+def _sdpa_causal_mask(m, q, k, v, fill=None):
+    """A decoder's explicit causal mask built from aranges: bool as transformers 5 passes it,
+    or additive with finfo.min above the diagonal as transformers 4 did."""
+    i = torch.arange(q.shape[2])
+    keep = (i[None, :] <= i[:, None])[None, None].expand(q.shape[0], 1, -1, -1)
+    mask = keep if fill is None else torch.zeros(keep.shape).masked_fill(~keep, fill)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+simple("sdpa_causal_bool_mask", _sdpa_causal_mask, _qkv)
+simple("sdpa_causal_fmin_mask", lambda m, q, k, v: _sdpa_causal_mask(
+    m, q, k, v, torch.finfo(torch.float32).min), _qkv)
+
+
 def _attn_explicit(m, q, k, v, bias):
     a = torch.softmax(q @ k.transpose(-2, -1) * 0.125 + bias, -1)
     return a @ v

@@ -5,7 +5,10 @@ shape rule `ember.backends.sdpa_kernel.kernel_wins` (docs/design/085-small-atten
 Per shape B x H x Lq x Lk x D (q, k, v made as [B, L, H, D] and transposed, as a transformer's
 heads are), with a mask: none, "bias" (a dense float [B, H, Lq, Lk], as swin's relative-position
 bias plus shift mask), "causal" (an additive -inf upper triangle [B, 1, Lq, Lk]), "pad" (an
-additive [B, 1, 1, Lk] padding mask) or "is_causal" (no mask, is_causal=True). fp32, no grad,
+additive [B, 1, 1, Lk] padding mask), "boolcausal" (a bool [B, 1, Lq, Lk] lower triangle, as
+transformers 5 gives its decoders), "mincausal" (finfo.min above the diagonal, as transformers 4),
+"window" (bool causal sliding window of Lk / 2 keys, as mistral's) or "is_causal" (no mask,
+is_causal=True). fp32, no grad,
 one thread by default. Timing: paired alternating rounds (benchmarks/_timing.py, thread CPU
 time), "x" = flash's time over the kernel's (median of per-round ratios [min, max]); GF/s counts
 4·B·H·Lq·Lk·D.
@@ -44,6 +47,14 @@ def inputs(spec: str):
         m = torch.randn(B, H, LQ, LK, generator=g)
     elif mask == "causal":
         m = torch.full((LQ, LK), float("-inf")).triu(1).expand(B, 1, LQ, LK).contiguous()
+    elif mask in ("boolcausal", "window"):
+        m = torch.ones(LQ, LK, dtype=torch.bool).tril()
+        if mask == "window":
+            m &= torch.ones(LQ, LK, dtype=torch.bool).triu(-(LK // 2) + 1)
+        m = m.expand(B, 1, LQ, LK).contiguous()
+    elif mask == "mincausal":
+        m = torch.full((LQ, LK), torch.finfo(torch.float32).min).triu(1)
+        m = m.expand(B, 1, LQ, LK).contiguous()
     elif mask == "pad":
         m = torch.zeros(B, 1, 1, LK)
         m[0, ..., -LK // 8:] = float("-inf")

@@ -9,8 +9,8 @@ and strides are its arguments, a short key length is compiled in) serves every l
 starts at the rewrite, in the background, and the op's first call waits for it (disk cache).
 
 Taken: float32 q, k, v of 4 static dims with as many key/value heads as query heads, head dims
-multiples of 16 up to 64, a float32 additive mask of up to 4 dims that broadcasts to the scores
-or `is_causal` (or neither), dropout 0, and only where eager's own sdpa would run its fused
+multiples of 16 up to 64, a float32 additive or a bool mask (True keeps) of up to 4 dims that
+broadcasts to the scores, or `is_causal` (or neither), dropout 0, and only where eager's own sdpa would run its fused
 kernel (`eager_fuses`). Everything else stays on sdpa (ATen's flash kernel, as eager).
 Off: options={"attention": "as_written"} (or False), as for the other attention rewrites.
 """
@@ -63,8 +63,9 @@ def _sizes(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor]):
     return (ctypes.c_int64 * len(vals))(*vals)
 
 
-def _spec(d: int, dv: int, lk: int, mask: bool, causal: bool) -> sdpa_cpp.SdpaSpec:
-    return sdpa_cpp.SdpaSpec(d, dv, mask, causal, lk if lk <= sdpa_cpp.FIXED_LK else 0)
+def _spec(d: int, dv: int, lk: int, mask: Optional[Tensor], causal: bool) -> sdpa_cpp.SdpaSpec:
+    kind = "" if mask is None else "bool" if mask.dtype == torch.bool else "float"
+    return sdpa_cpp.SdpaSpec(d, dv, kind, causal, lk if lk <= sdpa_cpp.FIXED_LK else 0)
 
 
 @functools.lru_cache(None)
@@ -98,7 +99,7 @@ def sdpa_infer(q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], scale: f
     q, k, v = map(_inner_dense, (q, k, v))
     if mask is not None and mask.dim() and mask.size(-1) > 1:    # (a broadcast column: stride 0)
         mask = _inner_dense(mask)
-    fn, _ = _kernel(_spec(q.shape[3], v.shape[3], k.shape[2], mask is not None, causal))
+    fn, _ = _kernel(_spec(q.shape[3], v.shape[3], k.shape[2], mask, causal))
     out, sizes = _out(q, v.shape[3]), _sizes(q, k, v, mask)
     fn(q.data_ptr(), k.data_ptr(), v.data_ptr(), None if mask is None else mask.data_ptr(),
        out.data_ptr(), ctypes.addressof(sizes), scale)
@@ -135,7 +136,8 @@ def _args(n: fx.Node) -> dict | None:
         return None
     if a.get("dropout_p", 0.0) != 0.0 or a.get("is_causal", False) not in (False, True) or \
             a.get("attn_mask") is not None and not (
-                isinstance(m, torch.Tensor) and m.dtype == torch.float32 and m.dim() <= 4 and
+                isinstance(m, torch.Tensor) and m.dtype in (torch.float32, torch.bool) and
+                m.dim() <= 4 and
                 not m.requires_grad and _static(m)):
         return None
     (B, H, LQ, D), (LK, DV) = q.shape, (k.shape[2], v.shape[3])
@@ -175,7 +177,7 @@ def use_kernel(gm: fx.GraphModule, example_inputs, options: dict) -> fx.GraphMod
                                           a["scale"], bool(a.get("is_causal"))))
         new.meta = dict(n.meta)
         _build(_spec(_val(a["query"]).shape[3], _val(a["value"]).shape[3], _val(a["key"]).shape[2],
-                     a.get("attn_mask") is not None, bool(a.get("is_causal"))))
+                     _val(a.get("attn_mask")), bool(a.get("is_causal"))))
         n.replace_all_uses_with(new)
         gm.graph.erase_node(n)
         done += 1

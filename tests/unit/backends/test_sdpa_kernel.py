@@ -170,3 +170,100 @@ def test_not_taken(what):
             if what != "dropout_train":
                 torch.testing.assert_close(got, m(x), atol=1e-5, rtol=1e-5)
     assert calls == 0
+
+
+# ----------------------------------------------------------------- causal and other sparse masks
+# (the kernel finds the keys a mask makes dead at either end of each row tile and skips them:
+# docs/design/091-causal-masks.md; these must come out as eager's for any mask)
+FMIN = torch.finfo(torch.float32).min
+
+
+def sparse_mask(kind, b, lq, lk):
+    tri = torch.ones(lq, lk, dtype=torch.bool).tril(lk - lq)     # bottom-right aligned, as HF
+    win = tri & torch.ones(lq, lk, dtype=torch.bool).triu(lk - lq - 20)
+    keep = torch.ones(b, 1, 1, lk, dtype=torch.bool)
+    keep[-1, ..., :5] = False                # left padding of the last sequence
+    keep[0, ..., lk - 7:] = False            # right padding of the first
+    return {
+        "bool_causal": tri.expand(b, 1, lq, lk),                # transformers 5's decoders
+        "bool_window": win,                                      # mistral's sliding window
+        "bool_causal_pad": tri & keep,                           # causal and padding
+        "bool_pad": keep,
+        "fmin_causal": torch.zeros(b, 1, lq, lk).masked_fill(~tri, FMIN),   # transformers 4
+        "fmin_window_pad": torch.zeros(b, 1, lq, lk).masked_fill(~(win & keep), FMIN),
+        "ninf_window": torch.zeros(lq, lk).masked_fill(~win, float("-inf")),
+        "bert_pad": (1.0 - keep.float()) * -10000.0,             # old HF encoders' padding
+        "bias_causal": torch.randn(b, 1, lq, lk).masked_fill(~tri, -3000.0),
+    }[kind]
+
+
+@pytest.mark.parametrize("kind", ["bool_causal", "bool_window", "bool_causal_pad", "bool_pad",
+                                  "fmin_causal", "fmin_window_pad", "ninf_window", "bert_pad",
+                                  "bias_causal"])
+@pytest.mark.parametrize("b,h,lq,lk,d", [
+    (2, 3, 61, 61, 32),       # 12-row tiles, key runs not multiples of 16
+    (1, 2, 100, 300, 64),     # Lq < Lk: the diagonal starts at key 200
+])
+def test_sparse_masks_vs_eager(kind, b, h, lq, lk, d):
+    g = torch.Generator().manual_seed(lq + lk + d)
+    q, k, v = heads(b, lq, h, d, g), heads(b, lk, h, d, g), heads(b, lk, h, d, g)
+    m = sparse_mask(kind, b, lq, lk)
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=m, scale=0.3)
+    close(sdpa_infer(q, k, v, m, 0.3), ref)
+
+
+def test_very_negative_mask_that_still_counts():
+    """-2000 is not dead when the scores beat it: the keys at the ends carry a score 3000 above
+    the others (a rule that took any mask <= -1024 as -inf would drop them)."""
+    g = torch.Generator().manual_seed(3)
+    b, h, l, d = 1, 2, 64, 32
+    q, k, v = heads(b, l, h, d, g), heads(b, l, h, d, g), heads(b, l, h, d, g)
+    q[..., 0] = 100.0
+    k[:, :, :3, 0] = 30.0                   # q·k of the first and last 3 keys: about 3000
+    k[:, :, -3:, 0] = 30.0
+    m = torch.zeros(l, l)
+    m[:, :3] = m[:, -3:] = -2000.0
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=m, scale=1.0)
+    got = sdpa_infer(q, k, v, m, 1.0)
+    close(got, ref)
+    assert (ref - F.scaled_dot_product_attention(q, k, v, attn_mask=m.clamp_min(-1e30).where(
+        m > -1024, float("-inf")), scale=1.0)).abs().max() > 0.1     # the ends matter here
+
+
+def test_bool_rows_masked_wholly_and_non_finite_queries():
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(2, 2, 64, 32, generator=g) for _ in range(3))
+    m = torch.ones(64, 64, dtype=torch.bool).tril()
+    m[5] = False                            # a row with no key: 0, as eager's fused kernel
+    q[1, 1, 40, 3] = float("inf")           # a query that is not finite: NaN, as eager
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=m)
+    got = sdpa_infer(q, k, v, m, 32 ** -0.5)
+    assert torch.equal(got.isnan(), ref.isnan()) and ref.isnan().any()
+    fin = ~ref.isnan()
+    close(got[fin], ref[fin])
+    assert got[:, :, 5].abs().max() == 0
+
+
+class Decoder(nn.Module):
+    """A decoder layer as transformers 5 runs it: a bool causal mask built from aranges."""
+    def __init__(self, d=64, h=4):
+        super().__init__()
+        self.attn = Attn(d=d, h=h)
+
+    def forward(self, x):
+        n = x.shape[1]
+        i = torch.arange(n)
+        mask = (i[None, :] <= i[:, None])[None, None].expand(x.shape[0], 1, n, n)
+        return self.attn(x, mask)
+
+
+def test_compiled_decoder_bool_causal_mask_takes_the_kernel():
+    torch.manual_seed(0)
+    m = Decoder().eval()
+    x = torch.randn(4, 96, 256)
+    c = ember.compile(Decoder().eval())
+    c.load_state_dict(m.state_dict())
+    with torch.no_grad():
+        got, calls = kernel_calls(lambda: c(x))
+        torch.testing.assert_close(got, m(x), atol=1e-5, rtol=1e-5)
+    assert calls == 1
