@@ -152,20 +152,20 @@ def test_per_row_scalars_read_by_later_stages_are_not_stored():
     from ember.decomp import get_decompositions
     from ember.backends.ember import compile_aten_graph
     torch.manual_seed(0)
-    x, w, b = torch.randn(4, 33, 96) * 3 + 1, torch.randn(96), torch.randn(96)
+    x, w, b = torch.randn(8, 512, 768) * 3 + 1, torch.randn(768), torch.randn(768)
 
     def f(t, w, b):
-        return (torch.nn.functional.layer_norm(t, (96,), w, b, 1e-5),)
+        return (torch.nn.functional.layer_norm(t, (768,), w, b, 1e-5),)
     gm = trace_aten(f, (x, w, b), decompositions=get_decompositions())
     fn = compile_aten_graph(gm, [x, w, b])
     assert fn.ember_stats["kernels"] == 1
     assert fn.ember_wrapper.count("empty_strided(") == 1, fn.ember_wrapper
     torch.testing.assert_close(fn(x, w, b)[0], f(x, w, b)[0], rtol=1e-5, atol=1e-5)
     # a row scalar that leaves the kernel (a graph output) is still stored
-    gm = trace_aten(lambda t: torch.ops.aten.native_layer_norm(t, (96,), None, None, 1e-5),
+    gm = trace_aten(lambda t: torch.ops.aten.native_layer_norm(t, (768,), None, None, 1e-5),
                     (x,), decompositions=get_decompositions())
     fn = compile_aten_graph(gm, [x])
     outs = fn(x)
-    for got, want in zip(outs, torch.ops.aten.native_layer_norm(x, (96,), None, None, 1e-5)):
+    for got, want in zip(outs, torch.ops.aten.native_layer_norm(x, (768,), None, None, 1e-5)):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     assert fn.ember_wrapper.count("empty_strided(") == 3, fn.ember_wrapper
