@@ -71,7 +71,12 @@ def mark_locals(steps, deps, keep: set, row_local_max: int = ROW_LOCAL_MAX) -> N
                 # kernel, design 054)
                 # (the row array is indexed by the stored index: only a row-major layout,
                 # not a channels-last one, keeps a row's elements within [0, size))
-                if inner and hint(size) <= row_local_max and step.outer \
+                if not inner and step.outer:
+                    # one value per outer iteration (a row's mean or rstd that only this
+                    # kernel's later stages read): a C++ scalar / Triton register, never stored
+                    # (an inference LayerNorm wrote its dead rstd row by row, design 089)
+                    step.local.add(n.name)
+                elif inner and hint(size) <= row_local_max and step.outer \
                         and tuple(n.stride) == tuple(contiguous_strides(n.size)):
                     step.local.add(n.name)
                     step.row_local[n.name] = size

@@ -142,3 +142,30 @@ def test_an_extern_view_keeps_its_base_alive():
     view, base = view.split()[-1], rest.removeprefix("as_strided(").split(",")[0].split(")")[0]
     reuse = text.find(f"= {base}  # reuse")
     assert reuse == -1 or reuse > text.rindex(f"({view}, "), text
+
+
+def test_per_row_scalars_read_by_later_stages_are_not_stored():
+    # an inference LayerNorm's mean and rstd (one value per row, read by the normalize loop of
+    # the same kernel) are C++ scalars: the kernel writes only the output and the wrapper
+    # allocates only it (they were stored row by row and freed unread, docs/design/089)
+    from ember.aot import trace_aten
+    from ember.decomp import get_decompositions
+    from ember.backends.ember import compile_aten_graph
+    torch.manual_seed(0)
+    x, w, b = torch.randn(8, 512, 768) * 3 + 1, torch.randn(768), torch.randn(768)
+
+    def f(t, w, b):
+        return (torch.nn.functional.layer_norm(t, (768,), w, b, 1e-5),)
+    gm = trace_aten(f, (x, w, b), decompositions=get_decompositions())
+    fn = compile_aten_graph(gm, [x, w, b])
+    assert fn.ember_stats["kernels"] == 1
+    assert fn.ember_wrapper.count("empty_strided(") == 1, fn.ember_wrapper
+    torch.testing.assert_close(fn(x, w, b)[0], f(x, w, b)[0], rtol=1e-5, atol=1e-5)
+    # a row scalar that leaves the kernel (a graph output) is still stored
+    gm = trace_aten(lambda t: torch.ops.aten.native_layer_norm(t, (768,), None, None, 1e-5),
+                    (x,), decompositions=get_decompositions())
+    fn = compile_aten_graph(gm, [x])
+    outs = fn(x)
+    for got, want in zip(outs, torch.ops.aten.native_layer_norm(x, (768,), None, None, 1e-5)):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert fn.ember_wrapper.count("empty_strided(") == 3, fn.ember_wrapper
