@@ -98,11 +98,11 @@ def measured() -> Choice:
     if key in _CHOICES:
         return _CHOICES[key]
     path = config.cache_subdir("probe") / f"gemm-{key}.json"
-    data = paired.load(path)
-    try:
-        got = Choice(data["library"], bool(data["plain"]), data["why"] + " (cached)",
+    data = paired.load(path, ("library", "plain", "why"))
+    if data is not None:
+        got = Choice(data["library"], bool(data["plain"]), f"{data['why']} (cached)",
                      bool(data.get("sure", True)))
-    except (TypeError, KeyError):
+    else:
         got = probe()
         paired.store(path, dataclasses.asdict(got), got.sure)
     perf_log.info("gemm library for frozen linears: %s, oneDNN on plain weights: %s (%s)",

@@ -74,11 +74,13 @@ def ratios(a: list[float], b: list[float]) -> Ratios:
     return Ratios(tuple(sorted(x / max(y, 1e-12) for x, y in zip(a, b))))
 
 
-def load(path: Path) -> dict | None:
-    """A cached answer, or None: none there, unreadable, or unsure and older than UNSURE_TTL."""
+def load(path: Path, keys: tuple = ()) -> dict | None:
+    """A cached answer (a JSON object holding every one of `keys`), or None: none there,
+    unreadable, not such an object, or unsure and older than UNSURE_TTL."""
     try:
         data = json.loads(path.read_text())
-        if not data.get("sure", True) and time.time() - path.stat().st_mtime > UNSURE_TTL:
+        if not isinstance(data, dict) or any(k not in data for k in keys) or \
+                not data.get("sure", True) and time.time() - path.stat().st_mtime > UNSURE_TTL:
             return None
         return data
     except (OSError, ValueError):

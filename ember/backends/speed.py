@@ -381,12 +381,8 @@ def _path(key: str):
 
 
 def _load(key: str) -> dict | None:
-    data = paired.load(_path(key))
-    keys = ("choice", "sure", "ratios", "kernels_ms", "eager_ms")
-    if data is None or data.get("choice") not in ("eager", "kernels") or \
-            any(k not in data for k in keys):
-        return None
-    return data
+    data = paired.load(_path(key), ("choice", "sure", "ratios", "kernels_ms", "eager_ms"))
+    return data if data is not None and data["choice"] in ("eager", "kernels") else None
 
 
 def _store(key: str, data: dict, sure: bool) -> None:

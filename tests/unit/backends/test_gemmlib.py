@@ -325,3 +325,20 @@ def test_probe_times_float32_under_autocast(monkeypatch):
     with torch.autocast("cpu", dtype=torch.bfloat16):
         gemmlib._time_variants(16, 64, 96, torch.backends.mkl.is_available())
     assert seen and set(seen) == {torch.float32}
+
+
+@pytest.mark.parametrize("text", ["[1, 2]", '{"library": "mkl"}', "not json"])
+def test_a_cached_answer_that_is_not_one_probes_again(monkeypatch, tmp_path, text):
+    """A probe file holding valid JSON that is not an answer (a list, missing keys) or no JSON
+    is read as none: the probe runs and rewrites it."""
+    monkeypatch.undo()
+    monkeypatch.setenv("EMBER_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(gemmlib, "_CHOICES", {})
+    wide_then_narrow(monkeypatch, 0)
+    path = tmp_path / "probe" / f"gemm-{gemmlib.machine_key()}.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(text)
+    tries = count("gemm_probes")
+    got = gemmlib.choice({})
+    assert (got.library, got.plain, got.sure) == ("onednn", True, True)
+    assert count("gemm_probes") == tries + 1 and json.loads(path.read_text())["sure"] is True
